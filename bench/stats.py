@@ -1,0 +1,244 @@
+"""Regression-statistics benchmark on real GPU timing noise.
+
+Every configuration in the replay file (``kernels/replay.py``) carries 32 real runs measured on an RTX
+3090. A trial picks configurations ("shapes"), draws a baseline and a variant sample from the SAME
+configuration's runs, multiplies the variant by 1 + slowdown, and asks each rule for a verdict:
+
+* ours        ``classify(ratio_ci(...))`` with the defaults of ``kernels.stats`` (interval of the p50
+              ratio, REGRESS only when the whole interval is above the guard 1.03);
+* ours-<alt>  the same with the other interval method, for the method choice;
+* asv         asv-style: p50 ratio > 1.03 AND two-sided Mann-Whitney U p < 0.002;
+* median      plain threshold: p50 ratio > 1.03.
+
+Scenarios: A/A (no slowdown: any REGRESS is a false alarm), +3%, +6%, +10% (REGRESS is a detection).
+A +3% slowdown sits exactly on the guard, so it is not meant to be detected reliably; the target is
+false alarms <= 1% and detection >= 95% at +6%. The "CI excl. 1" column is the A/A rate at which the
+interval excludes 1.0: the interval's real error rate, which should be about 1 - confidence (5%); it is
+what separates the two interval methods (at the guard, both are far from false alarms on this data).
+
+How the two sides are drawn (``--modes``):
+
+* resample    each side: 32 draws with replacement from the configuration's 32 runs (both sides come
+              from the same empirical distribution, the textbook A/A);
+* split       a random half of the runs (16) is the baseline, the other half the variant: real,
+              distinct runs on both sides, fewer samples;
+* sequential  the first 16 runs are the baseline, the last 16 the variant: adds the drift within a
+              measurement session (warm-up, clocks), the harshest A/A.
+
+Strata (``--strata``): ``all`` configurations, or the ``noisy`` 5% with the largest spread (IQR / median
+of their 32 runs), where the rules actually differ.
+
+Run: ``.venv/bin/python bench/stats.py`` (about a minute on 2 cores); ``--trials`` per cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(_ROOT)  # run as a script: import the project, not bench/ siblings
+elif str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import numpy as np  # noqa: E402
+
+from kernels import stats  # noqa: E402
+from kernels.replay import ReplayTable  # noqa: E402
+
+SCENARIOS = (("A/A", 0.0), ("+3%", 0.03), ("+6%", 0.06), ("+10%", 0.10))
+MODES = ("resample", "split", "sequential")
+STRATA = ("all", "noisy")
+NOISY_FRACTION = 0.05
+
+_TIMES: np.ndarray | None = None  # (configs, runs), set in the parent before the workers fork
+
+
+def load_times(path: str | None) -> np.ndarray:
+    table = ReplayTable.load(path)
+    runs = [r.times for r in table.records() if len(r.times) >= 2]
+    n = min(len(t) for t in runs)
+    return np.asarray([t[:n] for t in runs], dtype=float)
+
+
+def strata_pools(times: np.ndarray) -> dict[str, np.ndarray]:
+    med = np.median(times, axis=1)
+    spread = (np.quantile(times, 0.75, axis=1) - np.quantile(times, 0.25, axis=1)) / med
+    k = max(1, int(round(NOISY_FRACTION * len(times))))
+    noisy = np.argsort(spread)[-k:]
+    return {"all": np.arange(len(times)), "noisy": np.sort(noisy)}
+
+
+def draw(rng: np.random.Generator, runs: np.ndarray, mode: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(baseline, variant) samples from one configuration's runs."""
+    if mode == "resample":
+        return runs[rng.integers(0, runs.size, n)], runs[rng.integers(0, runs.size, n)]
+    half = runs.size // 2
+    if mode == "split":
+        perm = rng.permutation(runs.size)
+        return runs[perm[:half]], runs[perm[half : 2 * half]]
+    if mode == "sequential":
+        return runs[:half], runs[half : 2 * half]
+    raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
+
+
+def run_chunk(task: dict) -> dict:
+    """Trials of one cell (mode x stratum); returns verdict counts per rule and scenario."""
+    times = _TIMES
+    assert times is not None
+    rng = np.random.default_rng(np.random.SeedSequence(task["seed_key"]))
+    pool = task["pool"]
+    alt = "hodges-lehmann" if task["method"] == "bootstrap" else "bootstrap"
+    methods = {"ours": task["method"], f"ours-{_short(alt)}": alt}
+    counts: dict[str, dict[str, Counter]] = {
+        r: {s: Counter() for s, _ in SCENARIOS} for r in (*methods, "asv", "median")
+    }
+    excl1: Counter = Counter()
+    for _ in range(task["trials"]):
+        cfgs = rng.choice(pool, size=task["shapes"], replace=task["shapes"] > len(pool))
+        pairs = [draw(rng, times[c], task["mode"], task["n"]) for c in cfgs]
+        boot_seed = int(rng.integers(0, 2**31 - 1))
+        base = [b for b, _ in pairs]
+        for label, slow in SCENARIOS:
+            var = [v * (1.0 + slow) for _, v in pairs]
+            for rule, method in methods.items():
+                ci = stats.ratio_ci(
+                    var, base, confidence=task["confidence"], n_boot=task["n_boot"], seed=boot_seed, method=method
+                )
+                verdict, _ = stats.classify(ci, guard=task["guard"])
+                counts[rule][label][verdict] += 1
+                if slow == 0.0 and (ci.low > 1.0 or ci.high < 1.0):
+                    excl1[rule] += 1
+            counts["asv"][label][stats.asv_rule(var, base, factor=task["guard"], p=task["asv_p"])[0]] += 1
+            counts["median"][label][stats.median_threshold_rule(var, base, guard=task["guard"])[0]] += 1
+    return {"cell": task["cell"], "counts": counts, "excl1": excl1, "trials": task["trials"]}
+
+
+def _short(method: str) -> str:
+    return {"bootstrap": "boot", "hodges-lehmann": "hl"}[method]
+
+
+def wilson_upper(k: int, n: int, z: float = 1.96) -> float:
+    if n == 0:
+        return float("nan")
+    p = k / n
+    den = 1 + z * z / n
+    return (p + z * z / (2 * n) + z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / den
+
+
+def pct(k: int, n: int) -> str:
+    return f"{100.0 * k / n:5.1f}%" if n else "   - "
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=2000, help="trials per cell (mode x stratum), default 2000")
+    ap.add_argument("--modes", default="resample,split,sequential", help=f"comma list of {', '.join(MODES)}")
+    ap.add_argument("--strata", default="all,noisy", help="comma list of all, noisy")
+    ap.add_argument("--shapes", type=int, default=1, help="configurations per trial (geomean over shapes)")
+    ap.add_argument("--n", type=int, default=32, help="samples per side in resample mode")
+    ap.add_argument("--confidence", type=float, default=stats.DEFAULT_CONFIDENCE)
+    ap.add_argument("--guard", type=float, default=stats.DEFAULT_GUARD)
+    ap.add_argument("--method", default=stats.DEFAULT_METHOD, choices=stats.METHODS, help="interval method of 'ours'")
+    ap.add_argument("--n-boot", type=int, default=2000)
+    ap.add_argument("--asv-p", type=float, default=0.002)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--replay", default=None, help="Kernel Tuner cache file (default: the RTX 3090 GEMM file)")
+    args = ap.parse_args(argv)
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    strata = [s.strip() for s in args.strata.split(",") if s.strip()]
+    for m in modes:
+        if m not in MODES:
+            ap.error(f"unknown mode {m!r}; allowed: {', '.join(MODES)}")
+    for s in strata:
+        if s not in STRATA:
+            ap.error(f"unknown stratum {s!r}; allowed: {', '.join(STRATA)}")
+
+    global _TIMES
+    t0 = time.perf_counter()
+    _TIMES = load_times(args.replay)
+    pools = strata_pools(_TIMES)
+    cells = [(m, s) for m in modes for s in strata]
+    chunk = 250
+    tasks = []
+    for m, s in cells:
+        done = 0
+        j = 0
+        while done < args.trials:
+            k = min(chunk, args.trials - done)
+            tasks.append(
+                dict(
+                    cell=(m, s), mode=m, pool=pools[s], trials=k, shapes=args.shapes, n=args.n,
+                    confidence=args.confidence, guard=args.guard, method=args.method, n_boot=args.n_boot,
+                    asv_p=args.asv_p, seed_key=(args.seed, MODES.index(m), STRATA.index(s), j),
+                )
+            )
+            done += k
+            j += 1
+
+    if args.jobs > 1:
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("fork")) as ex:
+            results = list(ex.map(run_chunk, tasks))
+    else:
+        results = [run_chunk(t) for t in tasks]
+
+    merged: dict = {}
+    for r in results:
+        cell = merged.setdefault(r["cell"], {"counts": {}, "excl1": Counter(), "trials": 0})
+        cell["trials"] += r["trials"]
+        cell["excl1"].update(r["excl1"])
+        for rule, per in r["counts"].items():
+            for label, cnt in per.items():
+                cell["counts"].setdefault(rule, {}).setdefault(label, Counter()).update(cnt)
+
+    conf = f"{args.confidence * 100:g}%"
+    print(
+        f"regression-statistics benchmark: {len(_TIMES):,} configurations x {_TIMES.shape[1]} real runs "
+        f"(RTX 3090 replay); guard {args.guard:g}; ours = {args.method} {conf} interval, min_samples "
+        f"{stats.DEFAULT_MIN_SAMPLES}; asv p < {args.asv_p:g}; shapes/trial {args.shapes}; seed {args.seed}"
+    )
+    print("cells: REGRESS rate (false alarm under A/A, detection otherwise); A/A REVIEW = NEEDS_REVIEW rate")
+    ok_all = True
+    for m, s in cells:
+        cell = merged[(m, s)]
+        n = cell["trials"]
+        side = f"{args.n} draws/side" if m == "resample" else f"{_TIMES.shape[1] // 2} runs/side"
+        print()
+        print(f"mode={m} ({side}), stratum={s} ({len(pools[s]):,} configs), trials per cell={n}")
+        head = f"{'rule':<12}{'A/A FA':>8}{'(95% up)':>10}{'A/A REVIEW':>12}{'CI excl 1':>11}{'+3%':>8}{'+6%':>8}{'+10%':>8}"
+        print(head)
+        print("-" * len(head))
+        for rule, per in cell["counts"].items():
+            aa = per["A/A"]
+            fa = aa["REGRESS"]
+            ex = f"{pct(cell['excl1'][rule], n):>11}" if rule.startswith("ours") else f"{'-':>11}"
+            line = (
+                f"{rule:<12}{pct(fa, n):>8}{100 * wilson_upper(fa, n):>9.2f}%{pct(aa['NEEDS_REVIEW'], n):>12}{ex}"
+                + "".join(f"{pct(per[label]['REGRESS'], n):>8}" for label, _ in SCENARIOS[1:])
+            )
+            print(line)
+        ours = cell["counts"]["ours"]
+        fa_ok = ours["A/A"]["REGRESS"] / n <= 0.01
+        det_ok = ours["+6%"]["REGRESS"] / n >= 0.95
+        ok_all &= fa_ok and det_ok
+        print(
+            f"ours vs targets: false alarms {'<=' if fa_ok else '>'} 1% ({'met' if fa_ok else 'MISSED'}), "
+            f"detection at +6% {'>=' if det_ok else '<'} 95% ({'met' if det_ok else 'MISSED'})"
+        )
+    print()
+    print(f"all targets met for ours: {'yes' if ok_all else 'no'}; {time.perf_counter() - t0:.1f} s, {args.jobs} jobs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

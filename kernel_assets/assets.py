@@ -1,0 +1,256 @@
+"""The asset graph of one sweep, generated for rounds 1..MAX_GRAPH_ROUNDS.
+
+baseline_metrics -> round_k_suggestions -> round_k_variants -> round_k_profiles -> ... -> verdict_report
+Each asset is partitioned by spec (task_id). Rounds past the spec's max_rounds, or after a stop rule
+fires, materialize as empty and say why, so every partition has the same graph.
+"""
+
+
+import hashlib
+import inspect
+import time
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+
+from kernel_assets import sweep
+from kernel_assets.agent.base import AgentContext, Proposal
+from kernel_assets.constants import GPU_POOL, GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, ROUNDS, SPECS_PARTITIONS
+from kernel_assets.report import _md_table, md_image, tables, write_report
+from kernel_assets.specs_resource import SpecStore
+from kernels.records import Suggestion, VariantResult, config_label
+from kernels.registry import families, get_family
+from resources.gpu import BenchmarkResource, default_home
+
+
+def kernels_code_version() -> str:
+    """Changes whenever a kernel's source changes, so the UI marks every sweep asset stale."""
+    h = hashlib.sha256()
+    for name, fam in sorted(families().items()):
+        h.update(name.encode())
+        h.update(fam.source_hash().encode())
+    h.update(inspect.getsource(sweep).encode())
+    return h.hexdigest()[:16]
+
+
+CODE_VERSION = kernels_code_version()
+
+
+class SuggestConfig(dg.Config):
+    """Launchpad override of the spec's search strategy (empty = use the spec)."""
+
+    strategy: str = ""
+
+
+def _rows_md(rows: list[VariantResult]) -> str:
+    if not rows:
+        return "_no variants this round_"
+    df, _, _ = tables(rows, {}, [])
+    return _md_table(df, ["variant_id", "config_label", "error", "latency_p50_ms", "tflops", "regs_per_thread",
+                          "spill_bytes", "smem_bytes", "occupancy", "max_abs_err", "evidence"])
+
+
+def _log_fn(context: dg.AssetExecutionContext):
+    return lambda msg: context.log.info(msg)
+
+
+@dg.asset(
+    partitions_def=SPECS_PARTITIONS,
+    group_name=GROUP_BASELINE,
+    pool=GPU_POOL,
+    code_version=CODE_VERSION,
+    check_specs=[
+        dg.AssetCheckSpec("baseline_correct", asset="baseline_metrics", blocking=True,
+                          description="Baseline compiles and matches the float64 reference (blocks the sweep)."),
+        dg.AssetCheckSpec("baseline_constraints", asset="baseline_metrics",
+                          description="Baseline registers, spills and shared memory within the spec's constraints."),
+    ],
+)
+def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkResource):
+    """Compile, correctness and latency of the spec's baseline config."""
+    spec = specs.load(context.partition_key)
+    fam = get_family(spec.kernel_family)
+    sugg = Suggestion(variant_id="baseline", config=spec.baseline, patch_summary="the spec's baseline config",
+                      source="baseline", round=0, risk="low")
+    (row,), ev = bench.evaluate(spec, fam, [sugg], log=_log_fn(context))
+    state = sweep.initial_state(row, spec)
+    c = row.correctness
+    md = {
+        "backend": row.backend, "evidence": str(row.evidence), "config": config_label(row.config),
+        "spec_hash": spec.content_hash(), "error": str(row.error), "results": dg.MetadataValue.md(_rows_md([row])),
+        **ev.as_metadata(),
+    }
+    if row.compile:
+        md.update(regs_per_thread=row.compile.regs_per_thread, smem_bytes=row.compile.smem_bytes,
+                  spill_bytes=row.compile.spill_bytes, occupancy=row.compile.occupancy)
+    if state.best_value is not None:
+        md["objective_ms"] = dg.FloatMetadataValue(state.best_value)
+    yield dg.Output(state, metadata=md)
+    correct = row.error is None and c is not None and c.ok
+    yield dg.AssetCheckResult(
+        check_name="baseline_correct", passed=correct, severity=dg.AssetCheckSeverity.ERROR,
+        description=None if correct else sweep.failure_line(row),
+        metadata={"max_abs_err": c.max_abs_err if c else -1.0, "max_rel_err": c.max_rel_err if c else -1.0,
+                  "shapes": ", ".join(c.shapes_checked) if c else "", "error": str(row.error)},
+    )
+    violations = sweep.constraint_violations(row, spec)
+    yield dg.AssetCheckResult(check_name="baseline_constraints", passed=not violations,
+                              severity=dg.AssetCheckSeverity.WARN, metadata={"violations": "; ".join(violations) or "none"})
+
+
+def _make_policy(strategy: str, spec, resources):
+    from kernel_assets.agent import policy_for
+
+    return policy_for(strategy, spec, resources)
+
+
+def build_round(k: int):
+    prev_key = "baseline_metrics" if k == 1 else f"round_{k - 1}_profiles"
+
+    @dg.asset(
+        name=f"round_{k}_suggestions", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
+        ins={"prev": dg.AssetIn(prev_key)}, required_resource_keys={"specs"},
+        description=f"Round {k}: the agent's proposals (validated JSON), or why the search stopped.",
+    )
+    def suggestions(context: dg.AssetExecutionContext, config: SuggestConfig, prev: sweep.RoundState):
+        spec = context.resources.specs.load(context.partition_key)
+        fam = get_family(spec.kernel_family)
+        strategy = config.strategy or spec.search.strategy
+        if prev.stopped or k > spec.search.max_rounds:
+            reason = prev.stopped or f"max_rounds reached ({spec.search.max_rounds})"
+            context.log.info(f"round {k} skipped: {reason}")
+            return dg.Output(Proposal(suggestions=[], notes=[f"round {k} skipped: {reason}"]),
+                             metadata={"proposals": 0, "stopped": reason, "strategy": strategy})
+        ctx = AgentContext(
+            spec=spec, family=fam, round=k, n=spec.search.variants_per_round, history=prev.history,
+            objective=prev.objective, profile_summary=prev.summary, failures=prev.failures,
+            run_id=context.run_id, partition=context.partition_key, log=context.log,
+        )
+        policy = _make_policy(strategy, spec, context.resources)
+        t0 = time.perf_counter()
+        proposal = policy.propose(ctx)
+        df = pd.DataFrame([{"variant_id": s.variant_id, "config": config_label(s.config), "patch_summary": s.patch_summary,
+                            "expected_effect": s.expected_effect, "risk": s.risk, "source": s.source}
+                           for s in proposal.suggestions])
+        md = {
+            "proposals": len(proposal.suggestions), "dropped": len(proposal.dropped), "strategy": strategy,
+            "policy_seconds": round(time.perf_counter() - t0, 3),
+            "table": dg.MetadataValue.md(_md_table(df, list(df.columns)) if len(df) else "_none_"),
+            "notes": dg.MetadataValue.md("\n".join(f"- {n}" for n in proposal.notes) or "_none_"),
+        }
+        if proposal.dropped:
+            md["dropped_reasons"] = dg.MetadataValue.md("\n".join(f"- {d.reason}" for d in proposal.dropped))
+        for key, val in proposal.tokens.items():
+            md[f"tokens_{key}"] = val
+        return dg.Output(proposal, metadata=md)
+
+    @dg.asset(
+        name=f"round_{k}_variants", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
+        pool=GPU_POOL, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
+        description=f"Round {k}: compile stats, correctness and latency of every proposal; failures are rows.",
+        check_specs=[dg.AssetCheckSpec(f"round_{k}_constraints", asset=f"round_{k}_variants",
+                                       description="Variants within the register, spill and shared-memory limits.")],
+    )
+    def variants(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkResource, proposal: Proposal):
+        spec = specs.load(context.partition_key)
+        fam = get_family(spec.kernel_family)
+        rows, ev = ([], None)
+        if proposal.suggestions:
+            rows, ev = bench.evaluate(spec, fam, proposal.suggestions, log=_log_fn(context))
+        errors = pd.Series([r.error for r in rows if r.error], dtype="object").value_counts().to_dict()
+        md = {"variants": len(rows), "failed": sum(1 for r in rows if r.error), "errors": str(errors or "none"),
+              "results": dg.MetadataValue.md(_rows_md(rows))}
+        if ev:
+            md.update(ev.as_metadata())
+        yield dg.Output(rows, metadata=md)
+        bad = {r.variant_id: sweep.constraint_violations(r, spec) for r in rows}
+        bad = {k2: v for k2, v in bad.items() if v}
+        yield dg.AssetCheckResult(
+            check_name=f"round_{k}_constraints", passed=not bad, severity=dg.AssetCheckSeverity.WARN,
+            metadata={"violating": len(bad), "details": dg.MetadataValue.md("\n".join(f"- {v}: {'; '.join(x)}" for v, x in bad.items()) or "_none_")},
+        )
+
+    @dg.asset(
+        name=f"round_{k}_profiles", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
+        ins={"prev": dg.AssetIn(prev_key), "proposal": dg.AssetIn(f"round_{k}_suggestions"),
+             "rows": dg.AssetIn(f"round_{k}_variants")},
+        description=f"Round {k}: the trimmed top-k profile the next prompt sees, the best so far and the stop rules.",
+    )
+    def profiles(context: dg.AssetExecutionContext, specs: SpecStore, prev: sweep.RoundState, proposal: Proposal,
+                 rows: list[VariantResult]):
+        spec = specs.load(context.partition_key)
+        skipped = not proposal.suggestions and any("skipped" in n for n in proposal.notes)
+        stop = None
+        if not proposal.suggestions and not skipped:
+            stop = f"round {k}: the agent proposed nothing new"
+        state = prev if skipped else sweep.advance(prev, spec, k, rows, proposal.dropped, proposal.notes, stop)
+        md = {"best_variant": state.best_id, "rounds_without_improvement": state.rounds_without_improvement,
+              "stopped": state.stopped or "no", "measured_so_far": len(state.history),
+              "profile_summary": dg.MetadataValue.md(f"```\n{state.summary}\n```")}
+        if state.best_value is not None:
+            md["best_objective_ms"] = dg.FloatMetadataValue(state.best_value)
+        return dg.Output(state, metadata=md)
+
+    return [suggestions, variants, profiles]
+
+
+def _last_profiles_key() -> str:
+    return f"round_{ROUNDS[-1]}_profiles"
+
+
+@dg.asset(
+    partitions_def=SPECS_PARTITIONS, group_name=GROUP_REPORT, code_version=CODE_VERSION,
+    ins={"state": dg.AssetIn(_last_profiles_key())}, required_resource_keys={"specs"},
+    check_specs=[dg.AssetCheckSpec("regression_guard", asset="verdict_report",
+                                   description="The sweep's best config is correct, within constraints and not a regression.")],
+)
+def verdict_report(context: dg.AssetExecutionContext, state: sweep.RoundState):
+    """PASS / REGRESS / NEEDS_REVIEW per variant with its evidence; report.md and Parquet tables."""
+    specs: SpecStore = context.resources.specs
+    spec = specs.load(context.partition_key)
+    fam = get_family(spec.kernel_family)
+    baseline = state.history[0]
+    verdicts = {r.variant_id: sweep.verdict_for(r, baseline, spec) for r in state.history[1:]}
+    from kernel_assets.narrative import narrative_for
+
+    narrative, source, token_table = narrative_for(context, spec, state, verdicts)
+    out_dir = default_home() / "reports" / spec.task_id
+    res = write_report(out_dir, spec, str(specs.path_for(spec.task_id)), state, verdicts, list(fam.space.params),
+                       narrative=narrative, narrative_source=source, token_table=token_table)
+    counts = {k: int(res["counts"].get(k, 0)) for k in ("PASS", "REGRESS", "NEEDS_REVIEW")}
+    summary = {"task_id": spec.task_id, "report_dir": str(out_dir), "counts": counts, "best": state.best_id,
+               "stopped": state.stopped, "variants": len(state.history) - 1}
+    vt = res["verdicts"]
+    md = {
+        **{f"n_{k}": v for k, v in counts.items()},
+        "report": dg.MetadataValue.path(str(out_dir / "report.md")),
+        "best_variant": state.best_id,
+        "verdicts": dg.MetadataValue.md(_md_table(vt, ["variant_id", "round", "config_label", "verdict", "ratio",
+                                                       "evidence", "reasons"]) if len(vt) else "_none_"),
+        "latency_plot": dg.MetadataValue.md(md_image(res["png"], "p50 latency per variant")),
+        "narrative_source": source,
+    }
+    yield dg.Output(summary, metadata=md)
+    best = next((r for r in state.history if r.variant_id == state.best_id), baseline)
+    best_verdict = verdicts.get(best.variant_id)
+    problems = sweep.constraint_violations(best, spec) + ([best.error] if best.error else [])
+    if best_verdict is not None and best_verdict.verdict == "REGRESS":
+        problems += best_verdict.reasons
+    yield dg.AssetCheckResult(
+        check_name="regression_guard", passed=not problems, severity=dg.AssetCheckSeverity.WARN,
+        metadata={"best": best.variant_id, "verdict": best_verdict.verdict if best_verdict else "BASELINE",
+                  "problems": "; ".join(problems) or "none", **{f"n_{k}": v for k, v in counts.items()}},
+    )
+
+
+def build_sweep_assets() -> list:
+    out = [baseline_metrics]
+    for k in ROUNDS:
+        out += build_round(k)
+    out.append(verdict_report)
+    return out
+
+
+def report_dir(task_id: str) -> Path:
+    return default_home() / "reports" / task_id

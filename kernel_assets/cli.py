@@ -1,0 +1,182 @@
+"""`kregress`: run a sweep in-process through Dagster, validate specs, and the gateway tools.
+
+    kregress sweep specs/gemm_h100_bf16.yaml      # whole graph for one spec, with progress
+    kregress specs validate specs/*.yaml          # check specs, run nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+# Subcommands contributed by other modules: each exposes register(subparsers).
+PLUGINS = ("kernel_assets.cli_usage", "kernel_assets.cli_config")
+
+
+def _ensure_home(arg: str | None) -> Path:
+    home = Path(arg or os.environ.get("DAGSTER_HOME") or "dagster_home").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(home)
+    if not (home / "dagster.yaml").exists():
+        repo_yaml = Path(__file__).resolve().parent.parent / "dagster_home" / "dagster.yaml"
+        if repo_yaml.exists() and repo_yaml.parent != home:
+            (home / "dagster.yaml").write_text(repo_yaml.read_text())
+    return home
+
+
+class _Progress(logging.Handler):
+    """Turns Dagster's step events and the assets' log lines into a compact progress display."""
+
+    def __init__(self, total_steps: int, stream=sys.stderr):
+        super().__init__(logging.DEBUG)
+        self.total = total_steps
+        self.done = 0
+        self.t0 = time.perf_counter()
+        self.stream = stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        meta = getattr(record, "dagster_meta", None) or {}
+        event = meta.get("dagster_event")
+        step = meta.get("step_key") or ""
+        elapsed = f"{time.perf_counter() - self.t0:6.1f}s"
+        if event is not None:
+            kind = event.event_type_value
+            if kind == "STEP_START":
+                self._line(f"{elapsed} [{self.done + 1:>2}/{self.total}] {step} ...")
+            elif kind == "STEP_SUCCESS":
+                self.done += 1
+            elif kind == "STEP_FAILURE":
+                self.done += 1
+                self._line(f"{elapsed} FAILED {step}: {str(getattr(event.event_specific_data, 'error', ''))[:400]}")
+            elif kind == "ASSET_CHECK_EVALUATION":
+                data = event.event_specific_data
+                if not data.passed:
+                    self._line(f"{elapsed}   check {data.check_name} FAILED ({data.severity.value})")
+            return
+        msg = meta.get("orig_message") or record.getMessage()
+        if record.levelno >= logging.INFO and msg and not msg.startswith(("Finished", "Started", "Executing")):
+            self._line(f"{elapsed}   {msg}")
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from kernels.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    home = _ensure_home(args.dagster_home)
+    import dagster as dg
+
+    from kernel_assets.constants import SPECS_PARTITIONS, SWEEP_JOB
+    from kernel_assets.definitions import build_definitions, build_resources
+    from kernel_assets.specs_resource import SpecStore
+    from resources.gpu import BenchmarkResource
+
+    resources = build_resources(args.env)
+    resources["specs"] = SpecStore(extra_files=[str(Path(args.spec).resolve())])
+    if args.backend:
+        resources["bench"] = BenchmarkResource(backend=args.backend)
+    handler = _Progress(total_steps=0)
+
+    @dg.logger(description="kregress CLI progress display")
+    def progress(_init_context):
+        lg = logging.getLogger(f"kregress.progress.{id(handler)}")
+        lg.setLevel(logging.DEBUG)
+        lg.propagate = False
+        lg.handlers = [handler]
+        return lg
+
+    defs = build_definitions(resources, loggers={"progress": progress})
+    job = defs.resolve_job_def(SWEEP_JOB)
+    handler.total = len(job.graph.node_defs)
+    instance = dg.DagsterInstance.get()
+    if not instance.has_dynamic_partition(SPECS_PARTITIONS.name, spec.task_id):
+        instance.add_dynamic_partitions(SPECS_PARTITIONS.name, [spec.task_id])
+    # Dagster's console logger would print every DEBUG event: the progress logger replaces it.
+    run_config: dict = {"loggers": {"progress": {}}}
+    if args.strategy:
+        run_config["ops"] = {f"round_{k}_suggestions": {"config": {"strategy": args.strategy}}
+                             for k in range(1, _rounds() + 1)}
+    print(f"kregress: sweep {spec.task_id} ({spec.kernel_family}, {spec.dtype}, {spec.hardware.arch}); "
+          f"DAGSTER_HOME={home}; backend={resources['bench'].resolved_backend(spec)}; strategy={args.strategy or spec.search.strategy}",
+          file=sys.stderr)
+    result = job.execute_in_process(partition_key=spec.task_id, instance=instance, run_config=run_config,
+                                    raise_on_error=False)
+    if not result.success:
+        failed = [e.step_key for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+        print(f"kregress: sweep {spec.task_id} FAILED (run {result.run_id}); failed steps: {', '.join(failed) or 'see the run in dagster'}",
+              file=sys.stderr)
+        return 1
+    summary = result.output_for_node("verdict_report")
+    counts = summary["counts"]
+    print(f"report: {summary['report_dir']}/report.md")
+    print(f"verdicts: PASS {counts['PASS']}, REGRESS {counts['REGRESS']}, NEEDS_REVIEW {counts['NEEDS_REVIEW']} "
+          f"({summary['variants']} variants; best {summary['best']}; stopped: {summary['stopped'] or 'no'})")
+    return 0
+
+
+def _rounds() -> int:
+    from kernels.spec import MAX_GRAPH_ROUNDS
+
+    return MAX_GRAPH_ROUNDS
+
+
+def cmd_specs_validate(args: argparse.Namespace) -> int:
+    from kernels.spec import SpecError, load_spec
+
+    bad = 0
+    for f in args.files:
+        try:
+            spec = load_spec(f)
+        except SpecError as exc:
+            bad += 1
+            print(str(exc), file=sys.stderr)
+            continue
+        print(f"{f}: ok ({spec.task_id}, {spec.kernel_family}, {len(spec.shape_matrix)} shapes, hash {spec.content_hash()})")
+    return 1 if bad else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kregress", description="Budgeted, auditable kernel regression sweeps on Dagster.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("sweep", help="run one spec's whole graph in-process")
+    s.add_argument("spec", help="path to a task spec YAML")
+    s.add_argument("--dagster-home", help="default: $DAGSTER_HOME, else ./dagster_home")
+    s.add_argument("--env", choices=["local", "gpu"], help="resource set (default $KREGRESS_ENV or local)")
+    s.add_argument("--backend", choices=["auto", "cuda", "interpreter"], help="override the benchmark backend")
+    s.add_argument("--strategy", choices=["local", "llm", "hybrid"], help="override the spec's search strategy")
+    s.set_defaults(func=cmd_sweep)
+    sp = sub.add_parser("specs", help="work with spec files")
+    spsub = sp.add_subparsers(dest="specs_command", required=True)
+    v = spsub.add_parser("validate", help="validate spec files; run nothing")
+    v.add_argument("files", nargs="+")
+    v.set_defaults(func=cmd_specs_validate)
+    for mod in PLUGINS:
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name == mod:
+                continue
+            raise
+        module.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Ahead-of-time compile for a target arch with no GPU, and the facts read off the cubin.
+
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` runs the whole pipeline down to
+a cubin with the ptxas that ships in the Triton wheel; the bundled ``cuobjdump`` then reports
+registers, stack (spills), local and shared memory, and the SASS instruction mix. These are real
+facts on any machine, so register, spill and shared-memory constraints are never estimates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import triton
+
+from kernels.records import CompileStats
+
+_TRITON_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+# SASS opcode -> class shown in the mix. The first matching prefix wins.
+_SASS_CLASSES = (
+    ("HGMMA", "tensor_wgmma"), ("HMMA", "tensor_mma"), ("IMMA", "tensor_mma"),
+    ("UTMALDG", "tma_load"), ("UTMASTG", "tma_store"), ("UBLKCP", "tma_load"),
+    ("LDGSTS", "async_copy"), ("LDGDEPBAR", "async_copy"),
+    ("LDG", "global_load"), ("STG", "global_store"), ("LDSM", "shared_load"), ("LDS", "shared_load"),
+    ("STS", "shared_store"), ("LDL", "local_load"), ("STL", "local_store"),
+    ("BAR", "barrier"), ("SYNCS", "barrier"), ("WARPSYNC", "barrier"),
+    ("FFMA", "fp32"), ("FADD", "fp32"), ("FMUL", "fp32"), ("FMNMX", "fp32"), ("MUFU", "special"),
+    ("F2F", "convert"), ("F2FP", "convert"), ("I2F", "convert"), ("F2I", "convert"),
+    ("IMAD", "integer"), ("IADD", "integer"), ("LOP", "integer"), ("SHF", "integer"), ("LEA", "integer"),
+    ("ISETP", "integer"), ("SEL", "integer"), ("PRMT", "integer"),
+    ("BRA", "control"), ("EXIT", "control"), ("BSSY", "control"), ("BSYNC", "control"),
+)
+
+
+class CompileError(Exception):
+    """Carries the error class ('compile_failed' or 'out_of_resources') and a short detail."""
+
+    def __init__(self, error: str, detail: str):
+        super().__init__(f"{error}: {detail}")
+        self.error = error
+        self.detail = detail
+
+
+def cache_key(family: str, source_hash: str, config_hash: str, dtype: str, arch: str, params: dict) -> str:
+    blob = json.dumps(
+        [family, source_hash, config_hash, dtype, arch, triton.__version__, params], sort_keys=True, default=str
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def parse_resource_usage(text: str) -> dict[str, dict[str, int]]:
+    """``cuobjdump --dump-resource-usage`` -> {function: {REG, STACK, SHARED, LOCAL, ...}}."""
+    out: dict[str, dict[str, int]] = {}
+    current = None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function\s+(\S+):", line)
+        if m:
+            current = m.group(1)
+            continue
+        if current and "REG:" in line:
+            out[current] = {k: int(v) for k, v in re.findall(r"([A-Z_]+(?:\[\d+\])?):(\d+)", line)}
+            current = None
+    return out
+
+
+def sass_mix(sass: str) -> tuple[int, dict[str, int]]:
+    counts: Counter[str] = Counter()
+    total = 0
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if not m:
+            continue
+        op = m.group(1)
+        if op == "NOP":
+            continue
+        total += 1
+        cls = next((c for prefix, c in _SASS_CLASSES if op.startswith(prefix)), "other")
+        counts[cls] += 1
+    return total, dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def occupancy(regs: int, smem: int, num_warps: int, limits: Any) -> tuple[float, int, str]:
+    """Theoretical occupancy on one SM: (active warps / max warps, blocks per SM, limiter).
+
+    Registers are allocated per warp in units of 256; shared memory per block plus 1 KiB the
+    driver reserves; threads and the block-slot count cap the rest.
+    """
+    max_warps = limits.max_threads_per_sm // 32
+    regs_per_warp = math.ceil(max(regs, 1) * 32 / 256) * 256
+    by_regs = (limits.registers_per_sm // regs_per_warp) // num_warps
+    by_threads = max_warps // num_warps
+    by_smem = limits.shared_memory_per_sm // (smem + 1024) if smem > 0 else limits.max_blocks_per_sm
+    candidates = {
+        "registers": by_regs,
+        "shared_memory": by_smem,
+        "threads": by_threads,
+        "block_slots": limits.max_blocks_per_sm,
+    }
+    limiter = min(candidates, key=lambda k: candidates[k])
+    blocks = max(0, candidates[limiter])
+    return min(1.0, blocks * num_warps / max_warps), blocks, limiter
+
+
+def _tool(name: str) -> str:
+    path = _TRITON_BIN / name
+    if not path.exists():
+        raise CompileError("compile_failed", f"{name} not found in the Triton wheel ({_TRITON_BIN})")
+    return str(path)
+
+
+def compile_units(units: list, arch: str, limits: Any) -> CompileStats:
+    """Compile every unit of a variant for ``arch`` and return the stats of the heaviest one."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cap = int(arch.removeprefix("sm_").rstrip("a"))
+    t0 = time.perf_counter()
+    per_unit = []
+    for unit in units:
+        src = ASTSource(fn=unit.fn, signature=unit.signature, constexprs=unit.constexprs)
+        try:
+            compiled = triton.compile(
+                src, target=GPUTarget("cuda", cap, 32), options={"num_warps": unit.num_warps, "num_stages": unit.num_stages}
+            )
+        except Exception as exc:  # Triton raises many types; all of them mean "did not compile"
+            text = str(exc)
+            kind = "out_of_resources" if re.search(r"out of resource|shared memory|too many resources", text, re.I) else "compile_failed"
+            raise CompileError(kind, _first_line(text) or type(exc).__name__) from None
+        smem = int(compiled.metadata.shared)
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = Path(tmp) / "k.cubin"
+            cubin.write_bytes(compiled.asm["cubin"])
+            usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+            sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        res = parse_resource_usage(usage).get(compiled.metadata.name)
+        if res is None:
+            raise CompileError("compile_failed", f"cuobjdump printed no resource usage for {compiled.metadata.name}")
+        total, mix = sass_mix(sass)
+        per_unit.append((unit, res, max(smem, res.get("SHARED", 0)), total, mix))
+    # A variant is as constrained as its heaviest kernel (e.g. the split-K main kernel, not the combine).
+    unit, res, smem, total, mix = max(per_unit, key=lambda u: (u[1]["REG"] * u[0].num_warps, u[2]))
+    if smem > limits.max_shared_memory_per_block:
+        raise CompileError(
+            "out_of_resources",
+            f"needs {smem} bytes of shared memory per block; {arch} allows {limits.max_shared_memory_per_block}",
+        )
+    occ, blocks, limiter = occupancy(res["REG"], smem, unit.num_warps, limits)
+    return CompileStats(
+        arch=arch,
+        regs_per_thread=res["REG"],
+        spill_bytes=res.get("STACK", 0) + res.get("LOCAL", 0),
+        smem_bytes=smem,
+        num_warps=unit.num_warps,
+        num_stages=unit.num_stages,
+        occupancy=occ,
+        blocks_per_sm=blocks,
+        occupancy_limiter=limiter,
+        sass_instructions=total,
+        sass_mix=mix,
+        compile_seconds=time.perf_counter() - t0,
+    )
+
+
+def _first_line(text: str) -> str:
+    for line in text.strip().splitlines():
+        line = line.strip()
+        if line:
+            return line[:300]
+    return ""

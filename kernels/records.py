@@ -1,0 +1,181 @@
+"""Records shared by kernels/, resources/ and kernel_assets/ (pydantic, no Dagster).
+
+Every row that leaves a benchmark, an agent or the gateway is one of these, so that the asset graph,
+the report and the ledger agree on field names. Failures are values: a row carries ``error`` and
+``error_detail`` instead of raising.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Evidence = Literal["cuda", "replay", "interpreter", "model"]
+VerdictKind = Literal["PASS", "REGRESS", "NEEDS_REVIEW"]
+Risk = Literal["low", "medium", "high"]
+Role = Literal["suggest", "report", "review"]
+
+# Error classes a variant row can carry (the `error` column). Anything else is a bug.
+ERROR_CLASSES = (
+    "invalid_config",  # outside the space or fails a validity rule: never compiled
+    "compile_failed",  # Triton / ptxas rejected it
+    "out_of_resources",  # shared memory or registers beyond the hardware limit
+    "numeric_mismatch",  # compared against the float64 reference and failed
+    "nan_inf",  # produced NaN or Inf where the reference has none
+    "runtime_error",  # the launch raised (illegal address, bad grid, ...)
+    "timeout",  # the child process ran past the per-variant limit and was killed
+    "crashed",  # the child process died (segfault, illegal memory access)
+)
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Stable short hash of a variant config (key order does not matter)."""
+    blob = json.dumps({k: config[k] for k in sorted(config)}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def config_label(config: dict[str, Any]) -> str:
+    """Short human label, e.g. ``BM128-BN128-BK64-G8-s3-w8``."""
+    abbrev = {
+        "BLOCK_M": "BM",
+        "BLOCK_N": "BN",
+        "BLOCK_K": "BK",
+        "BLOCK_H": "BH",
+        "GROUP_M": "G",
+        "num_stages": "s",
+        "num_warps": "w",
+        "num_splits": "sp",
+    }
+    return "-".join(f"{abbrev.get(k, k)}{v}" for k, v in config.items())
+
+
+class Suggestion(BaseModel):
+    """One proposed variant, from any policy (local search, LLM, replay)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    variant_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    config: dict[str, int]
+    patch_summary: str = Field(max_length=120)
+    expected_effect: str = Field(default="", max_length=300)
+    risk: Risk = "medium"
+    parent: str | None = None
+    source: str = "local"
+    round: int = Field(ge=0)
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.config)
+
+
+class DroppedSuggestion(BaseModel):
+    """A proposal that was not measured, and why (kept for the report and the next prompt)."""
+
+    round: int
+    source: str
+    raw: str = Field(max_length=400)
+    reason: str
+
+
+class CompileStats(BaseModel):
+    arch: str
+    regs_per_thread: int
+    spill_bytes: int  # local memory per thread (STACK + LOCAL from cuobjdump)
+    smem_bytes: int
+    num_warps: int
+    num_stages: int
+    occupancy: float  # theoretical active warps / max warps per SM, 0..1
+    blocks_per_sm: int
+    occupancy_limiter: str
+    sass_instructions: int
+    sass_mix: dict[str, int]  # opcode class -> count (HMMA/HGMMA, LDG, LDS, STG, BAR, ...)
+    compile_seconds: float
+    cache_hit: bool = False
+
+
+class Correctness(BaseModel):
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+    nan_inf: bool
+    mismatches: int
+    tolerance: float
+    shapes_checked: list[str]
+    mismatch_sample: str = ""  # first few mismatches, the text the agent sees
+
+
+class Measurement(BaseModel):
+    shape: str
+    samples_ms: list[float]
+    p20_ms: float
+    p50_ms: float
+    p80_ms: float
+    tflops: float
+    gbps: float
+    evidence: Evidence
+    device: str
+    torch_version: str
+    triton_version: str
+
+
+class VariantResult(BaseModel):
+    """Everything measured about one variant, failures included."""
+
+    variant_id: str
+    round: int
+    source: str
+    config: dict[str, int]
+    config_hash: str
+    patch_summary: str = ""
+    expected_effect: str = ""
+    risk: str = ""
+    parent: str | None = None
+    error: str | None = None
+    error_detail: str = ""
+    compile: CompileStats | None = None
+    correctness: Correctness | None = None
+    measurements: list[Measurement] = Field(default_factory=list)
+    evidence: Evidence | None = None
+    backend: str = ""
+
+    @field_validator("error")
+    @classmethod
+    def _known_error(cls, v: str | None) -> str | None:
+        if v is not None and v not in ERROR_CLASSES:
+            raise ValueError(f"unknown error class {v!r}; allowed: {', '.join(ERROR_CLASSES)}")
+        return v
+
+
+class Verdict(BaseModel):
+    variant_id: str
+    verdict: VerdictKind
+    reasons: list[str]
+    ratio: float | None = None  # variant p50 / baseline p50 (geomean over shapes)
+    ratio_ci_low: float | None = None
+    ratio_ci_high: float | None = None
+    evidence: Evidence | None = None
+
+
+class UsageRecord(BaseModel):
+    """One row per model-call attempt (the ledger). Never holds a key, only its alias."""
+
+    ts: float
+    run_id: str = ""
+    partition: str = ""
+    round: int = 0
+    role: Role
+    task: str = ""
+    key_alias: str = ""
+    model: str = ""
+    request_id: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    latency_ms: float = 0.0
+    attempt: int = 1
+    status: str = ""
+    error_class: str = ""
+    cache_hit: bool = False

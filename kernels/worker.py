@@ -1,0 +1,113 @@
+"""Child process that compiles, checks and times variants, one JSON job per line.
+
+The parent (resources/gpu.py) keeps a few of these alive and kills one that runs past its variant's
+time limit, so a hanging or crashing variant (illegal address, ptxas blow-up) becomes a row with
+``error=timeout`` or ``error=crashed`` and the round goes on. Protocol: the parent writes one JSON
+object per line on stdin; the worker answers one line on stdout that starts with ``@@kregress ``;
+anything else a library prints is ignored.
+
+Run with TRITON_INTERPRET=1 for the interpreter backend (Triton reads it when kernels are decorated,
+so it must be set before ``kernels.*`` is imported, hence a process of its own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+PREFIX = "@@kregress "
+
+
+def _patch_interpreter_bf16_dot() -> None:
+    """Triton 3.9's interpreter stores bf16 as uint16 and its ``create_dot`` multiplies those raw
+    bit patterns (fp8 operands are converted, bf16 are not), which yields garbage. Widen bf16
+    operands to fp32 first: a product of two bf16 values is exact in fp32, which is what the tensor
+    cores compute too. Only the interpreter (CPU) is touched; compiled kernels are unaffected."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter as interp
+
+    builder_cls = interp.InterpreterBuilder
+    original = builder_cls.create_dot
+    if getattr(original, "_kregress_bf16", False):
+        return
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.scalar == tl.bfloat16 or b.dtype.scalar == tl.bfloat16:
+            def widen(h):
+                if h.dtype.scalar == tl.bfloat16:
+                    return (h.data.astype(np.uint32) << 16).view(np.float32)
+                return h.data.astype(np.float32)
+
+            out = np.matmul(widen(a), widen(b), dtype=np.float32).astype(d.data.dtype) + d.data
+            return interp.TensorHandle(out, d.dtype.scalar)
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    create_dot._kregress_bf16 = True
+    builder_cls.create_dot = create_dot
+
+
+def _limits(d: dict):
+    from kernels.spec import HardwareLimits
+
+    return HardwareLimits(**d)
+
+
+def handle(job: dict) -> dict:
+    from kernels.registry import get_family
+
+    family = get_family(job["family"])
+    op = job["op"]
+    if op == "compile":
+        from kernels.compile import CompileError, compile_units
+
+        try:
+            units = family.compile_units(job["config"], job["dtype"], job.get("params", {}))
+            stats = compile_units(units, job["arch"], _limits(job["limits"]))
+        except CompileError as exc:
+            return {"error": exc.error, "detail": exc.detail}
+        return {"stats": stats.model_dump()}
+    if op == "correctness":
+        from kernels.measure import check_correctness
+
+        corr = check_correctness(
+            family, job["config"], job["shapes"], job["dtype"], job["tolerance"], job.get("params", {}),
+            job["device"], job["interpret"], job.get("seed", 0),
+        )
+        return {"correctness": corr.model_dump()}
+    if op == "measure_cuda":
+        from kernels.measure import cuda_measurements
+
+        ms = cuda_measurements(family, job["config"], job["shapes"], job["dtype"], job.get("params", {}),
+                               job["warmup_ms"], job["rep_ms"], job.get("seed", 0))
+        return {"measurements": [m.model_dump() for m in ms]}
+    if op == "ping":
+        return {"pong": os.getpid()}
+    return {"error": "runtime_error", "detail": f"unknown op {op!r}"}
+
+
+def main() -> None:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _patch_interpreter_bf16_dot()
+    out = sys.stdout
+    sys.stdout = sys.stderr  # library prints must not corrupt the protocol
+    out.write(PREFIX + json.dumps({"ready": os.getpid()}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            job = json.loads(line)
+            result = handle(job)
+        except Exception as exc:  # a failure is a value: the parent turns it into a row
+            tb = traceback.format_exc(limit=3)
+            result = {"error": "runtime_error", "detail": f"{type(exc).__name__}: {str(exc)[:400]}", "traceback": tb[-1500:]}
+        out.write(PREFIX + json.dumps(result, default=str) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()
