@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run_usage(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
-        path = sqlite_path_from_url(args.ledger_url, args.dagster_home) if args.ledger_url else sqlite_path_from_url("", args.dagster_home)
+        path = sqlite_path_from_url(args.ledger_url or "", args.dagster_home)
     except LedgerConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,6 @@
 The spec is read through ``load_spec(partition_key) -> TaskSpec`` (the specs resource, once it exists).
 """
 
-from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Sequence
 

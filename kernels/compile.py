@@ -50,9 +50,14 @@ class CompileError(Exception):
         self.detail = detail
 
 
+# This file decides how variants are compiled and measured: a change to it invalidates the cache too.
+_COMPILER_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+
+
 def cache_key(family: str, source_hash: str, config_hash: str, dtype: str, arch: str, params: dict) -> str:
     blob = json.dumps(
-        [family, source_hash, config_hash, dtype, arch, triton.__version__, params], sort_keys=True, default=str
+        [family, source_hash, config_hash, dtype, arch, triton.__version__, _COMPILER_HASH, params],
+        sort_keys=True, default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -126,7 +131,8 @@ def compile_units(units: list, arch: str, limits: Any) -> CompileStats:
     t0 = time.perf_counter()
     per_unit = []
     for unit in units:
-        src = ASTSource(fn=unit.fn, signature=unit.signature, constexprs=unit.constexprs)
+        attrs = {(unit.fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in unit.divisible}
+        src = ASTSource(fn=unit.fn, signature=unit.signature, constexprs=unit.constexprs, attrs=attrs)
         try:
             compiled = triton.compile(
                 src, target=GPUTarget("cuda", cap, 32), options={"num_warps": unit.num_warps, "num_stages": unit.num_stages}

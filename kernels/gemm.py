@@ -134,7 +134,8 @@ class GemmFamily(Family):
         }
         constexprs = {"stride_ak": 1, "stride_bn": 1, "stride_cn": 1}
         constexprs.update({k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")})
-        return [CompileUnit(gemm_kernel, sig, constexprs, config["num_warps"], config["num_stages"])]
+        divisible = ("a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm")
+        return [CompileUnit(gemm_kernel, sig, constexprs, config["num_warps"], config["num_stages"], divisible)]
 
     def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):
         """Roofline over the padded tile grid.

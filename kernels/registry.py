@@ -77,6 +77,10 @@ class CompileUnit:
     constexprs: dict[str, Any]
     num_warps: int
     num_stages: int
+    # Arguments the GPU JIT would specialize as divisible by 16 (aligned pointers, strides and sizes
+    # that are multiples of 16 on the timed shapes). Without this hint an AOT compile takes the
+    # unaligned path: no cp.async/TMA pipelining, so shared memory and registers would be wrong.
+    divisible: tuple[str, ...] = ()
 
 
 @dataclass
@@ -167,7 +171,7 @@ def get_family(name: str) -> Family:
 
 
 # Modules that register a family when imported. A new family adds its module here.
-_BUILTIN = ("kernels.gemm",)
+_BUILTIN = ("kernels.gemm", "kernels.mla_decode")
 
 
 def _load_builtin() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 # Rounds the asset graph is built with (round_1 .. round_MAX). A spec may use fewer.
 MAX_GRAPH_ROUNDS = 4
@@ -117,26 +117,37 @@ class TaskSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _family_checks(self) -> TaskSpec:
-        from kernels.registry import get_family
-
-        fam = get_family(self.kernel_family)
-        for field in ("shape_matrix", "correctness_shapes"):
-            for i, shape in enumerate(getattr(self, field)):
-                problem = fam.check_shape(shape)
-                if problem:
-                    raise ValueError(f"{field}[{i}] = {shape}: {problem}")
-        problem = fam.space.check(self.baseline)
-        if problem:
-            raise ValueError(f"baseline = {self.baseline}: {problem}")
-        problem = fam.check_params(self.params)
-        if problem:
-            raise ValueError(f"params = {self.params}: {problem}")
+    def _family_checks(self, info: ValidationInfo) -> TaskSpec:
+        # parse_spec asks to defer these so that each problem is reported with its own field name.
+        if not (info.context or {}).get("defer_family_checks"):
+            problems = family_problems(self)
+            if problems:
+                raise ValueError("; ".join(f"{field}: {msg}" for field, _, msg in problems))
         return self
 
     def content_hash(self) -> str:
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def family_problems(spec: TaskSpec) -> list[tuple[str, Any, str]]:
+    """(field, value, message) for every shape, baseline or params problem the family finds."""
+    from kernels.registry import get_family
+
+    fam = get_family(spec.kernel_family)
+    out = []
+    for field in ("shape_matrix", "correctness_shapes"):
+        for i, shape in enumerate(getattr(spec, field)):
+            problem = fam.check_shape(shape)
+            if problem:
+                out.append((f"{field}.{i}", shape, problem))
+    problem = fam.space.check(spec.baseline, spec.params)
+    if problem:
+        out.append(("baseline", spec.baseline, problem))
+    problem = fam.check_params(spec.params)
+    if problem:
+        out.append(("params", spec.params, problem))
+    return out
 
 
 class SpecError(ValueError):
@@ -198,9 +209,15 @@ def parse_spec(data: Any, path: str | Path = "<spec>") -> TaskSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{path}: the file must hold a YAML mapping (task_id: ..., kernel_family: ...), got {type(data).__name__}")
     try:
-        return TaskSpec.model_validate(data)
+        spec = TaskSpec.model_validate(data, context={"defer_family_checks": True})
     except ValidationError as exc:
         raise SpecError(format_validation_error(path, exc, TaskSpec)) from None
+    problems = family_problems(spec)
+    if problems:
+        raise SpecError("\n".join(
+            f"{path}: field '{field}': value {json.dumps(value, default=str)[:160]}: {msg}" for field, value, msg in problems
+        ))
+    return spec
 
 
 def load_spec(path: str | Path) -> TaskSpec:

@@ -25,6 +25,7 @@ import csv
 import json
 import os
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -131,15 +132,33 @@ def sqlite_path_from_url(url: str, dagster_home: str | os.PathLike | None = None
     return Path(url)  # a plain file path
 
 
+_INHERITED: list[sqlite3.Connection] = []
+
+
 class _SqliteBackend:
+    """One connection per process and thread (opened lazily; a forked child opens its own)."""
+
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._ready = False
+        self._local = threading.local()
 
     def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
+        con = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None, check_same_thread=False)
         con.row_factory = sqlite3.Row
         con.execute("PRAGMA busy_timeout = 60000")
+        con.execute("PRAGMA synchronous = NORMAL")  # WAL: durable at checkpoints, never corrupt
+        return con
+
+    def _conn(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None or getattr(self._local, "pid", None) != os.getpid():
+            if con is not None:
+                # Inherited across fork: never use or close it here (closing could checkpoint the parent's WAL).
+                _INHERITED.append(con)
+            self._init()
+            con = self._connect()
+            self._local.con, self._local.pid = con, os.getpid()
         return con
 
     def _init(self) -> None:
@@ -148,7 +167,7 @@ class _SqliteBackend:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         con = self._connect()
         try:
-            for _ in range(50):
+            for _ in range(100):
                 try:
                     con.execute("PRAGMA journal_mode = WAL")
                     break
@@ -165,27 +184,24 @@ class _SqliteBackend:
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """An exclusive write transaction (BEGIN IMMEDIATE): checks and inserts inside it are atomic."""
-        self._init()
-        con = self._connect()
+        con = self._conn()
+        con.execute("BEGIN IMMEDIATE")
         try:
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                yield con
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            con.execute("COMMIT")
-        finally:
-            con.close()
+            yield con
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
-        self._init()
-        con = self._connect()
-        try:
-            yield con
-        finally:
+        yield self._conn()
+
+    def close(self) -> None:
+        con = getattr(self._local, "con", None)
+        if con is not None and getattr(self._local, "pid", None) == os.getpid():
             con.close()
+        self._local.con = None
 
 
 # --- the ledger ----------------------------------------------------------------------------------
@@ -213,6 +229,10 @@ class Ledger:
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.path)!r})"
+
+    def close(self) -> None:
+        """Close this thread's connection (the next call reopens it)."""
+        self._db.close()
 
     # -- usage rows --------------------------------------------------------------------------
     def record(self, rec: UsageRecord, *, sweep: str = "", reservation_id: int | None = None) -> int:
@@ -368,9 +388,13 @@ class Ledger:
             )]
 
     def latest_sweep(self, partition: str) -> str | None:
-        """The sweep (budget scope) of the most recent reservation for a partition."""
+        """The sweep (budget scope) of the most recent call for a partition (a reservation or a cache hit)."""
         with self._db.read() as con:
-            r = con.execute("SELECT sweep FROM reservations WHERE partition = ? ORDER BY id DESC LIMIT 1", (partition,)).fetchone()
+            r = con.execute(
+                "SELECT sweep FROM (SELECT sweep, ts FROM reservations WHERE partition = ? "
+                "UNION ALL SELECT sweep, ts FROM usage WHERE partition = ? AND sweep != '') ORDER BY ts DESC LIMIT 1",
+                (partition, partition),
+            ).fetchone()
             return r["sweep"] if r else None
 
     # -- response cache ----------------------------------------------------------------------

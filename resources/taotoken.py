@@ -26,12 +26,11 @@ import email.utils
 import hashlib
 import json
 import logging
-import math
 import os
 import random
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -176,16 +175,17 @@ _PIECE = re.compile(r"[A-Za-z]+|\d+|\s+|[^\sA-Za-z\d]")
 def estimate_tokens(text: str) -> int:
     """A conservative token count for BPE tokenizers (no tokenizer download needed).
 
-    Letters: one token per 4 characters of a word (at least one); digits: one per 3; each punctuation
-    or symbol character one (CJK two); whitespace runs longer than one character one. It tends to
-    over-count a little, which is the safe side for a budget reservation; settlement uses the real usage.
+    Letters: one token per word of up to 6 letters, one more per further 6; digits: one per 3 (how
+    BPE vocabularies split numbers); each punctuation or symbol character one (CJK two); whitespace runs
+    longer than one character one (a single space merges with the next word). It over-counts a little
+    against real tokenizers, the safe side for a budget reservation; settlement uses the real usage.
     """
     n = 0
     for m in _PIECE.finditer(text or ""):
         s = m.group()
         c = s[0]
         if c.isascii() and c.isalpha():
-            n += (len(s) + 3) // 4
+            n += 1 + (len(s) - 1) // 6
         elif c.isascii() and c.isdigit():
             n += (len(s) + 2) // 3
         elif c.isspace():
@@ -301,14 +301,18 @@ class KeyPool:
         inner = ", ".join(f"{r}: [{', '.join(self.aliases(r))}]" for r in ROLES)
         return f"KeyPool({inner})"
 
-    def scrub(self, text: str) -> str:
-        """Replace every key this pool holds (and anything shaped like a bearer token) with an alias / mask."""
+    def scrub_exact(self, text: str) -> str:
+        """Replace every key this pool holds with ``<alias>`` (used on model output: nothing else is touched)."""
         text = str(text)
         for r in ROLES:
             for k in self._keys[r]:
                 if k.reveal() and k.reveal() in text:
                     text = text.replace(k.reveal(), f"<{k.alias}>")
-        return _KEYLIKE.sub("<redacted>", text)
+        return text
+
+    def scrub(self, text: str) -> str:
+        """Replace every key this pool holds (and anything shaped like a bearer token) with an alias / mask."""
+        return _KEYLIKE.sub("<redacted>", self.scrub_exact(text))
 
     # -- scheduling --------------------------------------------------------------------------
     def pick(self, role: str, now: float) -> tuple[ApiKey, float]:
@@ -685,7 +689,7 @@ class Gateway:
             "ok",
             200,
             request_id=request_id or str(getattr(completion, "id", "") or ""),
-            text=text[: self.max_response_chars],
+            text=self.keys.scrub_exact(text[: self.max_response_chars]),
             finish_reason=str(getattr(choice, "finish_reason", "") or ""),
             prompt_tokens=getattr(usage, "prompt_tokens", None) if usage else None,
             completion_tokens=getattr(usage, "completion_tokens", None) if usage else None,
@@ -721,7 +725,7 @@ class Gateway:
                     break
         finally:
             stream.close()
-        text = "".join(chunks)[: self.max_response_chars]
+        text = self.keys.scrub_exact("".join(chunks)[: self.max_response_chars])
         return _Outcome(True, "ok", 200, request_id=request_id or cid, text=text, finish_reason=finish, prompt_tokens=pt, completion_tokens=ct, truncated=truncated)
 
     # -- the call ----------------------------------------------------------------------------

@@ -128,15 +128,15 @@ def test_retry_after_on_503_is_honoured(srv, ledger):
 
 def test_read_timeout_is_retried(srv, ledger):
     clock = FakeClock()
-    g = make_gateway(srv, ledger, {"TAOTOKEN_KEY_SUGGEST": K1}, clock, read_timeout_s=0.3)
-    assert g.timeout.read == 0.3
-    srv.push(content="[]", delay_s=1.0)
+    g = make_gateway(srv, ledger, {"TAOTOKEN_KEY_SUGGEST": K1}, clock, read_timeout_s=0.5)
+    assert g.timeout.read == 0.5
+    srv.push(content="[]", delay_s=2.0)
     srv.push(content="[]")
     res = g.chat("suggest", MSG)
     assert res.attempts == 2
     rows = ledger.rows()
     assert [(r.status, r.error_class) for r in rows] == [("error", "timeout"), ("ok", "")]
-    assert rows[0].latency_ms >= 250
+    assert rows[0].latency_ms >= 450
     assert len(clock.sleeps) == 1 and 0.5 <= clock.sleeps[0] <= 1.0
 
 

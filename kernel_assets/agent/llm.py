@@ -132,13 +132,16 @@ class LLMPolicy:
 
     name = "llm"
 
-    def __init__(self, gateway: Gateway, *, max_response_chars: int = MAX_RESPONSE_CHARS, temperature: float | None = None) -> None:
+    def __init__(
+        self, gateway: Gateway, *, max_response_chars: int = MAX_RESPONSE_CHARS, temperature: float | None = None, sweep: str = ""
+    ) -> None:
         self.gateway = gateway
         self.max_response_chars = max_response_chars
         self.temperature = temperature
+        self.sweep = sweep  # budget scope; empty: the run id of the context (one Dagster run = one sweep)
 
     def call_context(self, ctx: AgentContext) -> CallContext:
-        return CallContext(run_id=ctx.run_id, partition=ctx.partition, round=ctx.round, task=f"round_{ctx.round}_suggestions")
+        return CallContext(run_id=ctx.run_id, partition=ctx.partition, round=ctx.round, task=f"round_{ctx.round}_suggestions", sweep=self.sweep)
 
     def propose(self, ctx: AgentContext) -> Proposal:
         top_k = ctx.spec.search.top_k
@@ -256,6 +259,8 @@ def write_narrative(
     verdict_markdown: str,
     *,
     ctx: CallContext | None = None,
+    run_id: str = "",
+    partition: str = "",
     max_input_chars: int = 12_000,
     max_output_chars: int = 4_000,
 ) -> tuple[str, str]:
@@ -263,7 +268,8 @@ def write_narrative(
 
     source is ``"llm:<key alias>:<model>"`` (or ``"llm:(cache):<model>"``), or ``"fallback: <why>"``: with no key for
     role report it returns a plain written summary and says so. Any gateway failure also falls back, so
-    the report is always written.
+    the report is always written. Pass the sweep's ``run_id`` (or a full ``ctx``) so the call counts against
+    the same sweep budget (``max_total_tokens``) as the rounds.
     """
     if gateway is None or not gateway.has_key("report"):
         why = "no TAOTOKEN key for role report"
@@ -274,7 +280,7 @@ def write_narrative(
         f"Objective: {spec.objective.direction} {spec.objective.metric} ({spec.objective.aggregate} over {len(spec.shape_matrix)} shape(s)); "
         f"regression guard: not worse than {spec.regression_guard.not_worse_than_baseline_ratio}x baseline.\n\nVerdicts:\n{table}"
     )
-    call_ctx = ctx or CallContext(task="verdict_report")
+    call_ctx = ctx or CallContext(run_id=run_id, partition=partition or spec.task_id, round=0, task="verdict_report")
     try:
         res = gateway.chat(
             "report",

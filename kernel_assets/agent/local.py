@@ -114,9 +114,10 @@ class LocalPolicy:
                 seen.add(h)
                 picked.append(cand)
         # Exploration: TPE under the constraints, until n new valid configs or the attempt cap.
-        attempts = 0
-        while len(picked) < ctx.n and attempts < 60 * ctx.n:
+        attempts = misses = 0
+        while len(picked) < ctx.n and attempts < 60 * ctx.n and misses < 300:
             attempts += 1
+            misses += 1
             trial = study.ask(distributions)
             cand = {k: int(trial.params[k]) for k in distributions}
             h = config_hash(cand)
@@ -128,6 +129,7 @@ class LocalPolicy:
                 continue
             seen.add(h)
             picked.append(cand)
+            misses = 0
         notes = []
         if len(picked) < ctx.n:
             notes.append(f"local search found {len(picked)} new valid configs of {ctx.n} asked (space nearly exhausted)")

@@ -134,6 +134,16 @@ def _shape_text(spec: Any, family: Any) -> str:
         return json.dumps(spec.shape_matrix, separators=(",", ":"))
 
 
+def label_legend(params: Any) -> str:
+    """How config labels abbreviate the tunables, e.g. ``BM=BLOCK_M, s=num_stages`` (only where they differ)."""
+    parts = []
+    for k in params:
+        short = config_label({k: 0})[:-1]
+        if short != k:
+            parts.append(f"{short}={k}")
+    return ", ".join(parts)
+
+
 def _baseline_text(ctx: AgentContext) -> str:
     base = next((r for r in ctx.history if r.round == 0), None)
     cfg = json.dumps(ctx.spec.baseline, separators=(",", ":"))
@@ -161,6 +171,7 @@ def build_suggest_user_prompt(ctx: AgentContext, rows: int) -> str:
         f"CONSTRAINTS: registers/thread <= {c.max_registers_per_thread}; shared memory <= {c.max_shared_memory_bytes} bytes; "
         f"spill bytes <= {c.max_spill_bytes}; numeric tolerance {c.numeric_tolerance:g}.",
         f"SPACE: {ctx.family.space.describe()}",
+        f"LABELS: config labels below abbreviate {label_legend(ctx.family.space.params)}; answer with full names in config.",
         f"BASELINE: {_baseline_text(ctx)}",
     ]
     if profile:

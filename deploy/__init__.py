@@ -1,0 +1,1 @@
+"""Deployment configuration: the Dagster instance for PostgreSQL and the executor for Kubernetes."""

@@ -1,0 +1,542 @@
+"""FlashMLA-like decode attention over a paged latent KV cache, split-K with a log-sum-exp combine.
+
+Shapes (DeepSeek-V3 MLA, weights absorbed into the query):
+- q            [batch, s_q, h_q, 576]   576 = 512 latent ("nope") + 64 rope dims
+- kv_cache     [num_blocks, page_size, 1, 576]   one latent head; K is all 576 dims, V the first 512
+- block_table  [batch, max_pages] int32: page i of sequence b lives in kv_cache[block_table[b, i]]
+- cache_seqlens[batch] int32: tokens in each sequence's cache (they differ per sequence)
+- out          [batch, s_q, h_q, 512] in the input dtype, lse [batch, s_q, h_q] float32 (natural log)
+
+Math and why:
+- There is a single KV head, so every query head of a sequence reads the same tokens. The s_q * h_q
+  query rows of a sequence are flattened into one "M" axis (row r is query r // h_q, head r % h_q)
+  and a program takes BLOCK_H of them: one pass over the KV tokens serves BLOCK_H rows, which is what
+  turns decode from a GEMV into a (small) GEMM on the tensor cores.
+- Scores are q_nope . k_nope + q_pe . k_pe (two dots into one fp32 accumulator) times softmax_scale.
+  The same [BLOCK_N, 512] latent tile is then the V operand: it is loaded once per step and used twice.
+- Online softmax in base 2: scores are pre-multiplied by scale * log2(e) so exp2 is used; the running
+  max m and sum l are per row; lse = (m + log2 l) * ln 2 at the end.
+- Causal over s_q (speculative/MTP decode): query i of s_q sees keys 0 .. seqlen - s_q + i. With
+  s_q = 1 that is the whole cache.
+- Paging: BLOCK_N divides page_size, so a BLOCK_N tile never straddles a page and one block-table
+  lookup per tile gives its page. Page offsets are int64 (a 132 x 32k-token cache has > 2^31
+  elements). Tokens past the sequence end are masked at the load (other=0): the unused tail of the
+  last page and unused block-table entries may hold garbage; the tests fill them with NaN.
+- Split-K: the KV blocks of each sequence are cut into num_splits contiguous ranges of
+  ceil(ceil(seqlen / BLOCK_N) / num_splits) blocks; grid = (row tiles, batch, num_splits), so a small
+  batch still fills the SMs. Each split writes its normalised partial output o_s (fp32) and its lse_s.
+  The combine kernel (second launch) merges them: m = max_s lse_s, w_s = exp(lse_s - m),
+  out = sum_s w_s o_s / sum_s w_s, lse = m + log(sum_s w_s). With num_splits = 1 the main kernel
+  writes out and lse directly and there is no combine launch.
+- Splits that receive no blocks (num_splits larger than the number of KV blocks, or a short
+  sequence) write o_s = 0 and lse_s = -inf, i.e. weight 0 in the combine.
+
+Zero-length policy (documented behaviour, not an error): a row that sees no key at all (a sequence
+with cache_seqlens = 0, or query i of s_q when seqlen - s_q + i < 0) gets out = 0 and lse = -inf,
+the value of an empty log-sum-exp. No NaN is produced. The float64 reference does the same.
+
+Family params (spec.params), all optional:
+- softmax_scale: float > 0, default 576 ** -0.5.
+- page_size: 16, 32, 64 (default), 128 or 256 tokens per KV page; BLOCK_N must divide it.
+- seqlens: "spread" (default), "uniform" or a list of non-negative ints (see ``cache_seqlens``).
+- check_lse: bool, default false. When true, ``run`` returns out with lse appended as a 513th column
+  (fp32) so the correctness check compares both; the extra concat is then inside the timed region,
+  so keep it false in specs that are timed on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.registry import CompileUnit, Family, Rule, Space, register
+
+D_LATENT = 512
+D_ROPE = 64
+D_QK = D_LATENT + D_ROPE
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def mla_decode_kernel(
+    q_ptr, kv_ptr, block_table_ptr, seqlens_ptr,
+    out_ptr, lse_ptr, o_part_ptr, lse_part_ptr,
+    sm_scale,
+    stride_qb, stride_qs, stride_qh,
+    stride_kvb, stride_kvt,
+    stride_btb,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_ls,
+    H_Q, S_Q, M,
+    PAGE_SIZE: tl.constexpr, D_V: tl.constexpr, D_PE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    pid_h = tl.program_id(0)
+    b = tl.program_id(1)
+    split = tl.program_id(2)
+    seqlen = tl.load(seqlens_ptr + b)
+
+    rows = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = rows < M
+    s_idx = rows // H_Q
+    h_idx = rows % H_Q
+    last_key = seqlen - S_Q + s_idx  # causal: query s sees keys 0..last_key (may be < 0: sees none)
+
+    # This split's token range [start, end): whole BLOCK_N blocks, contiguous, possibly empty.
+    n_blocks = (seqlen + BLOCK_N - 1) // BLOCK_N
+    blocks_per_split = (n_blocks + NUM_SPLITS - 1) // NUM_SPLITS
+    start = split * blocks_per_split * BLOCK_N
+    end = tl.minimum(start + blocks_per_split * BLOCK_N, seqlen)
+
+    offs_v = tl.arange(0, D_V)
+    offs_pe = tl.arange(0, D_PE)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, D_V], dtype=tl.float32)
+    if start < end:  # an empty split (or sequence) reads nothing and stores o = 0, lse = -inf
+        q_row = b.to(tl.int64) * stride_qb + s_idx * stride_qs + h_idx * stride_qh
+        # Alignment hints (16-byte rows, checked by the host wrapper) let loads and stores vectorize
+        # even when the kernel is compiled ahead of time without the JIT's argument specialization.
+        q_nope = tl.load(tl.multiple_of(q_ptr + q_row[:, None] + offs_v[None, :], [16, 16]),
+                         mask=row_ok[:, None], other=0.0)
+        q_pe = tl.load(tl.multiple_of(q_ptr + q_row[:, None] + D_V + offs_pe[None, :], [16, 16]),
+                       mask=row_ok[:, None], other=0.0)
+        qk_scale = sm_scale * 1.4426950408889634
+        offs_n = tl.arange(0, BLOCK_N)
+        bt_row = block_table_ptr + b.to(tl.int64) * stride_btb
+        for start_n in range(start, end, BLOCK_N):
+            page = tl.load(bt_row + start_n // PAGE_SIZE).to(tl.int64)
+            tok = start_n + offs_n
+            tok_ok = tok < end
+            kv_rows = kv_ptr + page * stride_kvb + ((start_n % PAGE_SIZE) + offs_n)[:, None] * stride_kvt
+            kv = tl.load(tl.multiple_of(kv_rows + offs_v[None, :], [16, 16]), mask=tok_ok[:, None], other=0.0)  # K_nope = V
+            k_pe = tl.load(tl.multiple_of(kv_rows + D_V + offs_pe[None, :], [16, 16]), mask=tok_ok[:, None], other=0.0)
+            qk = tl.dot(q_pe, tl.trans(k_pe), acc=tl.dot(q_nope, tl.trans(kv)))
+            visible = tok_ok[None, :] & (tok[None, :] <= last_key[:, None])
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+            p = tl.math.exp2(qk - m_safe[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
+            m_i = m_new
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    if NUM_SPLITS == 1:
+        o_row = b.to(tl.int64) * stride_ob + s_idx * stride_os + h_idx * stride_oh
+        tl.store(tl.multiple_of(out_ptr + o_row[:, None] + offs_v[None, :], [16, 16]), o.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+        tl.store(lse_ptr + b.to(tl.int64) * stride_lb + s_idx * stride_ls + h_idx, lse, mask=row_ok)
+    else:
+        part = (b.to(tl.int64) * M + rows) * NUM_SPLITS + split  # o_part [batch, M, NUM_SPLITS, 512]
+        tl.store(tl.multiple_of(o_part_ptr + part[:, None] * D_V + offs_v[None, :], [16, 16]), o, mask=row_ok[:, None])
+        tl.store(lse_part_ptr + part, lse, mask=row_ok)
+
+
+@triton.jit
+def mla_combine_kernel(
+    o_part_ptr, lse_part_ptr, out_ptr, lse_ptr,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_ls,
+    H_Q, M,
+    D_V: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    # One program merges the splits of BLOCK_R query rows of one sequence.
+    pid_r = tl.program_id(0)
+    b = tl.program_id(1)
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < M
+    part = (b.to(tl.int64) * M + rows) * NUM_SPLITS  # first split of each row in o_part / lse_part
+    offs_s = tl.arange(0, SPLITS_P2)
+    ok = row_ok[:, None] & (offs_s < NUM_SPLITS)[None, :]
+    lse_s = tl.load(lse_part_ptr + part[:, None] + offs_s[None, :], mask=ok, other=float("-inf"))
+    m = tl.max(lse_s, 1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_safe[:, None])  # 0 for an empty split (lse_s = -inf) and for the padding
+    denom = tl.sum(w, 1)
+    empty = denom == 0.0
+    w = w / tl.where(empty, 1.0, denom)[:, None]
+    lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, denom)))
+    s_idx = rows // H_Q
+    h_idx = rows % H_Q
+    out_rows = b.to(tl.int64) * stride_ob + s_idx * stride_os + h_idx * stride_oh
+    offs_d = tl.arange(0, BLOCK_DV)
+    slab = (part[:, None] + offs_s[None, :])[:, :, None] * D_V + offs_d[None, None, :]  # [R, splits, BLOCK_DV]
+    for d0 in range(0, D_V, BLOCK_DV):  # [BLOCK_R, splits, BLOCK_DV] slabs keep registers bounded
+        o_s = tl.load(tl.multiple_of(o_part_ptr + slab + d0, [16, 16, 16]), mask=ok[:, :, None], other=0.0)
+        o = tl.sum(w[:, :, None] * o_s, 1)
+        tl.store(tl.multiple_of(out_ptr + out_rows[:, None] + d0 + offs_d[None, :], [16, 16]),
+                 o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(lse_ptr + b.to(tl.int64) * stride_lb + s_idx * stride_ls + h_idx, lse, mask=row_ok)
+
+
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
+PAGE_SIZES = (16, 32, 64, 128, 256)
+SEQLEN_PATTERNS = ("spread", "uniform")
+PARAM_KEYS = ("softmax_scale", "page_size", "seqlens", "check_lse")
+COMBINE_WARPS = 4
+COMBINE_ROWS = 8
+
+
+def _combine_meta(splits: int) -> dict[str, int]:
+    """Combine tile: BLOCK_R rows x all splits x BLOCK_DV columns, about 4096 fp32 values per slab."""
+    p2 = triton.next_power_of_2(splits)
+    return {"NUM_SPLITS": splits, "SPLITS_P2": p2, "BLOCK_R": COMBINE_ROWS,
+            "BLOCK_DV": max(16, min(128, 4096 // (COMBINE_ROWS * p2)))}
+SMEM_PER_BLOCK = 232448
+
+
+def _page_size(params: dict[str, Any]) -> int:
+    return int((params or {}).get("page_size", 64))
+
+
+def _softmax_scale(params: dict[str, Any]) -> float:
+    return float((params or {}).get("softmax_scale", D_QK ** -0.5))
+
+
+def _smem_fits(cfg: dict[str, int], _params: dict[str, Any]) -> bool:
+    # Coarse pre-compile bound: the Q tile plus num_stages KV tiles of 576 two-byte values per row.
+    return (cfg["BLOCK_H"] + cfg["num_stages"] * cfg["BLOCK_N"]) * D_QK * 2 <= SMEM_PER_BLOCK
+
+
+SPACE = Space(
+    params={
+        "BLOCK_H": (16, 32, 64),
+        "BLOCK_N": (16, 32, 64),
+        "num_splits": (1, 2, 4, 8, 16, 32),
+        "num_stages": (1, 2, 3, 4),
+        "num_warps": (4, 8),
+    },
+    rules=(
+        Rule("page_divisible", "page_size % BLOCK_N == 0 (a KV tile must not straddle a page)",
+             lambda c, p: _page_size(p) % c["BLOCK_N"] == 0),
+        Rule("acc_in_registers", "BLOCK_H * 512 / (32 * num_warps) <= 128 (fp32 accumulator registers per thread)",
+             lambda c, p: c["BLOCK_H"] * D_LATENT <= 128 * 32 * c["num_warps"]),
+        Rule("smem_ring", "(BLOCK_H + num_stages * BLOCK_N) * 576 * 2 bytes <= 227 KiB", _smem_fits),
+    ),
+)
+
+
+def cache_seqlens(shape: dict[str, int], params: dict[str, Any]) -> list[int]:
+    """Per-sequence cache lengths, a pure function of the shape and params (never of the seed), so
+    FLOP and byte counts are exact.
+
+    - "uniform": every sequence has seqlen_k tokens.
+    - "spread" (default): sequence b has round(seqlen_k * (0.5 + frac(0.5 + b * 0.618...))) tokens
+      (0.5x .. 1.5x seqlen_k, a low-discrepancy spread; b = 0 gets exactly seqlen_k), except every
+      fourth sequence (b % 4 == 3), which is short: 1 + (29 * b) % 130 tokens, so a batch mixes long
+      sequences with ones that fill 1 or 2 pages partly.
+    - a list: sequence b has list[b % len(list)] tokens (0 allowed); seqlen_k is then only a label.
+    """
+    pattern = (params or {}).get("seqlens", "spread")
+    n, base = shape["batch"], shape["seqlen_k"]
+    if isinstance(pattern, list):
+        return [int(pattern[b % len(pattern)]) for b in range(n)]
+    if pattern == "uniform":
+        return [base] * n
+    phi = (math.sqrt(5.0) - 1.0) / 2.0
+    out = []
+    for b in range(n):
+        if b % 4 == 3:
+            out.append(1 + (29 * b) % 130)
+        else:
+            frac = (0.5 + b * phi) % 1.0
+            out.append(max(1, round(base * (0.5 + frac))))
+    return out
+
+
+def _visible_keys(seqlen: int, s_q: int, s: int) -> int:
+    return max(0, min(seqlen, seqlen - s_q + s + 1))
+
+
+class MlaDecodeFamily(Family):
+    # --- shapes and params --------------------------------------------------------------------
+    def check_shape(self, shape):
+        problem = super().check_shape(shape)
+        if problem:
+            return problem
+        if shape["s_q"] > 8:
+            return f"s_q={shape['s_q']} must be 1..8 (decode step plus speculative tokens)"
+        if shape["h_q"] > 256:
+            return f"h_q={shape['h_q']} must be <= 256"
+        return None
+
+    def check_params(self, params):
+        params = params or {}
+        unknown = [k for k in params if k not in PARAM_KEYS]
+        if unknown:
+            return f"unknown param(s) {', '.join(unknown)}; allowed: {', '.join(PARAM_KEYS)}"
+        if "softmax_scale" in params:
+            v = params["softmax_scale"]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
+                return f"softmax_scale={v!r} must be a positive number (e.g. 576 ** -0.5 = {D_QK ** -0.5:.6f})"
+        if "page_size" in params:
+            v = params["page_size"]
+            if isinstance(v, bool) or v not in PAGE_SIZES:
+                return f"page_size={v!r} is not allowed; allowed: {', '.join(map(str, PAGE_SIZES))}"
+        if "seqlens" in params:
+            v = params["seqlens"]
+            if isinstance(v, list):
+                if not v or len(v) > 4096:
+                    return "seqlens as a list needs 1..4096 entries (cycled over the batch)"
+                bad = [x for x in v if isinstance(x, bool) or not isinstance(x, int) or x < 0]
+                if bad:
+                    return f"seqlens entries must be integers >= 0; bad: {bad[:5]}"
+            elif v not in SEQLEN_PATTERNS:
+                return f"seqlens={v!r} is not allowed; allowed: {', '.join(SEQLEN_PATTERNS)} or a list of lengths"
+        if "check_lse" in params and not isinstance(params["check_lse"], bool):
+            return f"check_lse={params['check_lse']!r} must be true or false"
+        return None
+
+    # --- inputs, launch, reference -------------------------------------------------------------
+    def make_inputs(self, shape, dtype, device, seed, params):
+        """Random q and cache; pages handed out in a seeded random order (non-contiguous, shuffled),
+        with spare pages, unused block-table entries and page tails filled with NaN: reading any
+        token past a sequence's end shows up as NaN in the output."""
+        page = _page_size(params)
+        lens = cache_seqlens(shape, params)
+        B, s_q, h_q = shape["batch"], shape["s_q"], shape["h_q"]
+        pages_per_seq = [math.ceil(n / page) for n in lens]
+        max_pages = max(1, max(pages_per_seq))
+        used = sum(pages_per_seq)
+        spare = 2
+        num_blocks = used + spare
+        g = torch.Generator(device=device).manual_seed(seed)
+        q = torch.randn(B, s_q, h_q, D_QK, generator=g, device=device).to(dtype)
+        kv = torch.randn(num_blocks, page, 1, D_QK, generator=g, device=device).to(dtype)
+        perm = torch.randperm(num_blocks, generator=g, device=device).to(torch.int32)
+        poison_page = perm[used:used + 1]  # one of the spare pages
+        block_table = poison_page.repeat(B, max_pages).reshape(B, max_pages).clone()
+        nxt = 0
+        for b, n_pages in enumerate(pages_per_seq):
+            block_table[b, :n_pages] = perm[nxt:nxt + n_pages]
+            nxt += n_pages
+        kv[perm[used:].long()] = float("nan")
+        for b, n in enumerate(lens):
+            if n % page:  # tail of the last page
+                kv[block_table[b, n // page].long(), n % page:] = float("nan")
+        seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+        return {"q": q, "kv_cache": kv, "block_table": block_table, "cache_seqlens": seqlens}
+
+    def run(self, inputs, config, params, interpret=False):
+        out, lse = mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["cache_seqlens"],
+                              _softmax_scale(params), config)
+        if (params or {}).get("check_lse"):
+            return torch.cat([out.float(), lse.unsqueeze(-1)], dim=-1)
+        return out
+
+    def reference(self, inputs, params):
+        out, lse = reference_mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"],
+                                        inputs["cache_seqlens"], _softmax_scale(params))
+        if (params or {}).get("check_lse"):
+            return torch.cat([out, lse.unsqueeze(-1)], dim=-1)
+        return out
+
+    # --- formulas ------------------------------------------------------------------------------
+    def flops(self, shape, params):
+        # Per visible (row, key) pair: a 576-long dot for the score and a 512-long one for P @ V.
+        s_q = shape["s_q"]
+        pairs = sum(_visible_keys(n, s_q, s) for n in cache_seqlens(shape, params) for s in range(s_q))
+        return 2.0 * (D_QK + D_LATENT) * shape["h_q"] * pairs
+
+    def bytes_moved(self, shape, dtype_bytes, params):
+        # Compulsory traffic: every cached token once (576 values), q once, out once, lse, the tables.
+        lens = cache_seqlens(shape, params)
+        rows = shape["batch"] * shape["s_q"] * shape["h_q"]
+        pages = sum(math.ceil(n / _page_size(params)) for n in lens)
+        return float(dtype_bytes * (sum(lens) * D_QK + rows * (D_QK + D_LATENT)) + 4 * rows + 4 * (pages + shape["batch"]))
+
+    def tolerance(self, shape, dtype, base_tol, params):
+        """The output is a convex mix of V rows (|v| ~ 1), so the absolute error is what matters:
+        P is rounded to the input dtype before P @ V (2^-8 relative for bf16, 2^-11 for fp16) and
+        the result is rounded once more; fp32 accumulation over the keys adds ~sqrt(n) ulp(fp32).
+        Long caches lower each p but add terms, so the bound grows slowly with the reduction length."""
+        n = max(cache_seqlens(shape, params) + [1])
+        grow = max(1.0, (n / 1024.0) ** 0.25)
+        if dtype == "bf16":
+            return 2.0 * base_tol * grow, 2.0 * base_tol
+        return base_tol * grow, base_tol
+
+    def compile_units(self, config, dtype, params):
+        splits = config["num_splits"]
+        ptr = TRITON_PTR[dtype]
+        sig = {
+            "q_ptr": ptr, "kv_ptr": ptr, "block_table_ptr": "*i32", "seqlens_ptr": "*i32",
+            "out_ptr": ptr, "lse_ptr": "*fp32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32",
+            "sm_scale": "fp32",
+            "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
+            "stride_kvb": "i32", "stride_kvt": "i32", "stride_btb": "i32",
+            "stride_ob": "i32", "stride_os": "i32", "stride_oh": "i32",
+            "stride_lb": "i32", "stride_ls": "i32",
+            "H_Q": "i32", "S_Q": "i32", "M": "i32",
+            "PAGE_SIZE": "constexpr", "D_V": "constexpr", "D_PE": "constexpr",
+            "BLOCK_H": "constexpr", "BLOCK_N": "constexpr", "NUM_SPLITS": "constexpr",
+        }
+        consts = {"PAGE_SIZE": _page_size(params), "D_V": D_LATENT, "D_PE": D_ROPE,
+                  "BLOCK_H": config["BLOCK_H"], "BLOCK_N": config["BLOCK_N"], "NUM_SPLITS": splits}
+        units = [CompileUnit(mla_decode_kernel, sig, consts, config["num_warps"], config["num_stages"])]
+        if splits > 1:
+            csig = {
+                "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "out_ptr": ptr, "lse_ptr": "*fp32",
+                "stride_ob": "i32", "stride_os": "i32", "stride_oh": "i32", "stride_lb": "i32", "stride_ls": "i32",
+                "H_Q": "i32", "M": "i32",
+                "D_V": "constexpr", "NUM_SPLITS": "constexpr", "SPLITS_P2": "constexpr",
+                "BLOCK_R": "constexpr", "BLOCK_DV": "constexpr",
+            }
+            cconsts = {"D_V": D_LATENT, **_combine_meta(splits)}
+            units.append(CompileUnit(mla_combine_kernel, csig, cconsts, COMBINE_WARPS, 1))
+        return units
+
+    def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):
+        """Bandwidth roofline with a critical path, from the real compile stats.
+
+        memory: every cached token is read once per row tile of the same (sequence, split); tiles of
+        one sequence run side by side, so re-reads after the first mostly hit L2 (charged at 15%).
+        Split partials add fp32 writes plus the combine's read. compute: padded tensor-core FLOPs,
+        with BLOCK_H < 64 wasting the rest of a 64-row warpgroup MMA. critical path: the longest
+        program (the longest sequence's split) streams its tokens at about twice an SM's fair share
+        of HBM bandwidth, discounted by the pipeline depth and occupancy. Launch: 3 us per kernel
+        (CUDA-graph replay). Spills add local-memory traffic.
+        """
+        lim = hw.limits
+        bh, bn, splits = config["BLOCK_H"], config["BLOCK_N"], config["num_splits"]
+        lens = cache_seqlens(shape, params)
+        rows = shape["s_q"] * shape["h_q"]
+        tiles_h = math.ceil(rows / bh)
+        token_bytes = D_QK * dtype_bytes
+        kv_bytes = sum(lens) * token_bytes
+        traffic = kv_bytes * (1.0 + 0.15 * (tiles_h - 1)) + shape["batch"] * rows * (D_QK + D_LATENT) * dtype_bytes
+        if splits > 1:
+            traffic += shape["batch"] * rows * splits * (D_LATENT + 1) * 4 * 2
+        hide = min(1.0, 0.5 + 0.2 * config["num_stages"]) * min(1.0, 0.5 + stats.occupancy)
+        t_memory = traffic / (lim.hbm_gbps * 1e9 * hide)
+        padded_keys = sum(math.ceil(n / bn) * bn for n in lens)
+        padded_flops = 2.0 * (D_QK + D_LATENT) * tiles_h * max(bh, 64) * padded_keys
+        t_compute = padded_flops / (lim.peak_tflops * 1e12 * 0.6)
+        longest = max(lens + [0])
+        per_split = math.ceil(math.ceil(longest / bn) / splits) * bn
+        per_program_bw = 2.0 * lim.hbm_gbps * 1e9 / lim.sm_count * hide
+        t_critical = per_split * token_bytes / per_program_bw
+        spill_penalty = 1.0 + min(1.0, stats.spill_bytes / 256.0)
+        launches = 1 if splits == 1 else 2
+        return (max(t_memory, t_compute, t_critical) * spill_penalty + 3e-6 * launches) * 1e3
+
+    def profile_fields(self, shape, config, measurement, hw, params):
+        peak = hw.limits.hbm_gbps
+        lens = cache_seqlens(shape, params)
+        page = _page_size(params)
+        rows = shape["s_q"] * shape["h_q"]
+        return {
+            "gbps": measurement.gbps,
+            "frac_of_hbm_peak": measurement.gbps / peak if peak else 0.0,
+            "num_splits": config["num_splits"],
+            "pages_touched": sum(math.ceil(n / page) for n in lens),
+            "kv_tokens": sum(lens),
+            "programs": math.ceil(rows / config["BLOCK_H"]) * shape["batch"] * config["num_splits"],
+        }
+
+    def use_cudagraph(self):
+        return True
+
+
+def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
+               softmax_scale: float, config: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention over a paged latent cache; returns (out [B, s_q, h_q, 512], lse [B, s_q, h_q] fp32).
+
+    (1) check shapes (metadata only: nothing here syncs with the device, so it can be captured in a
+    CUDA graph), (2) allocate, (3) launch the split kernel and, when num_splits > 1, the combine.
+    """
+    if q.ndim != 4 or q.shape[-1] != D_QK:
+        raise ValueError(f"mla_decode: q must be [batch, s_q, h_q, {D_QK}], got {tuple(q.shape)}")
+    if kv_cache.ndim != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != D_QK:
+        raise ValueError(f"mla_decode: kv_cache must be [num_blocks, page_size, 1, {D_QK}], got {tuple(kv_cache.shape)}")
+    if q.dtype != kv_cache.dtype or q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"mla_decode: q and kv_cache must both be fp16 or bf16, got {q.dtype} and {kv_cache.dtype}")
+    B, s_q, h_q, _ = q.shape
+    page = kv_cache.shape[1]
+    if block_table.ndim != 2 or block_table.shape[0] != B or block_table.dtype != torch.int32:
+        raise ValueError(f"mla_decode: block_table must be int32 [batch={B}, max_pages], got {block_table.dtype} {tuple(block_table.shape)}")
+    if cache_seqlens.shape != (B,) or cache_seqlens.dtype != torch.int32:
+        raise ValueError(f"mla_decode: cache_seqlens must be int32 [batch={B}], got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+    if page % config["BLOCK_N"]:
+        raise ValueError(f"mla_decode: BLOCK_N={config['BLOCK_N']} must divide the page size {page}")
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    kv_cache = kv_cache if kv_cache.stride(-1) == 1 else kv_cache.contiguous()
+    block_table = block_table.contiguous()
+    M = s_q * h_q
+    splits = config["num_splits"]
+    out = torch.empty((B, s_q, h_q, D_LATENT), device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, s_q, h_q), device=q.device, dtype=torch.float32)
+    if splits > 1:
+        o_part = torch.empty((B, M, splits, D_LATENT), device=q.device, dtype=torch.float32)
+        lse_part = torch.empty((B, M, splits), device=q.device, dtype=torch.float32)
+    else:
+        o_part = lse_part = lse  # unused by the kernel when NUM_SPLITS == 1
+    grid = lambda META: (triton.cdiv(M, META["BLOCK_H"]), B, META["NUM_SPLITS"])  # noqa: E731
+    mla_decode_kernel[grid](
+        q, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part,
+        softmax_scale,
+        q.stride(0), q.stride(1), q.stride(2),
+        kv_cache.stride(0), kv_cache.stride(1),
+        block_table.stride(0),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1),
+        h_q, s_q, M,
+        PAGE_SIZE=page, D_V=D_LATENT, D_PE=D_ROPE,
+        BLOCK_H=config["BLOCK_H"], BLOCK_N=config["BLOCK_N"], NUM_SPLITS=splits,
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
+    )
+    if splits > 1:
+        meta = _combine_meta(splits)
+        mla_combine_kernel[(triton.cdiv(M, meta["BLOCK_R"]), B)](
+            o_part, lse_part, out, lse,
+            out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+            h_q, M,
+            D_V=D_LATENT, **meta,
+            num_warps=COMBINE_WARPS, num_stages=1,
+        )
+    return out, lse
+
+
+def reference_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                         cache_seqlens: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 reference that gathers each sequence's pages; empty rows give out = 0, lse = -inf."""
+    B, s_q, h_q, _ = q.shape
+    page = kv_cache.shape[1]
+    out = torch.zeros((B, s_q, h_q, D_LATENT), dtype=torch.float64)
+    lse = torch.full((B, s_q, h_q), float("-inf"), dtype=torch.float64)
+    for b in range(B):
+        n = int(cache_seqlens[b])
+        if n == 0:
+            continue
+        pages = block_table[b, : math.ceil(n / page)].long()
+        kv = kv_cache[pages].reshape(-1, D_QK)[:n].double()  # [n, 576]
+        scores = torch.einsum("shd,nd->shn", q[b].double(), kv) * softmax_scale
+        keys = torch.arange(n)
+        last = n - s_q + torch.arange(s_q)  # causal: query s sees keys <= n - s_q + s
+        scores = scores.masked_fill(keys[None, None, :] > last[:, None, None], float("-inf"))
+        row_lse = torch.logsumexp(scores, dim=-1)
+        seen = torch.isfinite(row_lse)
+        p = torch.where(seen[..., None], torch.exp(scores - row_lse.masked_fill(~seen, 0.0)[..., None]), 0.0)
+        out[b] = torch.einsum("shn,nd->shd", p, kv[:, :D_LATENT])
+        lse[b] = row_lse
+    return out, lse
+
+
+import sys as _sys  # noqa: E402
+
+FAMILY = register(
+    MlaDecodeFamily(name="mla_decode", space=SPACE, shape_keys=("batch", "s_q", "h_q", "seqlen_k"),
+                    headline_metric="gbps", module=_sys.modules[__name__])
+)

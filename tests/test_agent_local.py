@@ -1,0 +1,96 @@
+"""The local policy: stays in the space, never repeats a config, deterministic given the seed."""
+
+from __future__ import annotations
+
+import math
+
+from kernel_assets.agent.base import AgentContext
+from kernel_assets.agent.local import LocalPolicy
+from kernels.records import CompileStats, Measurement, VariantResult, config_hash
+from kernels.registry import get_family
+from kernels.spec import parse_spec
+
+GEMM = get_family("gemm")
+SPEC = parse_spec({
+    "task_id": "agent_unit", "kernel_family": "gemm", "shape_matrix": [{"M": 4096, "N": 4096, "K": 4096}],
+    "correctness_shapes": [{"M": 32, "N": 32, "K": 32}],
+    "baseline": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_stages=3, num_warps=8),
+    "search": {"variants_per_round": 8, "seed": 3},
+})
+
+
+def fake_row(vid: str, cfg: dict, rnd: int, regs: int = 128) -> VariantResult:
+    """A measured row whose latency comes from a smooth function of the config (the 'GPU')."""
+    lat = 1.0 + abs(math.log2(cfg["BLOCK_M"] / 128)) + abs(math.log2(cfg["BLOCK_N"] / 64)) + 0.1 * cfg["num_stages"]
+    cs = CompileStats(arch="sm_90", regs_per_thread=regs, spill_bytes=0, smem_bytes=1024, num_warps=cfg["num_warps"],
+                      num_stages=cfg["num_stages"], occupancy=0.25, blocks_per_sm=1, occupancy_limiter="registers",
+                      sass_instructions=10, sass_mix={}, compile_seconds=0.0)
+    m = Measurement(shape="4096x4096x4096", samples_ms=[lat], p20_ms=lat, p50_ms=lat, p80_ms=lat, tflops=1, gbps=1,
+                    evidence="model", device="x", torch_version="t", triton_version="t")
+    return VariantResult(variant_id=vid, round=rnd, source="local", config=cfg, config_hash=config_hash(cfg),
+                         compile=cs, measurements=[m], evidence="model")
+
+
+def ctx_for(history, rnd):
+    return AgentContext(spec=SPEC, family=GEMM, round=rnd, n=8, history=history,
+                        objective={r.config_hash: r.measurements[0].p50_ms for r in history if not r.error},
+                        profile_summary="", failures=[])
+
+
+def run_rounds(rounds: int, seed: int | None = None):
+    history = [fake_row("baseline", SPEC.baseline, 0)]
+    proposals = []
+    for rnd in range(1, rounds + 1):
+        p = LocalPolicy(seed=seed).propose(ctx_for(history, rnd))
+        proposals.append(p)
+        history += [fake_row(s.variant_id, s.config, rnd) for s in p.suggestions]
+    return history, proposals
+
+
+def test_never_repeats_and_stays_in_space():
+    history, proposals = run_rounds(4)
+    hashes = [r.config_hash for r in history]
+    assert len(hashes) == len(set(hashes)) == 1 + 4 * 8
+    for p in proposals:
+        assert len(p.suggestions) == 8 and not p.dropped
+        for s in p.suggestions:
+            assert GEMM.space.check(s.config) is None
+            assert s.variant_id.startswith(f"r{s.round}-local-") and len(s.patch_summary) <= 120
+            assert s.risk in ("low", "medium", "high") and s.expected_effect
+
+
+def test_deterministic_given_seed_and_differs_across_seeds():
+    a = [[s.config for s in p.suggestions] for p in run_rounds(2)[1]]
+    b = [[s.config for s in p.suggestions] for p in run_rounds(2)[1]]
+    c = [[s.config for s in p.suggestions] for p in run_rounds(2, seed=11)[1]]
+    assert a == b and a != c
+
+
+def test_seeded_from_the_incumbent_and_constraint_aware():
+    history = [fake_row("baseline", SPEC.baseline, 0)]
+    p = LocalPolicy().propose(ctx_for(history, 1))
+    # Half the proposals are one-step neighbours of the baseline (the incumbent).
+    one_step = [s for s in p.suggestions if sum(s.config[k] != SPEC.baseline[k] for k in s.config) == 1]
+    assert len(one_step) >= 4 and all(s.parent == "baseline" for s in one_step)
+    # A faster row that breaks a constraint (spills) never becomes the anchor.
+    fast = dict(SPEC.baseline, BLOCK_N=64)
+    bad = fake_row("r1-bad", fast, 1)
+    bad.compile.spill_bytes = 512
+    p2 = LocalPolicy().propose(ctx_for([history[0], bad], 2))
+    assert all(s.parent == "baseline" for s in p2.suggestions)
+
+
+def test_exhausted_space_says_so():
+    from kernels.registry import Family, Space
+
+    tiny = Family(name="tiny", space=Space(params={"BLOCK_M": (16, 32), "num_warps": (2, 4)}), shape_keys=("M",),
+                  headline_metric="tflops")
+    base = {"BLOCK_M": 16, "num_warps": 2}
+    spec = SPEC.model_copy(update={"baseline": base})
+    row = fake_row("baseline", dict(SPEC.baseline), 0)
+    row = row.model_copy(update={"config": base, "config_hash": config_hash(base)})
+    ctx = AgentContext(spec=spec, family=tiny, round=1, n=8, history=[row], objective={row.config_hash: 1.0},
+                       profile_summary="", failures=[])
+    p = LocalPolicy().propose(ctx)
+    assert sorted(tuple(s.config.values()) for s in p.suggestions) == [(16, 4), (32, 2), (32, 4)]
+    assert p.notes and "exhausted" in p.notes[0]

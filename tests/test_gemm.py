@@ -1,0 +1,134 @@
+"""GEMM family: interpreter correctness, real sm_90 compile stats, failures as values, caching."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.compile import CompileError, compile_units
+from kernels.records import Suggestion
+from kernels.registry import get_family
+from kernels.spec import HardwareLimits, parse_spec
+from resources.gpu import BenchmarkResource, WorkerPool
+
+GEMM = get_family("gemm")
+RAGGED = [{"M": 257, "N": 193, "K": 131}, {"M": 1, "N": 17, "K": 9}, {"M": 33, "N": 64, "K": 200}]
+CONFIGS = [
+    dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_stages=2, num_warps=4),
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=16, GROUP_M=1, num_stages=1, num_warps=2),
+    dict(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, GROUP_M=16, num_stages=3, num_warps=4),
+]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"BM{c['BLOCK_M']}BN{c['BLOCK_N']}BK{c['BLOCK_K']}G{c['GROUP_M']}")
+def test_interpreter_matches_float64_reference(interpreter, config, dtype):
+    res = interpreter.correctness("gemm", config, RAGGED, dtype=dtype, tolerance=1e-2)
+    c = res["correctness"]
+    assert c["ok"], c["mismatch_sample"]
+    assert c["shapes_checked"] == ["257x193x131", "1x17x9", "33x64x200"]
+    assert not c["nan_inf"] and c["max_rel_err"] < 0.05
+
+
+def test_compare_reports_mismatches_readably():
+    import torch
+
+    from kernels.measure import compare
+
+    ref = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+    out = ref.clone()
+    out[1, 2] += 1.0
+    out[2, 3] = float("nan")
+    res = compare(out, ref, atol=1e-3, rtol=1e-3)
+    assert not res["ok"] and res["mismatches"] == 2 and res["nan_inf"]
+    assert "2 of 12 elements" in res["sample"] and "(1, 2): got 7, want 6" in res["sample"]
+
+
+def _stats(config):
+    return compile_units(GEMM.compile_units(config, "bf16", {}), "sm_90", HardwareLimits())
+
+
+def test_sm90_compile_stats_behave():
+    small = _stats(dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_stages=3, num_warps=4))
+    large = _stats(dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_stages=3, num_warps=8))
+    assert large.smem_bytes > small.smem_bytes > 0
+    assert 0 < small.regs_per_thread <= 255 and 0 < large.regs_per_thread <= 255
+    assert large.sass_mix.get("tensor_wgmma", 0) > 0  # Hopper warpgroup MMA in the SASS
+    assert 0 < large.occupancy <= small.occupancy <= 1
+    deeper = _stats(dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_stages=4, num_warps=8))
+    assert deeper.smem_bytes > large.smem_bytes  # each pipeline stage holds another A+B slab
+
+
+def test_over_shared_memory_is_out_of_resources_not_a_crash():
+    cfg = dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_stages=4, num_warps=8)
+    assert GEMM.space.check(cfg) is None  # inside the space: only the compile can tell
+    with pytest.raises(CompileError) as exc:
+        _stats(cfg)
+    assert exc.value.error == "out_of_resources" and "232448" in exc.value.detail
+
+
+def test_occupancy_limits():
+    from kernels.compile import occupancy
+
+    lim = HardwareLimits()
+    assert occupancy(32, 0, 4, lim)[0] == 1.0
+    occ, blocks, limiter = occupancy(255, 1024, 8, lim)
+    assert (blocks, limiter) == (1, "registers") and occ == 8 / 64
+    occ, blocks, limiter = occupancy(64, 100_000, 4, lim)
+    assert (blocks, limiter) == (2, "shared_memory")
+
+
+SMOKE = {
+    "task_id": "gemm_unit", "kernel_family": "gemm", "dtype": "fp16",
+    "shape_matrix": [{"M": 512, "N": 512, "K": 512}], "correctness_shapes": [{"M": 40, "N": 24, "K": 40}],
+    "baseline": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=4, num_stages=2, num_warps=4),
+    "benchmark": {"timeout_s": 240},
+}
+
+
+def test_failures_are_rows_and_the_round_goes_on(tmp_path):
+    spec = parse_spec(SMOKE)
+    bench = BenchmarkResource(backend="interpreter", cache_dir=str(tmp_path), workers=2)
+    sugg = [
+        Suggestion(variant_id="ok", config=CONFIGS[0], patch_summary="x", round=1),
+        Suggestion(variant_id="oom", config=dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_stages=4, num_warps=8),
+                   patch_summary="x", round=1),
+        Suggestion(variant_id="bad", config=dict(BLOCK_M=48, BLOCK_N=64, BLOCK_K=32, GROUP_M=4, num_stages=2, num_warps=4),
+                   patch_summary="x", round=1),
+    ]
+    rows, stats = bench.evaluate(spec, GEMM, sugg, log=lambda m: None)
+    by_id = {r.variant_id: r for r in rows}
+    assert by_id["ok"].error is None and by_id["ok"].correctness.ok and by_id["ok"].evidence == "model"
+    assert by_id["ok"].measurements[0].p50_ms > 0 and by_id["ok"].compile.regs_per_thread > 0
+    assert by_id["oom"].error == "out_of_resources" and by_id["oom"].compile is None
+    assert by_id["bad"].error == "invalid_config" and "BLOCK_M=48" in by_id["bad"].error_detail
+    assert stats.compiles == 2 and stats.compile_cache_hits == 0
+
+    rows2, stats2 = bench.evaluate(spec, GEMM, sugg, log=lambda m: None)
+    assert stats2.compiles == 0 and stats2.compile_cache_hits == 2 and stats2.correctness_runs == 0
+    assert [r.error for r in rows2] == [r.error for r in rows]
+    assert rows2[0].compile.regs_per_thread == rows[0].compile.regs_per_thread and rows2[0].compile.cache_hit
+
+
+def test_worker_pool_timeout_and_crash_are_values(tmp_path):
+    env = BenchmarkResource(cache_dir=str(tmp_path))._env(interpret=False)
+    pool = WorkerPool(1, env)
+    compile_job = {"op": "compile", "family": "gemm", "config": CONFIGS[2], "dtype": "bf16", "arch": "sm_90",
+                   "limits": HardwareLimits().model_dump()}
+    # The first job cannot finish a cold compile in 0.2 s: killed; the next job gets a fresh worker.
+    res = pool.run([compile_job, {"op": "ping", "family": "gemm"}], timeout=0.2 + 0.0)
+    assert res[0]["error"] == "timeout" and "killed" in res[0]["detail"]
+    assert "pong" in res[1]  # worker start-up is not counted against the job's limit
+    res = pool.run([{"op": "ping", "family": "gemm"}], timeout=120)
+    assert "pong" in res[0]
+
+    import os
+    import signal
+
+    from resources.gpu import WorkerDied, _Worker
+
+    w = _Worker(env)
+    w.wait_ready(120)
+    pid = w.call({"op": "ping", "family": "gemm"}, 60)["pong"]
+    os.kill(pid, signal.SIGKILL)  # what an illegal memory access does to a CUDA process
+    with pytest.raises(WorkerDied):
+        w.call({"op": "ping", "family": "gemm"}, 60)

@@ -1,0 +1,343 @@
+"""The llm policy, the hybrid policy, the prompt and the report narrative (against the fake server)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from fake_openai import FakeOpenAI, make_gateway
+
+from kernel_assets.agent.base import AgentContext, Proposal, validate_and_dedupe
+from kernel_assets.agent.llm import HybridPolicy, LLMPolicy, extract_json, parse_suggestions, write_narrative
+from kernel_assets.agent.prompt import HEADER, SUGGEST_SYSTEM_PROMPT, build_suggest_messages, failure_lines, summarize_history
+from kernels.records import CompileStats, Measurement, Suggestion, VariantResult, config_hash
+from kernels.registry import Family, Rule, Space
+from kernels.spec import Budget, TaskSpec
+from resources.ledger import Ledger
+from resources.taotoken import CredentialsError
+
+KEY = "sk-agent-test-key-00000000000000"
+ENV = {"TAOTOKEN_KEY_SUGGEST": KEY, "TAOTOKEN_KEY_REPORT": KEY + "-report"}
+
+SPACE = Space(
+    params={"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8)},
+    rules=(Rule("tile", "BLOCK_M * BLOCK_N <= 8192", lambda c, p: c["BLOCK_M"] * c["BLOCK_N"] <= 8192),),
+)
+FAMILY = Family(name="toy", space=SPACE, shape_keys=("M", "N"), headline_metric="tflops")
+
+
+def make_spec(**kw) -> TaskSpec:
+    fields = dict(
+        task_id="toy-sweep",
+        kernel_family="toy",
+        shape_matrix=[{"M": 4096, "N": 4096}, {"M": 8192, "N": 1024}],
+        correctness_shapes=[{"M": 64, "N": 64}],
+        baseline={"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
+    )
+    fields.update(kw)
+    return TaskSpec.model_construct(**fields)
+
+
+def row(vid: str, rnd: int, cfg: dict, p50: float | None, error: str | None = None, detail: str = "") -> VariantResult:
+    meas = []
+    if p50 is not None:
+        meas = [
+            Measurement(shape=s, samples_ms=[p50] * 10, p20_ms=p50 * 0.98, p50_ms=p50 * f, p80_ms=p50 * 1.02, tflops=600.0 / p50,
+                        gbps=1000.0, evidence="model", device="H100", torch_version="2", triton_version="3")
+            for s, f in (("4096x4096", 1.0), ("8192x1024", 0.5))
+        ]
+    cs = CompileStats(arch="sm_90", regs_per_thread=128 + cfg["BLOCK_M"] // 2, spill_bytes=0, smem_bytes=cfg["BLOCK_M"] * 1024,
+                      num_warps=cfg["num_warps"], num_stages=3, occupancy=0.25, blocks_per_sm=2, occupancy_limiter="regs",
+                      sass_instructions=1000, sass_mix={"HGMMA": 64}, compile_seconds=1.0)
+    return VariantResult(variant_id=vid, round=rnd, source="local", config=cfg, config_hash=config_hash(cfg), error=error,
+                         error_detail=detail, compile=cs, measurements=meas, evidence="model" if meas else None)
+
+
+HISTORY = [
+    row("baseline", 0, {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}, 1.0),
+    row("r1_v1", 1, {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8}, 0.8),
+    row("r1_v2", 1, {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4}, 1.5),
+    row("r1_v3", 1, {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4}, None, "compile_failed", "ptxas error: too many resources requested for launch"),
+]
+
+
+def make_ctx(spec: TaskSpec | None = None, n: int = 3, rnd: int = 2, history=None) -> AgentContext:
+    spec = spec or make_spec()
+    history = HISTORY if history is None else history
+    return AgentContext(
+        spec=spec, family=FAMILY, round=rnd, n=n, history=list(history), objective={}, profile_summary=summarize_history(history, 5),
+        failures=failure_lines(history), run_id="run-x", partition="toy-sweep",
+    )
+
+
+def item(vid, bm=32, bn=64, w=8, **extra):
+    d = {"variant_id": vid, "config": {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w}, "patch_summary": "smaller M tile",
+         "expected_effect": "better wave fill", "risk": "low"}
+    d.update(extra)
+    return d
+
+
+# --- prompt ---------------------------------------------------------------------------------------
+
+
+def test_summarize_history_is_one_line_per_row_best_first():
+    text = summarize_history(HISTORY, 2)
+    lines = text.splitlines()
+    assert lines[0] == HEADER
+    assert lines[1].startswith("r1_v1|BM128-BN64-w8|0.566|")  # geomean p50 of 0.8 and 0.4
+    assert lines[2].startswith("baseline|BM64-BN64-w4|0.707|")
+    assert lines[-1] == "(+2 more rows not shown, 1 of them failed)"
+    assert len(lines) == 4
+    full = summarize_history(HISTORY, 10).splitlines()
+    assert full[-1].endswith("|compile_failed") and full[-1].startswith("r1_v3|BM128-BN32-w4|-|-|192|128|0.25|")
+
+
+def test_user_prompt_has_the_structured_task_and_respects_rows():
+    ctx = make_ctx()
+    msgs = build_suggest_messages(ctx, rows=5)
+    assert msgs[0] == {"role": "system", "content": SUGGEST_SYSTEM_PROMPT}
+    user = msgs[1]["content"]
+    for needle in ("TASK: propose 3 new variants for round 2", "OBJECTIVE: minimize latency_p50 (geomean over shapes: 4096x4096, 8192x1024)",
+                   "CONSTRAINTS: registers/thread <= 255", SPACE.describe(), "LABELS: config labels below abbreviate BM=BLOCK_M, BN=BLOCK_N, w=num_warps;", "BASELINE: config {\"BLOCK_M\":64",
+                   "MEASURED (top 5", "FAILURES (one per line):\nr1_v3 [BM128-BN32-w4]: compile_failed: ptxas error",
+                   "ALREADY MEASURED (do not repeat): BM128-BN32-w4, BM128-BN64-w8"):
+        assert needle in user, needle
+    one = build_suggest_messages(ctx, rows=1)[1]["content"]
+    assert one.count("|BM") < user.count("|BM") and "(+" in one
+    zero = build_suggest_messages(ctx, rows=0)[1]["content"]
+    assert "MEASURED (top" not in zero and "FAILURES" not in zero and "SPACE:" in zero
+
+
+# --- parsing --------------------------------------------------------------------------------------
+
+
+def test_extract_json_is_tolerant_about_wrapping():
+    assert extract_json('```json\n[{"a": 1}]\n```') == ([{"a": 1}], None)
+    assert extract_json('Here you go:\n[{"a": 1}]\nHope it helps.') == ([{"a": 1}], None)
+    assert extract_json("I think BLOCK_M should be larger.")[1] == "response is prose, not JSON"
+    assert "not valid JSON" in extract_json('[{"a": 1,}')[1]
+
+
+def test_parse_keeps_valid_proposals_and_records_every_drop():
+    ctx = make_ctx()
+    resp = json.dumps([
+        item("r2_v1"),
+        {"config": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 8}},  # no variant_id
+        item("r2_v3", patch_summary="x" * 200),  # schema: too long
+        "not an object",
+        item("r2_v5", rationale="ignored"),
+        {"variant_id": "r2_v6", "config": "BLOCK_M=64"},
+    ])
+    sugg, dropped, notes = parse_suggestions(resp, ctx)
+    assert [s.variant_id for s in sugg] == ["r2_v1", "r2_v5"]
+    assert all(s.source == "llm" and s.round == 2 for s in sugg)
+    reasons = [d.reason for d in dropped]
+    assert reasons[0] == "no variant_id" and reasons[1].startswith("schema: patch_summary") and reasons[2] == "proposal is a str, not an object"
+    assert reasons[3] == "no config object"
+    assert all(d.round == 2 and d.source == "llm" and len(d.raw) <= 400 for d in dropped)
+    assert any("ignored unknown keys rationale" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("Sure! I would increase BLOCK_M to 128 and use 8 warps.", "response is prose, not JSON"),
+        ('[{"variant_id": "r2_v1", "config": {"BLOCK_M": 32,', "response is not valid JSON"),
+        ('{"variant_id": "r2_v1", "config": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8}}', "expected a JSON array of proposals, got an object"),
+        ("[" + ",".join([json.dumps(item("r2_v1"))] * 2000) + "]", "response too large"),
+    ],
+)
+def test_unusable_content_yields_no_proposals_and_a_reason(text, reason):
+    sugg, dropped, notes = parse_suggestions(text, make_ctx())
+    assert sugg == [] and len(dropped) == 1 and dropped[0].reason.startswith(reason) and notes
+
+
+def test_too_many_items_are_cut():
+    text = json.dumps([item(f"v{i}") for i in range(70)])
+    sugg, dropped, notes = parse_suggestions(text, make_ctx())
+    assert len(sugg) == 64 and len(dropped) == 6 and "only the first 64 read" in notes[0]
+
+
+# --- the policy through the gateway ----------------------------------------------------------------
+
+
+@pytest.fixture
+def srv():
+    with FakeOpenAI() as s:
+        yield s
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    return Ledger(tmp_path / "ledger.sqlite")
+
+
+def test_llm_policy_end_to_end(srv, ledger):
+    g = make_gateway(srv, ledger, ENV)
+    ctx = make_ctx(n=3)
+    content = "```json\n" + json.dumps([
+        item("r2_v1", 32, 64, 8),
+        item("r2_v2", 128, 128, 8),  # outside the space (rule)
+        item("r2_v3", 64, 64, 4),  # already measured (the baseline)
+        item("r2_v4", 64, 128, 4),
+        item("r2_v5"),  # same config as r2_v1
+    ]) + "\n```"
+    srv.push(content=content, prompt_tokens=900, completion_tokens=120)
+    prop = LLMPolicy(g).propose(ctx)
+    assert [s.variant_id for s in prop.suggestions] == ["r2_v1", "r2_v4"]
+    assert {d.reason.split(":")[0] for d in prop.dropped} == {"outside the space", "config already measured in this sweep"}
+    assert prop.tokens == {"prompt": 900, "completion": 120, "total": 1020}
+    body = srv.chat_requests()[0].body
+    assert body["messages"][0]["content"] == SUGGEST_SYSTEM_PROMPT and body["max_tokens"] == 1536
+    rows = ledger.rows()
+    assert len(rows) == 1 and (rows[0].round, rows[0].task, rows[0].partition, rows[0].run_id) == (2, "round_2_suggestions", "toy-sweep", "run-x")
+
+
+@pytest.mark.parametrize(
+    "content,reason",
+    [
+        ("I recommend trying a bigger tile.", "response is prose"),
+        ('[{"variant_id": "r2_v1", "config": ', "response is not valid JSON"),
+        ('{"variants": []}', "expected a JSON array"),
+        ("[" + ",".join([json.dumps(item("r2_v1"))] * 1000) + "]", "response too large"),
+    ],
+)
+def test_llm_policy_bad_content_is_a_value_not_an_exception(srv, ledger, content, reason):
+    g = make_gateway(srv, ledger, ENV)
+    srv.push(content=content)
+    prop = LLMPolicy(g).propose(make_ctx())
+    assert prop.suggestions == [] and prop.dropped[0].reason.startswith(reason)
+    assert len(ledger.rows()) == 1 and len(srv.chat_requests()) == 1
+
+
+def test_llm_policy_shrinks_history_then_refuses_when_over_budget(srv, ledger):
+    g = make_gateway(srv, ledger, ENV)
+    ctx = make_ctx()
+    from resources.taotoken import estimate_messages_tokens
+
+    fit1 = estimate_messages_tokens(build_suggest_messages(ctx, 1))
+    spec = make_spec(budget=Budget(max_input_tokens_per_round=fit1 + 1, max_output_tokens_per_round=4000, max_total_tokens=50_000))
+    srv.push(content=json.dumps([item("r2_v1")]))
+    prop = LLMPolicy(g).propose(make_ctx(spec=spec))
+    assert len(prop.suggestions) == 1 and any("prompt shrunk to 1 of 5 history rows" in n for n in prop.notes)
+    tiny = make_spec(budget=Budget(max_input_tokens_per_round=50, max_output_tokens_per_round=4000, max_total_tokens=50_000))
+    prop = LLMPolicy(g).propose(make_ctx(spec=tiny, rnd=3))
+    assert prop.suggestions == [] and prop.notes[0].startswith("BudgetExceeded: round 3 input")
+    assert len(srv.chat_requests()) == 1
+
+
+def test_llm_policy_without_a_key_raises_a_credentials_error(srv, ledger):
+    g = make_gateway(srv, ledger, {"OPENAI_API_KEY": "sk-other"})
+    with pytest.raises(CredentialsError, match="no TAOTOKEN key for role suggest"):
+        LLMPolicy(g).propose(make_ctx())
+
+
+def test_llm_policy_transient_failure_ends_the_round_with_a_note(srv, ledger):
+    g = make_gateway(srv, ledger, ENV, max_attempts=2)
+    srv.push(status=503)
+    srv.push(status=503)
+    prop = LLMPolicy(g).propose(make_ctx())
+    assert prop.suggestions == [] and "gave up after 2 attempts" in prop.notes[0]
+
+
+class EnumPolicy:
+    """A deterministic stand-in for the local policy: the space in order, skipping what was measured."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, ctx: AgentContext) -> Proposal:
+        self.calls += 1
+        cands = [
+            Suggestion(variant_id=f"r{ctx.round}_v{i + 1}", config=c, patch_summary="enumerated", round=ctx.round, source="local")
+            for i, c in enumerate(ctx.family.space.enumerate(ctx.spec.params))
+        ]
+        kept, dropped = validate_and_dedupe(ctx, cands, "local")
+        return Proposal(kept, dropped)
+
+
+def test_hybrid_tops_up_with_local(srv, ledger):
+    g = make_gateway(srv, ledger, ENV)
+    srv.push(content=json.dumps([item("r2_v1", 32, 32, 8), item("bad", 128, 128, 8)]))
+    ctx = make_ctx(n=4)
+    prop = HybridPolicy(LLMPolicy(g), EnumPolicy()).propose(ctx)
+    assert len(prop.suggestions) == 4
+    assert prop.suggestions[0].source == "llm" and [s.source for s in prop.suggestions[1:]] == ["local"] * 3
+    hashes = [s.config_hash for s in prop.suggestions]
+    ids = [s.variant_id for s in prop.suggestions]
+    assert len(set(hashes)) == 4 and len(set(ids)) == 4
+    assert not ({s.config_hash for s in prop.suggestions} & ctx.measured_hashes)
+    assert any("topped up with 3 local" in n for n in prop.notes)
+    assert any(d.reason.startswith("outside the space") for d in prop.dropped)
+
+
+def test_hybrid_without_a_key_is_all_local(srv, ledger):
+    g = make_gateway(srv, ledger, {})
+    local = EnumPolicy()
+    prop = HybridPolicy(LLMPolicy(g), local).propose(make_ctx(n=2))
+    assert [s.source for s in prop.suggestions] == ["local", "local"] and local.calls == 1
+    assert prop.notes[0].startswith("llm unavailable (credentials)")
+    assert srv.requests == []
+
+
+def test_hybrid_with_enough_llm_proposals_does_not_call_local(srv, ledger):
+    g = make_gateway(srv, ledger, ENV)
+    srv.push(content=json.dumps([item("r2_v1", 32, 32, 8), item("r2_v2", 32, 64, 4)]))
+    local = EnumPolicy()
+    prop = HybridPolicy(LLMPolicy(g), local).propose(make_ctx(n=2))
+    assert [s.source for s in prop.suggestions] == ["llm", "llm"] and local.calls == 0
+
+
+# --- narrative -----------------------------------------------------------------------------------
+
+VERDICTS = """| variant | verdict | ratio | reasons |
+|---|---|---|---|
+| r1_v1 | PASS | 0.91 | faster on cuda |
+| r1_v2 | REGRESS | 1.40 | slower |
+| r1_v3 | NEEDS_REVIEW | - | model evidence only |
+| r2_v1 | PASS | 0.95 | faster |
+"""
+
+
+def test_narrative_without_a_key_is_a_plain_summary_and_says_so(srv, ledger):
+    g = make_gateway(srv, ledger, {"TAOTOKEN_KEY_SUGGEST": KEY})
+    text, source = write_narrative(g, make_spec(), VERDICTS)
+    assert source == "fallback: no TAOTOKEN key for role report"
+    assert "4 variant(s) judged: 2 PASS, 1 REGRESS, 1 NEEDS_REVIEW" in text and "without a model" in text
+    assert write_narrative(None, make_spec(), VERDICTS)[1] == source
+    assert srv.requests == []
+
+
+def test_narrative_with_a_key_calls_the_report_role_once(srv, ledger):
+    g = make_gateway(srv, ledger, ENV)
+    srv.push(content="Two variants passed; r1_v2 regressed by 40%.")
+    text, source = write_narrative(g, make_spec(), VERDICTS, run_id="run-x")
+    assert text == "Two variants passed; r1_v2 regressed by 40%."
+    assert source.startswith("llm:report#") and source.endswith(":kregress-test-model")
+    chats = srv.chat_requests()
+    assert len(chats) == 1 and chats[0].token == KEY + "-report" and "r1_v2 | REGRESS" in chats[0].body["messages"][1]["content"]
+    r = ledger.rows()[0]
+    assert (r.role, r.run_id, r.partition, r.round, r.task) == ("report", "run-x", "toy-sweep", 0, "verdict_report")
+    assert ledger.spend("run-x")[0]["calls"] == 1  # counted in the sweep's budget scope
+
+
+def test_narrative_falls_back_on_gateway_errors(srv, ledger):
+    g = make_gateway(srv, ledger, ENV)
+    srv.push(status=401, body={"error": {"message": "bad key"}})
+    text, source = write_narrative(g, make_spec(), VERDICTS)
+    assert source.startswith("fallback: credentials error: [credentials]") and "2 PASS" in text
+    tiny = make_spec(budget=Budget(max_total_tokens=10))
+    text, source = write_narrative(g, tiny, VERDICTS)
+    assert source.startswith("fallback: BudgetExceeded: sweep total")
+
+
+def test_agent_logs_use_aliases(srv, ledger, caplog):
+    caplog.set_level(logging.DEBUG)
+    g = make_gateway(srv, ledger, ENV)
+    srv.push(status=429, headers={"Retry-After": "1"})
+    srv.push(content="[]")
+    LLMPolicy(g).propose(make_ctx())
+    assert "suggest#" in caplog.text and KEY not in caplog.text

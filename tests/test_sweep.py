@@ -1,0 +1,123 @@
+"""The whole graph on the embedded default: a real Dagster instance in a temp DAGSTER_HOME, real
+Triton compiles and interpreter runs, the local agent, the report files. Nothing is mocked."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+
+from kernels.spec import load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "specs" / "gemm_smoke.yaml"
+REQUIRED = ["variant_id", "round", "source", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_stages", "num_warps",
+            "error", "latency_p50_ms", "latency_p20_ms", "latency_p80_ms", "tflops", "regs_per_thread", "spill_bytes",
+            "smem_bytes", "occupancy", "max_abs_err", "max_rel_err", "verdict", "evidence", "reasons"]
+
+
+def test_definitions_load_and_resolve():
+    from kernel_assets.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    expected = {"baseline_metrics", "verdict_report"} | {f"round_{k}_{s}" for k in range(1, 5)
+                                                         for s in ("suggestions", "variants", "profiles")}
+    assert expected <= keys
+    checks = {c.name for c in graph.asset_check_keys}
+    assert {"baseline_correct", "baseline_constraints", "regression_guard", "round_1_constraints"} <= checks
+    job = defs.resolve_job_def("sweep_job")
+    assert job.partitions_def is not None and job.partitions_def.name == "specs"
+    # lineage: each round feeds the next, the last profiles feed the report
+    assert dg.AssetKey("round_1_profiles") in graph.get(dg.AssetKey("round_2_suggestions")).parent_keys
+    assert dg.AssetKey("round_4_profiles") in graph.get(dg.AssetKey("verdict_report")).parent_keys
+    # benchmark steps take the `gpu` pool; planning steps do not
+    pools = {n: job.graph.node_named(n).definition.pool for n in ("baseline_metrics", "round_1_variants", "round_1_suggestions")}
+    assert pools == {"baseline_metrics": "gpu", "round_1_variants": "gpu", "round_1_suggestions": None}
+
+
+def _materialize(home: Path):
+    from kernel_assets.constants import SPECS_PARTITIONS
+    from kernel_assets.definitions import build_definitions, build_resources
+
+    instance = dg.DagsterInstance.get()
+    spec = load_spec(SMOKE)
+    if not instance.has_dynamic_partition(SPECS_PARTITIONS.name, spec.task_id):
+        instance.add_dynamic_partitions(SPECS_PARTITIONS.name, [spec.task_id])
+    defs = build_definitions(build_resources("local"))
+    result = defs.resolve_job_def("sweep_job").execute_in_process(partition_key=spec.task_id, instance=instance)
+    assert result.success
+    return instance, result
+
+
+def _metadata(result, key: str) -> dict:
+    mats = [e.event_specific_data.materialization for e in result.all_events if e.event_type_value == "ASSET_MATERIALIZATION"]
+    (m,) = [m for m in mats if m.asset_key.to_user_string() == key]
+    return {k: getattr(v, "value", v) for k, v in m.metadata.items()}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    (home / "dagster.yaml").write_text((REPO / "dagster_home" / "dagster.yaml").read_text())
+    old = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        instance, first = _materialize(home)
+        _, second = _materialize(home)
+        yield home, instance, first, second
+    finally:
+        if old is None:
+            os.environ.pop("DAGSTER_HOME")
+        else:
+            os.environ["DAGSTER_HOME"] = old
+
+
+def test_sweep_produces_report_files(swept):
+    home, _, first, _ = swept
+    out = home / "reports" / "gemm_smoke"
+    assert {"report.md", "variants.parquet", "verdicts.parquet", "measurements.parquet", "latency.png"} <= {p.name for p in out.iterdir()}
+    variants = pd.read_parquet(out / "variants.parquet")
+    verdicts = pd.read_parquet(out / "verdicts.parquet")
+    for df in (variants, verdicts):
+        assert set(REQUIRED) <= set(df.columns), set(REQUIRED) - set(df.columns)
+    assert variants.iloc[0]["variant_id"] == "baseline" and variants.iloc[0]["verdict"] == "BASELINE"
+    assert len(verdicts) == 6 and set(verdicts["round"]) == {1, 2}  # 3 variants x max_rounds 2
+    assert set(verdicts["verdict"]) <= {"PASS", "REGRESS", "NEEDS_REVIEW"}
+    # evidence rule on a CPU host: no latency PASS/REGRESS from a model estimate
+    ok = verdicts[verdicts["error"].isna() & (verdicts["spill_bytes"] == 0)]
+    assert len(ok) and (ok["verdict"] == "NEEDS_REVIEW").all() and (ok["evidence"] == "model").all()
+    assert ok["reasons"].str.contains("evidence=model").all()
+    assert (verdicts["regs_per_thread"].dropna() > 0).all() and (verdicts["occupancy"].dropna() > 0).all()
+    report = (out / "report.md").read_text()
+    for section in ("## Verdicts", "## Spec", "## Baseline", "## Rounds", "### Round 1", "## Failures", "latency.png"):
+        assert section in report
+    md = _metadata(first, "verdict_report")
+    assert md["n_PASS"] + md["n_REGRESS"] + md["n_NEEDS_REVIEW"] == 6
+
+
+def test_rounds_past_max_rounds_are_skipped_with_a_reason(swept):
+    _, _, first, _ = swept
+    md = _metadata(first, "round_3_suggestions")
+    assert md["proposals"] == 0 and "max_rounds" in md["stopped"]
+
+
+def test_checks_ran(swept):
+    _, _, first, _ = swept
+    evals = {e.event_specific_data.check_name: e.event_specific_data for e in first.all_events
+             if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    assert evals["baseline_correct"].passed
+    assert {"round_1_constraints", "round_2_constraints", "regression_guard"} <= set(evals)
+
+
+def test_rematerializing_unchanged_spec_recompiles_nothing(swept):
+    _, _, first, second = swept
+    cold = sum(_metadata(first, k).get("compiles", 0) for k in ("baseline_metrics", "round_1_variants", "round_2_variants"))
+    warm = sum(_metadata(second, k).get("compiles", 0) for k in ("baseline_metrics", "round_1_variants", "round_2_variants"))
+    hits = sum(_metadata(second, k).get("compile_cache_hits", 0) for k in ("baseline_metrics", "round_1_variants", "round_2_variants"))
+    assert cold >= 5 and warm == 0 and hits == cold
+    # same seed, same history: the agent proposes the same variants again
+    assert _metadata(first, "round_2_suggestions")["table"] == _metadata(second, "round_2_suggestions")["table"]
