@@ -150,7 +150,9 @@ def pct(k: int, n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--trials", type=int, default=2000, help="trials per cell (mode x stratum), default 2000")
     ap.add_argument("--modes", default="resample,split,sequential", help=f"comma list of {', '.join(MODES)}")
     ap.add_argument("--strata", default="all,noisy", help="comma list of all, noisy")
@@ -189,9 +191,18 @@ def main(argv: list[str] | None = None) -> int:
             k = min(chunk, args.trials - done)
             tasks.append(
                 dict(
-                    cell=(m, s), mode=m, pool=pools[s], trials=k, shapes=args.shapes, n=args.n,
-                    confidence=args.confidence, guard=args.guard, method=args.method, n_boot=args.n_boot,
-                    asv_p=args.asv_p, seed_key=(args.seed, MODES.index(m), STRATA.index(s), j),
+                    cell=(m, s),
+                    mode=m,
+                    pool=pools[s],
+                    trials=k,
+                    shapes=args.shapes,
+                    n=args.n,
+                    confidence=args.confidence,
+                    guard=args.guard,
+                    method=args.method,
+                    n_boot=args.n_boot,
+                    asv_p=args.asv_p,
+                    seed_key=(args.seed, MODES.index(m), STRATA.index(s), j),
                 )
             )
             done += k
@@ -226,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         side = f"{args.n} draws/side" if m == "resample" else f"{_TIMES.shape[1] // 2} runs/side"
         print()
         print(f"mode={m} ({side}), stratum={s} ({len(pools[s]):,} configs), trials per cell={n}")
-        head = f"{'rule':<12}{'A/A FA':>8}{'(95% up)':>10}{'A/A REVIEW':>12}{'CI excl 1':>11}{'+3%':>8}{'+6%':>8}{'+10%':>8}"
+        head = (
+            f"{'rule':<12}{'A/A FA':>8}{'(95% up)':>10}{'A/A REVIEW':>12}{'CI excl 1':>11}"
+            f"{'+3%':>8}{'+6%':>8}{'+10%':>8}"
+        )
         print(head)
         print("-" * len(head))
         for rule, per in cell["counts"].items():

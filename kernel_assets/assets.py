@@ -110,7 +110,7 @@ def build_round(k: int):
 
     @dg.asset(
         name=f"round_{k}_suggestions", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
-        ins={"prev": dg.AssetIn(prev_key)}, required_resource_keys={"specs"},
+        ins={"prev": dg.AssetIn(prev_key)}, required_resource_keys={"specs", "taotoken", "ledger"},
         description=f"Round {k}: the agent's proposals (validated JSON), or why the search stopped.",
     )
     def suggestions(context: dg.AssetExecutionContext, config: SuggestConfig, prev: sweep.RoundState):
@@ -201,7 +201,7 @@ def _last_profiles_key() -> str:
 
 @dg.asset(
     partitions_def=SPECS_PARTITIONS, group_name=GROUP_REPORT, code_version=CODE_VERSION,
-    ins={"state": dg.AssetIn(_last_profiles_key())}, required_resource_keys={"specs"},
+    ins={"state": dg.AssetIn(_last_profiles_key())}, required_resource_keys={"specs", "taotoken", "ledger"},
     check_specs=[dg.AssetCheckSpec("regression_guard", asset="verdict_report",
                                    description="The sweep's best config is correct, within constraints and not a regression.")],
 )

@@ -82,8 +82,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from kernel_assets.specs_resource import SpecStore
     from resources.gpu import BenchmarkResource
 
+    spec_file = str(Path(args.spec).resolve())
+    os.environ["KREGRESS_SPEC_FILES"] = os.pathsep.join(
+        [spec_file] + [f for f in os.environ.get("KREGRESS_SPEC_FILES", "").split(os.pathsep) if f and f != spec_file])
     resources = build_resources(args.env)
-    resources["specs"] = SpecStore(extra_files=[str(Path(args.spec).resolve())])
+    resources["specs"] = SpecStore()
     if args.backend:
         resources["bench"] = BenchmarkResource(backend=args.backend)
     handler = _Progress(total_steps=0)

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import dagster as dg
 
 from kernel_assets.assets import build_sweep_assets
-from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, SPECS_PARTITIONS, SWEEP_JOB
+from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, GROUP_TOKENS, SPECS_PARTITIONS, SWEEP_JOB
 from kernel_assets.specs_resource import SpecStore
+from kernel_assets.tokens import build_token_assets
 from resources.gpu import BenchmarkResource
+from resources.ledger import LedgerResource
+from resources.taotoken import TaotokenResource
 
 
 def build_resources(env: str | None = None) -> dict:
     """local (default): interpreter + AOT compile on the CPU, model-estimated latency, local agent.
     gpu: the cuda backend, one child process timing at a time."""
     env = env or os.environ.get("KREGRESS_ENV", "local")
+    common = {"specs": SpecStore(), "taotoken": TaotokenResource(), "ledger": LedgerResource()}
     by_env = {
-        "local": {"specs": SpecStore(), "bench": BenchmarkResource(backend="auto")},
-        "gpu": {"specs": SpecStore(), "bench": BenchmarkResource(backend="cuda")},
+        "local": {**common, "bench": BenchmarkResource(backend="auto")},
+        "gpu": {**common, "bench": BenchmarkResource(backend="cuda")},
     }
     if env not in by_env:
         raise ValueError(f"KREGRESS_ENV={env!r} is unknown; allowed: {', '.join(by_env)}")
@@ -26,18 +31,23 @@ def build_resources(env: str | None = None) -> dict:
 
 
 SWEEP_ASSETS = build_sweep_assets()
+# token_budget is a partitioned asset check, a Dagster preview API: the warning says nothing a user can act on.
+warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec")
+TOKEN_DEFS = build_token_assets(SPECS_PARTITIONS, lambda task_id: SpecStore().load(task_id), group_name=GROUP_TOKENS,
+                                deps=["verdict_report"])
 
 sweep_job = dg.define_asset_job(
     SWEEP_JOB,
-    selection=dg.AssetSelection.groups(GROUP_BASELINE, GROUP_ROUNDS, GROUP_REPORT),
+    selection=dg.AssetSelection.groups(GROUP_BASELINE, GROUP_ROUNDS, GROUP_REPORT, GROUP_TOKENS),
     partitions_def=SPECS_PARTITIONS,
-    description="One spec's whole sweep: baseline, every round, the verdict report.",
+    description="One spec's whole sweep: baseline, every round, the verdict report, the token ledger view.",
 )
 
 
 def build_definitions(resources: dict | None = None, loggers: dict | None = None) -> dg.Definitions:
     return dg.Definitions(
-        assets=SWEEP_ASSETS,
+        assets=SWEEP_ASSETS + [d for d in TOKEN_DEFS if isinstance(d, dg.AssetsDefinition)],
+        asset_checks=[d for d in TOKEN_DEFS if not isinstance(d, dg.AssetsDefinition)],
         jobs=[sweep_job],
         resources=resources or build_resources(),
         loggers=loggers,

@@ -17,11 +17,16 @@ def default_specs_dir() -> str:
     return os.environ.get("KREGRESS_SPECS_DIR") or str(REPO_ROOT / "specs")
 
 
+def default_extra_files() -> list[str]:
+    return [f for f in os.environ.get("KREGRESS_SPEC_FILES", "").split(os.pathsep) if f]
+
+
 class SpecStore(dg.ConfigurableResource):
     """Loads and validates task specs; the partition key of every asset is a spec's task_id."""
 
     specs_dir: str = Field(default_factory=default_specs_dir, description="Directory of *.yaml task specs (env KREGRESS_SPECS_DIR).")
-    extra_files: list[str] = Field(default_factory=list, description="Spec files outside specs_dir (set by `kregress sweep FILE`).")
+    extra_files: list[str] = Field(default_factory=default_extra_files,
+                                   description="Spec files outside specs_dir (env KREGRESS_SPEC_FILES; set by `kregress sweep FILE`).")
 
     def paths(self) -> dict[str, Path]:
         found = discover_specs(self.specs_dir) if Path(self.specs_dir).is_dir() else {}

@@ -28,6 +28,9 @@ Math and why:
   The combine kernel (second launch) merges them: m = max_s lse_s, w_s = exp(lse_s - m),
   out = sum_s w_s o_s / sum_s w_s, lse = m + log(sum_s w_s). With num_splits = 1 the main kernel
   writes out and lse directly and there is no combine launch.
+- Pipelining: the KV load depends on the block-table load of the same step, so num_stages buys
+  (num_stages - 1) // 2 KV tiles in flight (num_stages 3 prefetches only the page index); the space
+  offers 1, 2, 3, 5 and 7.
 - Splits that receive no blocks (num_splits larger than the number of KV blocks, or a short
   sequence) write o_s = 0 and lse_s = -inf, i.e. weight 0 in the combine.
 
@@ -205,9 +208,16 @@ def _softmax_scale(params: dict[str, Any]) -> float:
     return float((params or {}).get("softmax_scale", D_QK ** -0.5))
 
 
+def kv_buffers(num_stages: int) -> int:
+    """KV tiles in flight. The KV load's address depends on the block-table load of the same step
+    (an indirect load), so Triton's pipeliner gives each of the two loads half the latency budget:
+    (num_stages - 1) // 2 tiles ahead, and num_stages 3 and 4 only prefetch the page index."""
+    return max(1, (num_stages - 1) // 2)
+
+
 def _smem_fits(cfg: dict[str, int], _params: dict[str, Any]) -> bool:
-    # Coarse pre-compile bound: the Q tile plus num_stages KV tiles of 576 two-byte values per row.
-    return (cfg["BLOCK_H"] + cfg["num_stages"] * cfg["BLOCK_N"]) * D_QK * 2 <= SMEM_PER_BLOCK
+    # Coarse pre-compile bound: a Q-sized staging tile plus the KV ring, 576 two-byte values per row.
+    return (cfg["BLOCK_H"] + kv_buffers(cfg["num_stages"]) * cfg["BLOCK_N"]) * D_QK * 2 <= SMEM_PER_BLOCK
 
 
 SPACE = Space(
@@ -215,7 +225,7 @@ SPACE = Space(
         "BLOCK_H": (16, 32, 64),
         "BLOCK_N": (16, 32, 64),
         "num_splits": (1, 2, 4, 8, 16, 32),
-        "num_stages": (1, 2, 3, 4),
+        "num_stages": (1, 2, 3, 5, 7),  # 1, 1, 1, 2, 3 KV tiles in flight (see kv_buffers)
         "num_warps": (4, 8),
     },
     rules=(
@@ -223,7 +233,7 @@ SPACE = Space(
              lambda c, p: _page_size(p) % c["BLOCK_N"] == 0),
         Rule("acc_in_registers", "BLOCK_H * 512 / (32 * num_warps) <= 128 (fp32 accumulator registers per thread)",
              lambda c, p: c["BLOCK_H"] * D_LATENT <= 128 * 32 * c["num_warps"]),
-        Rule("smem_ring", "(BLOCK_H + num_stages * BLOCK_N) * 576 * 2 bytes <= 227 KiB", _smem_fits),
+        Rule("smem_ring", "(BLOCK_H + max(1, (num_stages - 1) // 2) * BLOCK_N) * 576 * 2 bytes <= 227 KiB", _smem_fits),
     ),
 )
 
@@ -450,6 +460,12 @@ class MlaDecodeFamily(Family):
         return True
 
 
+def _aligned_rows(t: torch.Tensor) -> bool:
+    """Last dim contiguous, every other stride and the base pointer 16-byte aligned."""
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]))
+
+
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
                softmax_scale: float, config: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode attention over a paged latent cache; returns (out [B, s_q, h_q, 512], lse [B, s_q, h_q] fp32).
@@ -471,8 +487,11 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         raise ValueError(f"mla_decode: cache_seqlens must be int32 [batch={B}], got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
     if page % config["BLOCK_N"]:
         raise ValueError(f"mla_decode: BLOCK_N={config['BLOCK_N']} must divide the page size {page}")
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    kv_cache = kv_cache if kv_cache.stride(-1) == 1 else kv_cache.contiguous()
+    # The kernels promise the compiler 16-byte aligned rows (tl.multiple_of): q is copied if it is not,
+    # a misaligned cache is refused (copying a whole cache per step would hide a real problem).
+    q = q if _aligned_rows(q) else q.contiguous()
+    if not _aligned_rows(kv_cache):
+        raise ValueError("mla_decode: kv_cache needs a contiguous last dim and 16-byte aligned pages and tokens")
     block_table = block_table.contiguous()
     M = s_q * h_q
     splits = config["num_splits"]

@@ -171,7 +171,7 @@ def get_family(name: str) -> Family:
 
 
 # Modules that register a family when imported. A new family adds its module here.
-_BUILTIN = ("kernels.gemm", "kernels.mla_decode")
+_BUILTIN = ("kernels.gemm", "kernels.mla_decode", "kernels.attention")
 
 
 def _load_builtin() -> None:

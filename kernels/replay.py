@@ -112,7 +112,9 @@ class ReplayTable:
         self.problem_size: list[int] = list(header["problem_size"])
         self.objective: str = header["objective"]
         self.tune_params_keys: tuple[str, ...] = tuple(header["tune_params_keys"])
-        self.tune_params: dict[str, tuple[int, ...]] = {k: tuple(header["tune_params"][k]) for k in self.tune_params_keys}
+        self.tune_params: dict[str, tuple[int, ...]] = {
+            k: tuple(header["tune_params"][k]) for k in self.tune_params_keys
+        }
         self._entries = entries
         self._records: dict[tuple[int, ...], ReplayRecord] = {}
         entries_ref = entries
@@ -161,7 +163,9 @@ class ReplayTable:
         except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ReplayError(f"{p}: not a readable Kernel Tuner cache file ({type(exc).__name__}: {exc})") from None
         if not isinstance(data, dict):
-            raise ReplayError(f"{p}: not a Kernel Tuner cache file: the top level is {type(data).__name__}, not an object")
+            raise ReplayError(
+                f"{p}: not a Kernel Tuner cache file: the top level is {type(data).__name__}, not an object"
+            )
         missing = [k for k in HEADER_KEYS if k not in data]
         if missing:
             raise ReplayError(

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import DagsterInstance, Definitions, asset, in_process_executor, materialize, multiprocess_executor
+from dagster import (
+    DagsterInstance,
+    Definitions,
+    asset,
+    in_process_executor,
+    materialize,
+    multiprocess_executor,
+)
 from dagster._config import Shape, process_config
 from dagster._core.errors import DagsterInvalidConfigError
 from dagster._core.instance.config import (
@@ -27,7 +34,12 @@ from dagster._core.instance.config import (
 from dagster._core.instance.ref import InstanceRef
 
 from deploy import executors
-from deploy.executors import GPU_POOL, benchmark_op_tags, executor_from_env, k8s_executor_config
+from deploy.executors import (
+    GPU_POOL,
+    benchmark_op_tags,
+    executor_from_env,
+    k8s_executor_config,
+)
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 PG_ENV = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD", "DAGSTER_PG_DB")
@@ -192,7 +204,8 @@ def test_gpu_step_tags_request_one_gpu():
     resources = k8s["container_config"]["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == 1
     assert resources.get("requests", {}).get("nvidia.com/gpu", 1) == 1  # requests, if given, equal limits
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in k8s["pod_spec_config"]["tolerations"]
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert toleration in k8s["pod_spec_config"]["tolerations"]
     json.dumps(tags)  # tags travel as JSON
     # a fresh copy each call: a caller cannot change the next asset's tags
     tags["dagster-k8s/config"]["container_config"] = {}

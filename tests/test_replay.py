@@ -68,7 +68,7 @@ def test_default_path_is_next_to_the_repo_not_inside(monkeypatch):
     assert replay_dir() == ROOT.parent / "shared" / "data" / "replay"
     assert replay_path().name == "gemm_clblast_RTX_3090.json.gz"
     copied = []
-    for here, dirs, files in os.walk(ROOT):
+    for _here, dirs, files in os.walk(ROOT):
         dirs[:] = [d for d in dirs if d not in (".venv", ".git", "node_modules")]
         copied += [f for f in files if f.endswith(".json.gz")]
     assert not copied, "replay files are read from ../shared, never copied in"

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from kernels import stats
-from kernels.stats import RatioCI, asv_rule, classify, median_threshold_rule, p50_ratio, ratio_ci
+from kernels.stats import (
+    RatioCI,
+    asv_rule,
+    classify,
+    median_threshold_rule,
+    p50_ratio,
+    ratio_ci,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

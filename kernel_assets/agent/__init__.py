@@ -13,4 +13,10 @@ def policy_for(strategy: str, spec: Any, resources: Any):
 
     if strategy == "local":
         return LocalPolicy()
-    raise ValueError(f"search strategy {strategy!r} is not available here; allowed: local")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"search strategy {strategy!r} is unknown; allowed: {', '.join(STRATEGIES)}")
+    from kernel_assets.agent.llm import HybridPolicy, LLMPolicy
+
+    gateway = resources.taotoken.get_gateway(resources.ledger.get_ledger())
+    llm = LLMPolicy(gateway)
+    return llm if strategy == "llm" else HybridPolicy(llm, LocalPolicy())

@@ -1,0 +1,105 @@
+"""A full sweep with strategy llm through the real openai SDK against a local scripted server, then a
+leak search: recognisable fake keys must appear nowhere the sweep left anything."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+import yaml
+from fake_openai import FakeOpenAI, Reply
+
+from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
+
+REPO = Path(__file__).resolve().parent.parent
+KEYS = {
+    "TAOTOKEN_KEY_SUGGEST": "sk-SWEEPCANARY-suggest-11112222333344445555,sk-SWEEPCANARY-suggest-66667777888899990000",
+    "TAOTOKEN_KEY_REPORT": "sk-SWEEPCANARY-report-aaaabbbbccccddddeeee",
+}
+# Small tiles compile in about a second each; the second round also proposes one config outside the
+# space and one duplicate of the baseline, which must be dropped with their reasons.
+ROUND_CONFIGS = [
+    [dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_stages=2, num_warps=4),
+     dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, num_stages=2, num_warps=4)],
+    [dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, GROUP_M=4, num_stages=2, num_warps=4),
+     dict(BLOCK_M=48, BLOCK_N=64, BLOCK_K=32, GROUP_M=4, num_stages=2, num_warps=4),
+     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=4, num_stages=2, num_warps=4)],
+]
+
+
+def scripted(server: FakeOpenAI):
+    calls = {"suggest": 0}
+
+    def handler(seen) -> Reply:
+        system = seen.body["messages"][0]["content"]
+        if system == SUGGEST_SYSTEM_PROMPT:
+            k = calls["suggest"]
+            items = [{"variant_id": f"llm_r{k + 1}_{i}", "config": cfg, "patch_summary": f"try {i}",
+                      "expected_effect": "better wave fill", "risk": "low"} for i, cfg in enumerate(ROUND_CONFIGS[k])]
+            # a 429 on the first key of the first call: the round must fail over, not stall
+            if k == 0 and not any(r.path.endswith("/chat/completions") for r in server.requests[:-1]):
+                return Reply(status=429, headers={"Retry-After": "0"}, body={"error": {"message": "slow down"}})
+            calls["suggest"] += 1
+            return Reply(content="```json\n" + json.dumps(items) + "\n```")
+        return Reply(content="Two rounds, nothing measured on a GPU: every latency verdict waits for cuda evidence.")
+
+    server.handler = handler
+    return calls
+
+
+@pytest.mark.timeout(600)
+def test_llm_sweep_end_to_end_and_no_key_leaks(tmp_path, dagster_home, monkeypatch, caplog, capsys):
+    spec = yaml.safe_load((REPO / "specs" / "gemm_smoke.yaml").read_text())
+    spec.update(task_id="gemm_llm_smoke", correctness_shapes=[{"M": 40, "N": 24, "K": 40}])
+    spec["search"].update(strategy="llm", variants_per_round=2, max_rounds=2)
+    spec_file = tmp_path / "gemm_llm_smoke.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    caplog.set_level(logging.DEBUG)
+    with FakeOpenAI() as srv:
+        calls = scripted(srv)
+        monkeypatch.setenv("TAOTOKEN_BASE_URL", srv.root)
+        monkeypatch.setenv("TAOTOKEN_MODEL_ID", "kregress-test-model")
+        for k, v in KEYS.items():
+            monkeypatch.setenv(k, v)
+        from kernel_assets.cli import main
+
+        rc = main(["sweep", str(spec_file)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err[-3000:]
+    assert calls["suggest"] == 2
+    report_dir = dagster_home / "reports" / "gemm_llm_smoke"
+    verdicts = pd.read_parquet(report_dir / "verdicts.parquet")
+    assert set(verdicts["source"]) == {"llm"} and len(verdicts) == 3  # 2 + 1 (one invalid, one duplicate dropped)
+    report = (report_dir / "report.md").read_text()
+    assert "outside the space" in report and "already measured" in report
+    assert "_llm:report#" in report and "every latency verdict waits" in report  # narrative written once, by the model
+    assert "## Tokens" in report and "suggest#" in report
+
+    from resources.ledger import LedgerResource
+
+    ledger = LedgerResource().get_ledger()
+    rows = ledger.rows()
+    chat_rows = [r for r in rows if r.role in ("suggest", "report")]
+    assert len(chat_rows) == len(srv.chat_requests()) == 4  # one row per attempt: 429 + 2 suggest + 1 report
+    assert [r.status for r in chat_rows].count("ok") == 3 and any("429" in r.error_class for r in chat_rows)
+    assert len({r.key_alias for r in chat_rows if r.role == "suggest"}) == 2  # failed over to the other key
+    assert sum(r.total_tokens for r in chat_rows) > 0
+
+    texts = [out.out, out.err, caplog.text] + [str(r.msg) + str(r.args) for r in caplog.records]
+    instance = dg.DagsterInstance.get()
+    for run in instance.get_runs():
+        texts += [str(e) for e in instance.all_logs(run.run_id)]
+    needles = [k for v in KEYS.values() for k in v.split(",")] + ["SWEEPCANARY"]
+    for t in texts:
+        for n in needles:
+            assert n not in t
+    files = [p for p in dagster_home.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".parquet" for p in files) and any(p.name == "ledger.sqlite" for p in files)
+    for p in files:
+        blob = p.read_bytes()
+        for n in needles:
+            assert n.encode() not in blob, f"key material in {p.relative_to(dagster_home)}"
