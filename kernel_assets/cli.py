@@ -59,7 +59,7 @@ class _Progress(logging.Handler):
                     self._line(f"{elapsed}   check {data.check_name} FAILED ({data.severity.value})")
             return
         msg = meta.get("orig_message") or record.getMessage()
-        if record.levelno >= logging.INFO and msg and not msg.startswith(("Finished", "Started", "Executing")):
+        if record.levelno >= logging.INFO and msg and not msg.startswith(("Finished", "Started", "Executing", "Dependencies for step")):
             self._line(f"{elapsed}   {msg}")
 
     def _line(self, text: str) -> None:

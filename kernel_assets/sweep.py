@@ -137,8 +137,12 @@ def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> 
     point = v_obj / b_obj
     guard = spec.regression_guard.not_worse_than_baseline_ratio
     if row.evidence in MEASURED and baseline.evidence in MEASURED:
-        ci = stats.ratio_ci(_samples(row), _samples(baseline), confidence=spec.regression_guard.confidence,
-                            seed=spec.search.seed)
+        try:
+            ci = stats.ratio_ci(_samples(row), _samples(baseline), confidence=spec.regression_guard.confidence,
+                                seed=spec.search.seed)
+        except ValueError as exc:  # e.g. a shape timed on one side only
+            return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", evidence=row.evidence,
+                           reasons=[f"samples not comparable with the baseline's: {exc}"], ratio=point)
         kind, reason = stats.classify(ci, guard=guard, min_samples=spec.regression_guard.min_samples)
         return Verdict(variant_id=row.variant_id, verdict=kind, reasons=[reason], ratio=ci.ratio,
                        ratio_ci_low=ci.low, ratio_ci_high=ci.high, evidence=row.evidence)

@@ -19,8 +19,8 @@ import triton
 from kernels.records import CompileStats, Correctness, Measurement
 from kernels.registry import Family
 
-TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-DTYPE_BYTES = {"fp16": 2, "bf16": 2}
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, show: int = 5) -> dict[str, Any]:

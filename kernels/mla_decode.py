@@ -88,7 +88,7 @@ def mla_decode_kernel(
     row_ok = rows < M
     s_idx = rows // H_Q
     h_idx = rows % H_Q
-    last_key = seqlen - S_Q + s_idx  # causal: query s sees keys 0..last_key (may be < 0: sees none)
+    last_key = seqlen - 1 + s_idx * 0  # causal: query s sees keys 0..last_key (may be < 0: sees none)
 
     # This split's token range [start, end): whole BLOCK_N blocks, contiguous, possibly empty.
     n_blocks = (seqlen + BLOCK_N - 1) // BLOCK_N
@@ -416,7 +416,7 @@ class MlaDecodeFamily(Family):
         Split partials add fp32 writes plus the combine's read. compute: padded tensor-core FLOPs,
         with BLOCK_H < 64 wasting the rest of a 64-row warpgroup MMA. critical path: the longest
         program (the longest sequence's split) streams its tokens at about twice an SM's fair share
-        of HBM bandwidth, discounted by the pipeline depth and occupancy. Launch: 3 us per kernel
+        of HBM bandwidth, discounted by the KV tiles in flight (kv_buffers) and occupancy. Launch: 3 us per kernel
         (CUDA-graph replay). Spills add local-memory traffic.
         """
         lim = hw.limits
@@ -429,7 +429,9 @@ class MlaDecodeFamily(Family):
         traffic = kv_bytes * (1.0 + 0.15 * (tiles_h - 1)) + shape["batch"] * rows * (D_QK + D_LATENT) * dtype_bytes
         if splits > 1:
             traffic += shape["batch"] * rows * splits * (D_LATENT + 1) * 4 * 2
-        hide = min(1.0, 0.5 + 0.2 * config["num_stages"]) * min(1.0, 0.5 + stats.occupancy)
+        stages = config["num_stages"]
+        pipe = 0.55 if stages == 1 else min(1.0, 0.7 + (0.05 if stages >= 3 else 0.0) + 0.12 * (kv_buffers(stages) - 1))
+        hide = pipe * min(1.0, 0.5 + stats.occupancy)
         t_memory = traffic / (lim.hbm_gbps * 1e9 * hide)
         padded_keys = sum(math.ceil(n / bn) * bn for n in lens)
         padded_flops = 2.0 * (D_QK + D_LATENT) * tiles_h * max(bh, 64) * padded_keys

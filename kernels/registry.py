@@ -93,6 +93,11 @@ class Family:
     headline_metric: str  # "tflops" or "gbps"
     module: Any = field(repr=False, default=None)
 
+    dtypes = ("fp16", "bf16")  # input dtypes the family's kernels take
+    # True for families that serve recorded runs (replay): nothing to compile or check, the runs
+    # come from ``replay(config, shape, params) -> (measurements, error, detail)``.
+    recorded = False
+
     # --- shapes and knobs -------------------------------------------------------------------
     def check_shape(self, shape: dict[str, Any]) -> str | None:
         if not isinstance(shape, dict):
@@ -171,7 +176,7 @@ def get_family(name: str) -> Family:
 
 
 # Modules that register a family when imported. A new family adds its module here.
-_BUILTIN = ("kernels.gemm", "kernels.mla_decode", "kernels.attention")
+_BUILTIN = ("kernels.gemm", "kernels.mla_decode", "kernels.attention", "kernels.replay_family")
 
 
 def _load_builtin() -> None:

@@ -233,6 +233,8 @@ class BenchmarkResource(dg.ConfigurableResource):
         log: Callable[[str], None] = print,
     ) -> tuple[list[VariantResult], EvaluationStats]:
         """Compile, check and time every suggestion; failures come back as rows with ``error`` set."""
+        if family.recorded:
+            return self._replay(spec, family, suggestions, log), EvaluationStats()
         backend = self.resolved_backend(spec)
         timeout = self.timeout_s or spec.benchmark.timeout_s
         stats = EvaluationStats()
@@ -353,6 +355,33 @@ class BenchmarkResource(dg.ConfigurableResource):
                                                           spec.params, compiled[i], hw)
                 rows[i].evidence = "model"
         return [rows[i] for i in range(len(suggestions))], stats
+
+    @staticmethod
+    def _replay(spec: TaskSpec, family: Family, suggestions: list[Suggestion], log: Callable[[str], None]) -> list[VariantResult]:
+        """Recorded families answer with their recorded runs (evidence=replay); nothing is compiled."""
+        rows = []
+        for s in suggestions:
+            row = VariantResult(
+                variant_id=s.variant_id, round=s.round, source=s.source, config=s.config, config_hash=s.config_hash,
+                patch_summary=s.patch_summary, expected_effect=s.expected_effect, risk=s.risk, parent=s.parent,
+                backend="replay",
+            )
+            problem = family.space.check(s.config, spec.params)
+            if problem:
+                row.error, row.error_detail = "invalid_config", problem
+            else:
+                measurements = []
+                for shape in spec.shape_matrix:
+                    ms, error, detail = family.replay(s.config, shape, spec.params)
+                    if error:
+                        row.error, row.error_detail = error, detail
+                        break
+                    measurements += ms
+                if not row.error:
+                    row.measurements, row.evidence = measurements, "replay"
+            rows.append(row)
+        log(f"replayed {len(rows)} variant(s) from the recorded runs ({sum(1 for r in rows if r.error)} failed)")
+        return rows
 
     @staticmethod
     def _apply_compile(row: VariantResult, res: dict, compiled: dict, i: int, cache_hit: bool) -> None:

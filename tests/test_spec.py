@@ -93,7 +93,7 @@ def test_cli_validate_exit_codes(tmp_path, capsys):
     bad = write(tmp_path, data)
     assert cli_main(["specs", "validate", str(good), str(bad)]) == 1
     err = capsys.readouterr().err
-    assert "field 'dtype'" in err and "'fp16' or 'bf16'" in err
+    assert "field 'dtype'" in err and "'fp16', 'bf16' or 'fp32'" in err
 
 
 def test_sweep_refuses_bad_spec_and_runs_nothing(tmp_path, dagster_home, capsys):

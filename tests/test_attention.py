@@ -1,0 +1,188 @@
+"""Prefill attention family: interpreter correctness over masks, windows, packed varlen and grouped
+heads; the FLOP formula against brute force; real sm_90 compile stats; the benchmark resource path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.attention import reference_attention, seq_lengths, visible_pairs
+from kernels.compile import compile_units
+from kernels.measure import compare
+from kernels.records import Suggestion
+from kernels.registry import families, get_family
+from kernels.spec import HardwareLimits, load_spec, parse_spec
+from resources.gpu import BenchmarkResource
+
+REPO = Path(__file__).resolve().parent.parent
+ATTN = get_family("attention")
+SMALL = dict(BLOCK_M=16, BLOCK_N=16, num_stages=2, num_warps=2)
+WIDE = dict(BLOCK_M=64, BLOCK_N=32, num_stages=2, num_warps=4)
+BASE = dict(BLOCK_M=128, BLOCK_N=64, num_stages=3, num_warps=8)
+
+CASES = [
+    # (id, shape, params): lengths are never multiples of the blocks
+    ("causal-gqa-varlen-empty", {"batch": 3, "seqlen": 50, "h_q": 4, "h_kv": 2, "head_dim": 64},
+     {"causal": True, "seqlens": [50, 0, 77]}),
+    ("noncausal-d128", {"batch": 2, "seqlen": 45, "h_q": 2, "h_kv": 1, "head_dim": 128}, {"causal": False}),
+    ("causal-window-spread", {"batch": 3, "seqlen": 60, "h_q": 2, "h_kv": 2, "head_dim": 64},
+     {"causal": True, "window": 20, "seqlens": "spread"}),
+    ("noncausal-window", {"batch": 2, "seqlen": 45, "h_q": 2, "h_kv": 1, "head_dim": 64},
+     {"causal": False, "window": 17}),
+    ("window-wider-than-seq", {"batch": 2, "seqlen": 30, "h_q": 2, "h_kv": 1, "head_dim": 64},
+     {"causal": True, "window": 1000}),
+]
+
+
+def _ok(res: dict) -> dict:
+    assert "correctness" in res, res
+    c = res["correctness"]
+    assert c["ok"] and not c["nan_inf"] and c["mismatches"] == 0, c["mismatch_sample"]
+    return c
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_interpreter_matches_float64_reference(interpreter, case, dtype):
+    _, shape, params = case
+    config = SMALL if dtype == "fp16" else WIDE  # 16x16 tiles cross every mask edge; 64x32 skips blocks
+    c = _ok(interpreter.correctness("attention", config, [shape], dtype=dtype, params=params))
+    assert c["shapes_checked"] == [ATTN.shape_label(shape)]
+
+
+def test_spec_correctness_shapes_pass_with_baseline(interpreter):
+    spec = load_spec(REPO / "specs" / "attention_prefill_h100_bf16.yaml")
+    c = _ok(interpreter.correctness("attention", spec.baseline, spec.correctness_shapes, dtype=spec.dtype,
+                                    tolerance=spec.constraints.numeric_tolerance, params=spec.params))
+    assert c["max_abs_err"] < c["tolerance"]
+
+
+def test_too_tight_tolerance_reports_count_and_first_mismatches(interpreter):
+    shape = {"batch": 1, "seqlen": 33, "h_q": 2, "h_kv": 1, "head_dim": 64}
+    c = interpreter.correctness("attention", SMALL, [shape], dtype="bf16", tolerance=1e-7)["correctness"]
+    assert not c["ok"] and c["mismatches"] > 0
+    assert c["mismatch_sample"].startswith("[1x33x2x1x64] ") and c["mismatch_sample"].count("got ") == 5
+
+
+def test_head_dim_outside_params_is_a_clear_error(interpreter):
+    res = interpreter.correctness("attention", SMALL, [{"batch": 1, "seqlen": 8, "h_q": 1, "h_kv": 1, "head_dim": 64}],
+                                  params={"head_dims": [128]})
+    assert res["error"] == "runtime_error" and "head_dim=64 is not in params.head_dims=[128]" in res["detail"]
+
+
+def test_a_wrong_mask_is_caught_with_readable_text():
+    """What a kernel that forgets the causal mask would produce, through the same compare."""
+    shape = {"batch": 2, "seqlen": 20, "h_q": 2, "h_kv": 1, "head_dim": 64}
+    inp = ATTN.make_inputs(shape, torch.float16, "cpu", 0, {})
+    ref = ATTN.reference(inp, {"causal": True})
+    wrong = reference_attention(inp["q"], inp["k"], inp["v"], inp["cu_seqlens"], False, 0, 64 ** -0.5)
+    atol, rtol = ATTN.tolerance(shape, "fp16", 1e-2, {})
+    res = compare(wrong, ref, atol, rtol)
+    assert not res["ok"] and res["mismatches"] > 100
+    # the last query of each sequence sees every key either way: only earlier rows differ
+    assert torch.allclose(wrong[19], ref[19]) and torch.allclose(wrong[39], ref[39])
+    assert "elements outside atol=" in res["sample"] and res["sample"].count("got ") == 5
+
+
+def test_visible_pairs_match_brute_force():
+    for n in (1, 2, 7, 33):
+        for window in (0, 1, 5, 40):
+            for causal in (True, False):
+                i = torch.arange(n)[:, None]
+                j = torch.arange(n)[None, :]
+                ok = torch.ones(n, n, dtype=torch.bool)
+                if causal:
+                    ok &= j <= i
+                if window:
+                    ok &= j > i - window
+                    if not causal:
+                        ok &= j < i + window
+                assert visible_pairs(n, causal, window) == int(ok.sum()), (n, window, causal)
+
+
+def test_flops_bytes_and_masked_fraction():
+    shape = {"batch": 2, "seqlen": 1000, "h_q": 8, "h_kv": 2, "head_dim": 128}
+    full = ATTN.flops(shape, {"causal": False})
+    assert full == 4.0 * 128 * 8 * 2 * 1000 * 1000
+    causal = ATTN.flops(shape, {"causal": True})
+    assert causal == 4.0 * 128 * 8 * 2 * (1000 * 1001 // 2)
+    windowed = ATTN.flops(shape, {"causal": True, "window": 100})
+    assert windowed < causal / 4
+    assert ATTN.bytes_moved(shape, 2, {}) == 2 * 2000 * 128 * (2 * 8 + 2 * 2)
+    assert ATTN.masked_fraction(shape, {"causal": False}) == 0.0
+    assert abs(ATTN.masked_fraction(shape, {"causal": True}) - (1 - 1001 / 2000)) < 1e-12
+
+
+def test_seqlen_patterns():
+    shape = {"batch": 4, "seqlen": 4096, "h_q": 128, "h_kv": 128, "head_dim": 128}
+    spread = seq_lengths(shape, {"seqlens": "spread"})
+    assert sum(spread) == 4 * 4096 and len(set(spread)) == 4 and min(spread) > 512
+    assert seq_lengths(shape, {}) == [4096] * 4
+    assert seq_lengths(dict(shape, batch=1), {"seqlens": "spread"}) == [4096]
+    assert seq_lengths(shape, {"seqlens": [3, 0]}) == [3, 0, 3, 0]
+    inp = ATTN.make_inputs(dict(shape, batch=3, seqlen=10, h_q=4, h_kv=2, head_dim=64), torch.float16, "cpu", 0,
+                           {"seqlens": [10, 0, 7]})
+    assert inp["cu_seqlens"].tolist() == [0, 10, 10, 17] and inp["max_seqlen"] == 10
+    assert inp["q"].shape == (17, 4, 64) and inp["k"].shape == (17, 2, 64)
+
+
+def test_tolerance_by_dtype_and_length():
+    short = {"batch": 1, "seqlen": 100, "h_q": 1, "h_kv": 1, "head_dim": 64}
+    long = dict(short, seqlen=65536)
+    assert ATTN.tolerance(short, "bf16", 1e-2, {}) > ATTN.tolerance(short, "fp16", 1e-2, {})
+    assert ATTN.tolerance(long, "fp16", 1e-2, {})[0] > ATTN.tolerance(short, "fp16", 1e-2, {})[0]
+    # a window bounds the reduction length
+    assert ATTN.tolerance(long, "fp16", 1e-2, {"window": 64}) == ATTN.tolerance(short, "fp16", 1e-2, {})
+
+
+def test_shapes_and_params_are_validated_with_clear_messages():
+    good = {"batch": 1, "seqlen": 8, "h_q": 8, "h_kv": 2, "head_dim": 128}
+    assert ATTN.check_shape(good) is None
+    assert "allowed: 64, 128" in ATTN.check_shape(dict(good, head_dim=96))
+    assert "h_kv=3 must divide h_q=8" in ATTN.check_shape(dict(good, h_kv=3))
+    assert ATTN.check_params({"causal": False, "window": 128, "seqlens": "spread", "head_dims": [64]}) is None
+    assert "must be true or false" in ATTN.check_params({"causal": "yes"})
+    assert "window=-1" in ATTN.check_params({"window": -1})
+    assert "allowed: uniform, spread" in ATTN.check_params({"seqlens": "zipf"})
+    assert "drawn from 64, 128" in ATTN.check_params({"head_dims": [96]})
+    assert "unknown param(s) page_size" in ATTN.check_params({"page_size": 64})
+
+
+def test_registered_like_any_family():
+    assert families()["attention"] is ATTN and ATTN.headline_metric == "tflops" and not ATTN.use_cudagraph()
+    assert "BLOCK_M * 128 / (32 * num_warps) <= 128" in ATTN.space.check(dict(BASE, BLOCK_M=128, num_warps=2))
+
+
+def test_sm90_compile_stats_per_head_dim():
+    lim = HardwareLimits()
+    both = ATTN.compile_units(BASE, "bf16", {})
+    assert [u.constexprs["HEAD_DIM"] for u in both] == [64, 128]
+    d64 = compile_units(ATTN.compile_units(BASE, "bf16", {"head_dims": [64]}), "sm_90", lim)
+    d128 = compile_units(ATTN.compile_units(BASE, "bf16", {"head_dims": [128]}), "sm_90", lim)
+    assert d128.smem_bytes > d64.smem_bytes > 0 and d128.spill_bytes == 0 and d128.regs_per_thread <= 255
+    # one stage of K and V tiles per pipeline stage plus the Q tile: (128 + 2 * 3 * 64) * 128 * 2 bytes
+    assert d128.smem_bytes == (128 + 2 * 3 * 64) * 128 * 2
+    assert d128.sass_mix.get("tensor_wgmma", 0) > 0
+
+
+def test_family_runs_through_the_benchmark_resource(tmp_path):
+    spec = parse_spec({
+        "task_id": "attn_unit", "kernel_family": "attention", "dtype": "fp16",
+        "shape_matrix": [{"batch": 2, "seqlen": 4096, "h_q": 128, "h_kv": 128, "head_dim": 128}],
+        "correctness_shapes": [{"batch": 2, "seqlen": 40, "h_q": 2, "h_kv": 1, "head_dim": 128}],
+        "params": {"causal": True, "window": 24, "head_dims": [128]},
+        "baseline": BASE, "benchmark": {"timeout_s": 240},
+    })
+    bench = BenchmarkResource(backend="interpreter", cache_dir=str(tmp_path), workers=2)
+    sugg = [Suggestion(variant_id="base", config=BASE, patch_summary="x", round=1),
+            Suggestion(variant_id="bad", config=dict(BASE, num_warps=2), patch_summary="x", round=1)]
+    rows, _ = bench.evaluate(spec, ATTN, sugg, log=lambda m: None)
+    ok, bad = rows
+    assert ok.error is None and ok.correctness.ok and ok.evidence == "model", ok.error_detail
+    m = ok.measurements[0]
+    assert m.shape == "2x4096x128x128x128" and m.p50_ms > 0 and 0 < m.tflops < spec.hardware.limits.peak_tflops
+    fields = ATTN.profile_fields(spec.shape_matrix[0], BASE, m, spec.hardware, spec.params)
+    assert fields["masked_fraction"] > 0.99 and fields["programs"] == 2 * 32 * 128
+    assert bad.error == "invalid_config" and "acc_in_registers" in bad.error_detail
