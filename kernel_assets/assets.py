@@ -14,7 +14,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 
-from kernel_assets import sweep
+from kernel_assets import history, sweep
 from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.constants import GPU_POOL, GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, ROUNDS, SPECS_PARTITIONS
 from kernel_assets.report import _md_table, md_image, tables, write_report
@@ -205,7 +205,9 @@ def _last_profiles_key() -> str:
     partitions_def=SPECS_PARTITIONS, group_name=GROUP_REPORT, code_version=CODE_VERSION,
     ins={"state": dg.AssetIn(_last_profiles_key())}, required_resource_keys={"specs", "taotoken", "ledger"},
     check_specs=[dg.AssetCheckSpec("regression_guard", asset="verdict_report",
-                                   description="The sweep's best config is correct, within constraints and not a regression.")],
+                                   description="The sweep's best config is correct, within constraints and not a regression."),
+                 dg.AssetCheckSpec("baseline_vs_history", asset="verdict_report",
+                                   description="Today's baseline against the last accepted one (same device and versions).")],
 )
 def verdict_report(context: dg.AssetExecutionContext, state: sweep.RoundState):
     """PASS / REGRESS / NEEDS_REVIEW per variant with its evidence; report.md and Parquet tables."""
@@ -217,9 +219,14 @@ def verdict_report(context: dg.AssetExecutionContext, state: sweep.RoundState):
     from kernel_assets.narrative import narrative_for
 
     narrative, source, token_table = narrative_for(context, spec, state, verdicts)
+    past = history.compare_baseline(spec, baseline)
+    history_file = history.append_sweep(spec, context.run_id, state.history, verdicts, past.verdict)
+    past_text = (f"**{past.verdict}**: {past.reason}" + (f" (ratio {past.ratio:.3f})" if past.ratio else "")
+                 + f"\n\nThis sweep was appended to `{history_file}`.")
     out_dir = default_home() / "reports" / spec.task_id
     res = write_report(out_dir, spec, str(specs.path_for(spec.task_id)), state, verdicts, list(fam.space.params),
-                       narrative=narrative, narrative_source=source, token_table=token_table)
+                       narrative=narrative, narrative_source=source, token_table=token_table,
+                       extra_sections=[("Baseline vs history", past_text)])
     counts = {k: int(res["counts"].get(k, 0)) for k in ("PASS", "REGRESS", "NEEDS_REVIEW")}
     summary = {"task_id": spec.task_id, "report_dir": str(out_dir), "counts": counts, "best": state.best_id,
                "stopped": state.stopped, "variants": len(state.history) - 1}
@@ -232,6 +239,7 @@ def verdict_report(context: dg.AssetExecutionContext, state: sweep.RoundState):
                                                        "evidence", "reasons"]) if len(vt) else "_none_"),
         "latency_plot": dg.MetadataValue.md(md_image(res["png"], "p50 latency per variant")),
         "narrative_source": source,
+        "baseline_vs_history": past.verdict,
     }
     yield dg.Output(summary, metadata=md)
     best = next((r for r in state.history if r.variant_id == state.best_id), baseline)
@@ -243,6 +251,12 @@ def verdict_report(context: dg.AssetExecutionContext, state: sweep.RoundState):
         check_name="regression_guard", passed=not problems, severity=dg.AssetCheckSeverity.WARN,
         metadata={"best": best.variant_id, "verdict": best_verdict.verdict if best_verdict else "BASELINE",
                   "problems": "; ".join(problems) or "none", **{f"n_{k}": v for k, v in counts.items()}},
+    )
+    yield dg.AssetCheckResult(
+        check_name="baseline_vs_history", passed=past.verdict != "REGRESS", severity=dg.AssetCheckSeverity.WARN,
+        description=past.reason,
+        metadata={"verdict": past.verdict, "reference_run": past.reference_run or "none",
+                  "ratio": past.ratio if past.ratio is not None else -1.0},
     )
 
 

@@ -149,6 +149,36 @@ def cmd_specs_validate(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_history_show(args: argparse.Namespace) -> int:
+    _ensure_home(args.dagster_home)
+    from kernel_assets import history
+
+    df = history.load(args.task_id)
+    if df.empty:
+        print(f"no history for {args.task_id} under {history.history_root()}")
+        return 0
+    base = df[df["is_baseline"]][["run_id", "ts", "device", "torch_version", "triton_version", "evidence", "verdict", "p50_ms"]]
+    base = base.assign(ts=base["ts"].map(lambda t: time.strftime("%Y-%m-%d %H:%M", time.gmtime(t))),
+                       run_id=base["run_id"].str[:8], p50_ms=base["p50_ms"].map(lambda xs: ", ".join(f"{x:.4g}" for x in xs)))
+    print(base.to_string(index=False))
+    for a in history.acks(args.task_id):
+        print(f"acknowledged {a['run_id'][:8]} by {a['by']}: {a['why']}")
+    return 0
+
+
+def cmd_history_ack(args: argparse.Namespace) -> int:
+    _ensure_home(args.dagster_home)
+    from kernel_assets import history
+
+    try:
+        ack = history.acknowledge(args.task_id, args.by, args.why, run_id=args.run_id)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"acknowledged run {ack['run_id']} of {ack['task_id']} as the new reference (by {ack['by']}: {ack['why']})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kregress", description="Budgeted, auditable kernel regression sweeps on Dagster.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -164,6 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
     v = spsub.add_parser("validate", help="validate spec files; run nothing")
     v.add_argument("files", nargs="+")
     v.set_defaults(func=cmd_specs_validate)
+    h = sub.add_parser("history", help="baseline history across sweeps")
+    hsub = h.add_subparsers(dest="history_command", required=True)
+    hs = hsub.add_parser("show", help="the baselines recorded for a task")
+    hs.add_argument("task_id")
+    hs.add_argument("--dagster-home")
+    hs.set_defaults(func=cmd_history_show)
+    ha = hsub.add_parser("ack", help="accept a known step change: that sweep becomes the new reference")
+    ha.add_argument("task_id")
+    ha.add_argument("--by", required=True, help="who accepts it")
+    ha.add_argument("--why", required=True, help="why (e.g. 'driver 560 update, expected +4%')")
+    ha.add_argument("--run-id", help="default: the latest sweep of the task")
+    ha.add_argument("--dagster-home")
+    ha.set_defaults(func=cmd_history_ack)
     for mod in PLUGINS:
         try:
             module = importlib.import_module(mod)

@@ -8,6 +8,7 @@ import warnings
 import dagster as dg
 
 from kernel_assets.assets import build_sweep_assets
+from kernel_assets.automation import build_automation
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, GROUP_TOKENS, SPECS_PARTITIONS, SWEEP_JOB
 from kernel_assets.specs_resource import SpecStore
 from kernel_assets.tokens import build_token_assets
@@ -43,12 +44,16 @@ sweep_job = dg.define_asset_job(
     description="One spec's whole sweep: baseline, every round, the verdict report, the token ledger view.",
 )
 
+SCHEDULES, SENSORS = build_automation(sweep_job)
+
 
 def build_definitions(resources: dict | None = None, loggers: dict | None = None) -> dg.Definitions:
     return dg.Definitions(
         assets=SWEEP_ASSETS + [d for d in TOKEN_DEFS if isinstance(d, dg.AssetsDefinition)],
         asset_checks=[d for d in TOKEN_DEFS if not isinstance(d, dg.AssetsDefinition)],
         jobs=[sweep_job],
+        schedules=SCHEDULES,
+        sensors=SENSORS,
         resources=resources or build_resources(),
         loggers=loggers,
     )

@@ -129,7 +129,7 @@ def _md_table(df: pd.DataFrame, cols: list[str], max_rows: int = 200) -> str:
 
 def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts: dict[str, Verdict],
                  param_names: list[str], narrative: str = "", narrative_source: str = "",
-                 token_table: pd.DataFrame | None = None) -> dict:
+                 token_table: pd.DataFrame | None = None, extra_sections: list[tuple[str, str]] = ()) -> dict:
     """Write report.md, variants.parquet, verdicts.parquet, measurements.parquet and latency.png."""
     out_dir.mkdir(parents=True, exist_ok=True)
     variants, verdict_df, meas = tables(state.history, verdicts, param_names)
@@ -186,6 +186,8 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     lines += [f"- round {d.round} ({d.source}): {d.reason}: `{d.raw[:160]}`" for d in state.dropped] or ["_none_"]
     if state.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in state.notes]
+    for title, text in extra_sections:
+        lines += ["", f"## {title}", "", text]
     if narrative:
         lines += ["", "## Narrative", "", f"_{narrative_source}_", "", narrative]
     if token_table is not None and len(token_table):

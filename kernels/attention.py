@@ -331,11 +331,14 @@ class AttentionFamily(Family):
             "HEAD_DIM": "constexpr", "CAUSAL": "constexpr", "HAS_WINDOW": "constexpr",
             "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
         }
+        # What the GPU JIT specializes as divisible by 16: every pointer and every stride (all are
+        # multiples of head_dim); not GROUP, WINDOW or NUM_M_BLOCKS, which depend on the shape.
+        DIVISIBLE = tuple(k for k, v in sig.items() if v.startswith("*") or k.startswith("stride_"))
         units = []
         for d in _head_dims(params):
             consts = {"HEAD_DIM": d, "CAUSAL": _causal(params), "HAS_WINDOW": _window(params) > 0,
                       "BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"]}
-            units.append(CompileUnit(attn_fwd_kernel, sig, consts, config["num_warps"], config["num_stages"]))
+            units.append(CompileUnit(attn_fwd_kernel, sig, consts, config["num_warps"], config["num_stages"], DIVISIBLE))
         return units
 
     def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):

@@ -88,7 +88,7 @@ def mla_decode_kernel(
     row_ok = rows < M
     s_idx = rows // H_Q
     h_idx = rows % H_Q
-    last_key = seqlen - 1 + s_idx * 0  # causal: query s sees keys 0..last_key (may be < 0: sees none)
+    last_key = seqlen - S_Q + s_idx  # causal: query s sees keys 0..last_key (may be < 0: sees none)
 
     # This split's token range [start, end): whole BLOCK_N blocks, contiguous, possibly empty.
     n_blocks = (seqlen + BLOCK_N - 1) // BLOCK_N
@@ -395,7 +395,13 @@ class MlaDecodeFamily(Family):
         }
         consts = {"PAGE_SIZE": _page_size(params), "D_V": D_LATENT, "D_PE": D_ROPE,
                   "BLOCK_H": config["BLOCK_H"], "BLOCK_N": config["BLOCK_N"], "NUM_SPLITS": splits}
-        units = [CompileUnit(mla_decode_kernel, sig, consts, config["num_warps"], config["num_stages"])]
+        # What the GPU JIT specializes as divisible by 16 on the timed shapes: every pointer (fresh
+        # torch allocations), strides built from the 576/512 head dims, and sizes built from h_q
+        # (a multiple of 16 in every DeepSeek config). Not: the block-table row stride (max pages), S_Q.
+        by_h = ("stride_lb", "stride_ls", "H_Q", "M")
+        divisible = tuple(k for k, v in sig.items() if v.startswith("*")) + (
+            "stride_qb", "stride_qs", "stride_qh", "stride_kvb", "stride_kvt", "stride_ob", "stride_os", "stride_oh") + by_h
+        units = [CompileUnit(mla_decode_kernel, sig, consts, config["num_warps"], config["num_stages"], divisible)]
         if splits > 1:
             csig = {
                 "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "out_ptr": ptr, "lse_ptr": "*fp32",
@@ -405,7 +411,8 @@ class MlaDecodeFamily(Family):
                 "BLOCK_R": "constexpr", "BLOCK_DV": "constexpr",
             }
             cconsts = {"D_V": D_LATENT, **_combine_meta(splits)}
-            units.append(CompileUnit(mla_combine_kernel, csig, cconsts, COMBINE_WARPS, 1))
+            cdiv16 = tuple(k for k, v in csig.items() if v.startswith("*")) + ("stride_ob", "stride_os", "stride_oh") + by_h
+            units.append(CompileUnit(mla_combine_kernel, csig, cconsts, COMBINE_WARPS, 1, cdiv16))
         return units
 
     def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):

@@ -13,10 +13,17 @@ Three tables:
   ``refused`` rows are calls that were never sent because the budget would have been exceeded.
 - ``response_cache``: model text by request hash (model, messages, parameters). Keys are never stored.
 
-The SQL is plain and goes through a small backend object (``_SqliteBackend``: ``write()`` is an exclusive
-transaction, ``read()`` a snapshot). A ``postgresql://`` URL is recognised and refused with a clear
-message for now; a later backend only has to provide those two context managers (with
-``LOCK TABLE reservations IN EXCLUSIVE MODE`` in ``write()``) and translate ``?`` placeholders.
+The SQL is plain and portable (no SQLite-only syntax) and goes through a small backend object that
+provides ``write(lock=...)`` (a transaction), ``read()`` and ``insert()`` (returns the new row id):
+
+- ``_SqliteBackend``: ``write()`` is ``BEGIN IMMEDIATE`` (one writer at a time, whole file).
+- ``_PostgresBackend`` (``postgresql://`` or ``postgresql+psycopg://`` URLs, psycopg 3): ``write(lock=sweep)``
+  takes ``pg_advisory_xact_lock`` on the sweep inside the transaction, so reservations of one sweep (its
+  budget scope) are serialised across processes and hosts while other sweeps proceed; READ COMMITTED
+  then shows each holder every reservation committed before it. ``?`` placeholders become ``%s``, the
+  schema is the SQLite one with identity ids, DOUBLE PRECISION timestamps and ``COLLATE "C"`` text
+  (so ORDER BY sorts like SQLite's BINARY). The password may be in the URL or in PGPASSWORD (libpq's
+  own rules, ``~/.pgpass`` included); it never appears in reprs or error messages (``mask_url``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -82,6 +90,10 @@ class LedgerConfigError(ValueError):
     """A ledger URL that cannot be used; the message says what to write instead."""
 
 
+class LedgerConnectionError(RuntimeError):
+    """The ledger database could not be reached; the message names it with its password masked."""
+
+
 class BudgetExceeded(RuntimeError):
     """A call was not sent because its reservation would exceed a budget; ``reason`` says which."""
 
@@ -110,15 +122,51 @@ def default_ledger_path(dagster_home: str | os.PathLike | None = None) -> Path:
     return Path(home) / "ledger.sqlite"
 
 
+_PG_DRIVERS = ("", "psycopg")  # postgresql://, postgresql+psycopg:// (postgres:// is libpq's alias)
+
+
+def is_postgres_url(url: str | os.PathLike | None) -> bool:
+    return isinstance(url, str) and re.match(r"\s*postgres(ql)?(\+[^:/]*)?://", url, re.I) is not None
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (in the user info and in a ``password=`` parameter)."""
+    m = re.match(r"(?P<head>[^:/?#]+://)(?P<netloc>[^/?#]*)(?P<tail>.*)\Z", url, re.S)
+    if not m:
+        return url
+    netloc = m["netloc"]
+    user, at, hosts = netloc.rpartition("@")
+    if at and ":" in user:
+        netloc = f"{user.split(':', 1)[0]}:***@{hosts}"
+    tail = re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", m["tail"])
+    return m["head"] + netloc + tail
+
+
+def postgres_conninfo(url: str) -> str:
+    """A libpq URI from a ledger URL: ``postgresql+psycopg://`` loses its driver suffix; other drivers are refused."""
+    url = url.strip()
+    m = re.match(r"(?i)(postgres(?:ql)?)(?:\+([^:/]*))?://", url)
+    if not m:
+        raise LedgerConfigError(f"ledger url: {mask_url(url)!r} is not a postgresql:// URL")
+    driver = (m.group(2) or "").lower()
+    if driver not in _PG_DRIVERS:
+        raise LedgerConfigError(
+            f"ledger url: driver {driver!r} is not supported (the ledger uses psycopg 3); "
+            "write postgresql://user@host:5432/db or postgresql+psycopg://user@host:5432/db"
+        )
+    return "postgresql://" + url[m.end():]
+
+
 def sqlite_path_from_url(url: str, dagster_home: str | os.PathLike | None = None) -> Path:
     url = (url or "").strip()
     if not url:
         return default_ledger_path(dagster_home)
     low = url.lower()
-    if low.startswith(("postgresql://", "postgres://", "postgresql+")):
+    if is_postgres_url(url) or low.startswith("postgresql+"):
         raise LedgerConfigError(
-            "ledger url: postgresql ledgers are not supported yet (a later issue adds them); "
-            "use sqlite:////absolute/path/ledger.sqlite or leave url empty for $DAGSTER_HOME/ledger.sqlite"
+            f"ledger url: {mask_url(url)} names a PostgreSQL ledger, not a SQLite file; open it with "
+            "ledger_from_url() or LedgerResource(url=...).get_ledger() (postgresql ledgers are not supported yet "
+            "where a SQLite file path is required, e.g. `kregress usage --ledger-url`)"
         )
     if low.startswith("sqlite:///"):
         rest = url[len("sqlite:///"):]
@@ -182,8 +230,11 @@ class _SqliteBackend:
         self._ready = True
 
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
-        """An exclusive write transaction (BEGIN IMMEDIATE): checks and inserts inside it are atomic."""
+    def write(self, lock: str | None = None) -> Iterator[sqlite3.Connection]:
+        """An exclusive write transaction (BEGIN IMMEDIATE): checks and inserts inside it are atomic.
+
+        ``lock`` (the scope a check reads) needs nothing more here: the whole file is locked.
+        """
         con = self._conn()
         con.execute("BEGIN IMMEDIATE")
         try:
@@ -196,6 +247,118 @@ class _SqliteBackend:
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
         yield self._conn()
+
+    @staticmethod
+    def insert(con: sqlite3.Connection, sql: str, params: Sequence[Any]) -> int:
+        return int(con.execute(sql, params).lastrowid)
+
+    def close(self) -> None:
+        con = getattr(self._local, "con", None)
+        if con is not None and getattr(self._local, "pid", None) == os.getpid():
+            con.close()
+        self._local.con = None
+
+
+def _pg_schema() -> list[str]:
+    """The SQLite schema in PostgreSQL types: identity ids, float8 times, byte-ordered ("C") text."""
+    out = []
+    for stmt in _SCHEMA:
+        stmt = stmt.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY")
+        stmt = re.sub(r"\bREAL\b", "DOUBLE PRECISION", stmt)
+        out.append(re.sub(r"\bTEXT\b", 'TEXT COLLATE "C"', stmt))
+    return out
+
+
+_PG_LOCK_NS = 0x6B72  # first key of every advisory lock the ledger takes ("kr")
+
+
+def _import_psycopg() -> Any:
+    try:
+        import psycopg
+        import psycopg.rows
+    except ImportError as e:
+        raise LedgerConfigError(
+            f"ledger url: a postgresql ledger needs the psycopg 3 driver ({e}); install it with: pip install 'psycopg[binary]>=3.2'"
+        ) from None
+    return psycopg
+
+
+class _PgConn:
+    """A psycopg connection that takes the ledger's ``?`` placeholders and binds booleans as integers."""
+
+    def __init__(self, con: Any) -> None:
+        self._con = con
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self._con.execute(sql.replace("?", "%s"), [int(v) if isinstance(v, bool) else v for v in params])
+
+
+class _PostgresBackend:
+    """One psycopg connection per process and thread, in autocommit; ``write()`` opens a transaction."""
+
+    def __init__(self, url: str) -> None:
+        self.display = mask_url(url.strip())
+        self._conninfo = postgres_conninfo(url)
+        self._psycopg = _import_psycopg()
+        try:
+            params = self._psycopg.conninfo.conninfo_to_dict(self._conninfo)
+        except self._psycopg.Error as e:
+            raise LedgerConfigError(f"ledger url: {self.display} is not a valid libpq URI: {self._scrub(e)}") from None
+        self._password = str(params.get("password") or "")
+        self._connect_kw = {} if "connect_timeout" in params else {"connect_timeout": 10}
+        self._ready = False
+        self._local = threading.local()
+
+    def _scrub(self, err: BaseException) -> str:
+        msg = str(err).strip()
+        return msg.replace(self._password, "***") if getattr(self, "_password", "") else msg
+
+    def _connect(self) -> Any:
+        pg = self._psycopg
+        try:
+            return pg.connect(self._conninfo, autocommit=True, row_factory=pg.rows.dict_row,
+                              application_name="kregress-ledger", **self._connect_kw)
+        except pg.Error as e:
+            raise LedgerConnectionError(f"ledger: cannot connect to {self.display}: {self._scrub(e)}") from None
+
+    def _conn(self) -> Any:
+        con = getattr(self._local, "con", None)
+        if con is not None and getattr(self._local, "pid", None) != os.getpid():
+            # Inherited across fork: the socket is the parent's; never use it, and keep it referenced so that
+            # garbage collection never sends a Terminate message down it.
+            _INHERITED.append(con)
+            con = None
+        if con is None or con.closed or con.broken:
+            con = self._connect()
+            self._local.con, self._local.pid = con, os.getpid()
+            self._init(con)
+        return con
+
+    def _init(self, con: Any) -> None:
+        if self._ready:
+            return
+        with con.transaction():
+            con.execute(f"SELECT pg_advisory_xact_lock({_PG_LOCK_NS}, 0)")  # concurrent CREATE IF NOT EXISTS can race
+            for stmt in _pg_schema():
+                con.execute(stmt)
+        self._ready = True
+
+    @contextmanager
+    def write(self, lock: str | None = None) -> Iterator[_PgConn]:
+        """A transaction; with ``lock``, first an advisory lock on that scope (held until commit or rollback)."""
+        con = self._conn()
+        with con.transaction():
+            if lock is not None:
+                con.execute(f"SELECT pg_advisory_xact_lock({_PG_LOCK_NS}, hashtext(%s))", (lock,))
+            yield _PgConn(con)
+
+    @contextmanager
+    def read(self) -> Iterator[_PgConn]:
+        yield _PgConn(self._conn())
+
+    @staticmethod
+    def insert(con: _PgConn, sql: str, params: Sequence[Any]) -> int:
+        return int(con.execute(sql + " RETURNING id", params).fetchone()["id"])
 
     def close(self) -> None:
         con = getattr(self._local, "con", None)
@@ -221,14 +384,28 @@ def _where(filters: dict[str, Any], allowed: Iterable[str]) -> tuple[str, list[A
 
 
 class Ledger:
-    """Append-only usage rows, atomic budget reservations and the response cache, in one SQLite file."""
+    """Append-only usage rows, atomic budget reservations and the response cache.
+
+    ``Ledger(path)`` opens a SQLite file; ``Ledger("postgresql://user@host:5432/db")`` (or
+    ``postgresql+psycopg://``) a PostgreSQL database. ``path`` is None for PostgreSQL; ``location`` is the
+    file path or the URL with its password masked.
+    """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        self._db = _SqliteBackend(self.path)
+        self._db: _SqliteBackend | _PostgresBackend
+        if is_postgres_url(path):
+            self.path: Path | None = None
+            self.backend = "postgresql"
+            self._db = _PostgresBackend(str(path))
+            self.location = self._db.display
+        else:
+            self.path = Path(path)
+            self.backend = "sqlite"
+            self._db = _SqliteBackend(self.path)
+            self.location = str(self.path)
 
     def __repr__(self) -> str:
-        return f"Ledger({str(self.path)!r})"
+        return f"Ledger({self.location!r})"
 
     def close(self) -> None:
         """Close this thread's connection (the next call reopens it)."""
@@ -242,8 +419,7 @@ class Ledger:
         cols = list(USAGE_FIELDS) + ["sweep", "reservation_id"]
         vals = [data[c] for c in USAGE_FIELDS] + [sweep, reservation_id]
         with self._db.write() as con:
-            cur = con.execute(f"INSERT INTO usage ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", vals)
-            return int(cur.lastrowid)
+            return self._db.insert(con, f"INSERT INTO usage ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", vals)
 
     def rows(self, **filters: Any) -> list[UsageRecord]:
         """Usage rows in insertion order, filtered by equality on run_id, partition, round, role, task, sweep, ..."""
@@ -261,7 +437,8 @@ class Ledger:
         where, params = _where(filters, list(USAGE_FIELDS) + ["sweep"])
         cols = ", ".join(group_by)
         sql = (
-            f"SELECT {cols}, COUNT(*) AS calls, SUM(status = 'ok') AS ok, SUM(status != 'ok') AS errors, "
+            f"SELECT {cols}, COUNT(*) AS calls, SUM(CASE WHEN status = 'ok' THEN 1 ELSE 0 END) AS ok, "
+            "SUM(CASE WHEN status != 'ok' THEN 1 ELSE 0 END) AS errors, "
             "SUM(cache_hit) AS cache_hits, SUM(prompt_tokens) AS input, SUM(completion_tokens) AS output, "
             f"SUM(total_tokens) AS total FROM usage{where} GROUP BY {cols} ORDER BY {cols}"
         )
@@ -307,13 +484,15 @@ class Ledger:
         est_input, est_output = int(est_input), int(est_output)
         now = time.time()
         reason = ""
-        with self._db.write() as con:
+        with self._db.write(lock=sweep) as con:  # every check below reads this sweep's reservations only
             if budget is not None:
                 if round >= 1:
-                    used_in, used_out = con.execute(
-                        f"SELECT COALESCE(SUM({_CHARGED_IN}), 0), COALESCE(SUM({_CHARGED_OUT}), 0) FROM reservations WHERE sweep = ? AND round = ?",
+                    r = con.execute(
+                        f"SELECT COALESCE(SUM({_CHARGED_IN}), 0) AS used_in, COALESCE(SUM({_CHARGED_OUT}), 0) AS used_out "
+                        "FROM reservations WHERE sweep = ? AND round = ?",
                         (sweep, round),
                     ).fetchone()
+                    used_in, used_out = int(r["used_in"]), int(r["used_out"])
                     if used_in + est_input > budget.max_input_tokens_per_round:
                         reason = (
                             f"round {round} input: {used_in} used + {est_input} estimated > max_input_tokens_per_round "
@@ -325,9 +504,9 @@ class Ledger:
                             f"{budget.max_output_tokens_per_round}"
                         )
                 if not reason:
-                    (used_total,) = con.execute(
-                        f"SELECT COALESCE(SUM({_CHARGED_IN} + {_CHARGED_OUT}), 0) FROM reservations WHERE sweep = ?", (sweep,)
-                    ).fetchone()
+                    used_total = int(con.execute(
+                        f"SELECT COALESCE(SUM({_CHARGED_IN} + {_CHARGED_OUT}), 0) AS used FROM reservations WHERE sweep = ?", (sweep,)
+                    ).fetchone()["used"])
                     if used_total + est_input + est_output > budget.max_total_tokens:
                         reason = (
                             f"sweep total: {used_total} used + {est_input + est_output} estimated > max_total_tokens "
@@ -339,12 +518,12 @@ class Ledger:
                 state = "refused" if reason else "reserved"
             rid = 0
             if state is not None:
-                cur = con.execute(
+                rid = self._db.insert(
+                    con,
                     "INSERT INTO reservations (ts, sweep, run_id, partition, round, role, task, est_input, est_output, state, reason) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (now, sweep, run_id, partition, round, role, task, est_input, est_output, state, reason),
                 )
-                rid = int(cur.lastrowid)
         if reason:
             raise BudgetExceeded(reason, scope=sweep, round=round)
         return Reservation(rid, sweep, round, est_input, est_output)
@@ -363,8 +542,9 @@ class Ledger:
         """round -> {input, output, total, reserved_in_flight, refused, calls} for one sweep."""
         sql = (
             f"SELECT round, COALESCE(SUM({_CHARGED_IN}), 0) AS input, COALESCE(SUM({_CHARGED_OUT}), 0) AS output, "
-            "SUM(state = 'reserved') AS in_flight, SUM(state = 'refused') AS refused, "
-            "SUM(state IN ('settled', 'released', 'reserved')) AS calls "
+            "SUM(CASE WHEN state = 'reserved' THEN 1 ELSE 0 END) AS in_flight, "
+            "SUM(CASE WHEN state = 'refused' THEN 1 ELSE 0 END) AS refused, "
+            "SUM(CASE WHEN state IN ('settled', 'released', 'reserved') THEN 1 ELSE 0 END) AS calls "
             "FROM reservations WHERE sweep = ? GROUP BY round ORDER BY round"
         )
         with self._db.read() as con:
@@ -392,7 +572,7 @@ class Ledger:
         with self._db.read() as con:
             r = con.execute(
                 "SELECT sweep FROM (SELECT sweep, ts FROM reservations WHERE partition = ? "
-                "UNION ALL SELECT sweep, ts FROM usage WHERE partition = ? AND sweep != '') ORDER BY ts DESC LIMIT 1",
+                "UNION ALL SELECT sweep, ts FROM usage WHERE partition = ? AND sweep != '') AS calls ORDER BY ts DESC LIMIT 1",
                 (partition, partition),
             ).fetchone()
             return r["sweep"] if r else None
@@ -417,8 +597,11 @@ class Ledger:
     ) -> None:
         with self._db.write() as con:
             con.execute(
-                "INSERT OR REPLACE INTO response_cache (request_hash, ts, model, role, content, finish_reason, request_id, "
-                "prompt_tokens, completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO response_cache (request_hash, ts, model, role, content, finish_reason, request_id, "
+                "prompt_tokens, completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_hash) DO UPDATE SET "
+                "ts = excluded.ts, model = excluded.model, role = excluded.role, content = excluded.content, "
+                "finish_reason = excluded.finish_reason, request_id = excluded.request_id, "
+                "prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens",
                 (request_hash, time.time(), model, role, content, finish_reason, request_id, prompt_tokens, completion_tokens),
             )
 
@@ -559,14 +742,22 @@ def format_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = Non
 # --- the Dagster resource ------------------------------------------------------------------------
 
 
+def ledger_from_url(url: str | None, dagster_home: str | os.PathLike | None = None) -> Ledger:
+    """A ledger from a URL: postgresql:// / postgresql+psycopg://, sqlite:///PATH, a file path, or empty for the default file."""
+    if is_postgres_url(url or ""):
+        return Ledger(str(url).strip())
+    return Ledger(sqlite_path_from_url(url or "", dagster_home))
+
+
 class LedgerResource(dg.ConfigurableResource):
     """Where the token ledger lives. Empty ``url``: ``$DAGSTER_HOME/ledger.sqlite``."""
 
     url: str = Field(
         default="",
-        description="sqlite:///PATH (sqlite:////abs/path), a plain file path, or empty for $DAGSTER_HOME/ledger.sqlite. "
-        "postgresql:// is planned (a later issue).",
+        description="sqlite:///PATH (sqlite:////abs/path), a plain file path, empty for $DAGSTER_HOME/ledger.sqlite, or "
+        "postgresql://USER@HOST:5432/DB (also postgresql+psycopg://) for a ledger shared by several hosts. Keep the "
+        "password out of run config: use PGPASSWORD or ~/.pgpass, or pass the whole URL as dg.EnvVar(...).",
     )
 
     def get_ledger(self) -> Ledger:
-        return Ledger(sqlite_path_from_url(self.url))
+        return ledger_from_url(self.url)

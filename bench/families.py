@@ -1,0 +1,146 @@
+"""What each kernel family costs the pipeline on a CPU host: cold AOT compile and interpreter checks.
+
+For every family (gemm, mla_decode, attention) and its shipped spec:
+
+* compile   seconds to compile one variant ahead of time for the spec's arch (sm_90), cold: a fresh
+            TRITON_CACHE_DIR per family and configs that differ in their constexprs, so nothing is
+            reused. The configs are the spec's baseline and one-step neighbours of it (the next
+            allowed value of one tunable at a time, in space order), i.e. what the local agent
+            proposes first. Registers, spills and shared memory come along.
+* interp    seconds of one interpreter correctness check (TRITON_INTERPRET=1, float64 reference
+            included) of the baseline on each of the spec's correctness_shapes, one job per shape.
+            A first job on the first shape warms the worker (imports, AST rewrite) and is not counted.
+
+Both run through ``python -m kernels.worker``, the child process the benchmark resource uses, so
+the numbers are what a sweep pays per variant. Wall times on the interpreter mean nothing about the
+GPU; they size correctness_shapes and the test suite.
+
+    .venv/bin/python bench/families.py                 # all three families, 3 configs each
+    .venv/bin/python bench/families.py --configs 5 --families mla_decode --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+SPECS = {
+    "gemm": "specs/gemm_h100_bf16.yaml",
+    "mla_decode": "specs/mla_decode_h100_bf16.yaml",
+    "attention": "specs/attention_prefill_h100_bf16.yaml",
+}
+
+
+def neighbour_configs(family, baseline: dict, params: dict, n: int) -> list[dict]:
+    """The baseline, then one-step-larger neighbours inside the space, up to n configs."""
+    out = [dict(baseline)]
+    for key, values in family.space.params.items():
+        for step in (1, -1):
+            if len(out) >= n:
+                return out
+            pos = values.index(baseline[key]) + step
+            if 0 <= pos < len(values):
+                cand = dict(baseline, **{key: values[pos]})
+                if family.space.check(cand, params) is None and cand not in out:
+                    out.append(cand)
+                    break
+    return out
+
+
+def bench_family(name: str, n_configs: int) -> dict:
+    from kernels.records import config_label
+    from kernels.registry import get_family
+    from kernels.spec import load_spec
+    from resources.gpu import BenchmarkResource, _Worker
+
+    spec = load_spec(REPO / SPECS[name])
+    fam = get_family(spec.kernel_family)
+    result = {"family": name, "spec": SPECS[name], "compile": [], "interp": []}
+
+    with tempfile.TemporaryDirectory(prefix=f"kregress-bench-{name}-") as cache:
+        env = BenchmarkResource(cache_dir=cache)._env(interpret=False)  # TRITON_CACHE_DIR=<cache>/triton, fresh
+        worker = _Worker(env)
+        worker.wait_ready(180)
+        try:
+            for cfg in neighbour_configs(fam, spec.baseline, spec.params, n_configs):
+                job = {"op": "compile", "family": name, "config": cfg, "dtype": spec.dtype, "arch": spec.hardware.arch,
+                       "limits": spec.hardware.limits.model_dump(), "params": spec.params}
+                t0 = time.perf_counter()
+                res = worker.call(job, 600)
+                wall = time.perf_counter() - t0
+                row = {"config": config_label(cfg), "wall_s": wall}
+                if "stats" in res:
+                    st = res["stats"]
+                    row.update(compile_s=st["compile_seconds"], regs=st["regs_per_thread"], spill=st["spill_bytes"],
+                               smem=st["smem_bytes"], error="")
+                else:
+                    row.update(compile_s=wall, regs=None, spill=None, smem=None, error=res.get("error", "?"))
+                result["compile"].append(row)
+        finally:
+            worker.kill()
+
+        env = BenchmarkResource(cache_dir=cache)._env(interpret=True)
+        worker = _Worker(env)
+        worker.wait_ready(180)
+        try:
+            def check(shape: dict) -> tuple[dict, float]:
+                job = {"op": "correctness", "family": name, "config": spec.baseline, "dtype": spec.dtype,
+                       "shapes": [shape], "tolerance": spec.constraints.numeric_tolerance, "params": spec.params,
+                       "device": "cpu", "interpret": True, "seed": 0}
+                t0 = time.perf_counter()
+                res = worker.call(job, 600)
+                return res, time.perf_counter() - t0
+
+            check(spec.correctness_shapes[0])  # warm-up, not counted
+            for shape in spec.correctness_shapes:
+                res, wall = check(shape)
+                c = res.get("correctness") or {}
+                result["interp"].append({"shape": fam.shape_label(shape), "seconds": wall, "ok": c.get("ok"),
+                                         "max_abs_err": c.get("max_abs_err"), "error": res.get("error", "")})
+        finally:
+            worker.kill()
+    return result
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| family | what | config / shape | seconds | detail |", "|---|---|---|---|---|"]
+    for r in results:
+        for row in r["compile"]:
+            detail = row["error"] or f"{row['regs']} regs, {row['spill']} B spill, {row['smem']} B smem"
+            lines.append(f"| {r['family']} | compile sm_90 (cold) | {row['config']} | {row['compile_s']:.2f} | {detail} |")
+        for row in r["interp"]:
+            detail = row["error"] or f"ok={row['ok']}, max_abs_err={row['max_abs_err']:.2e}"
+            lines.append(f"| {r['family']} | interpreter check | {row['shape']} | {row['seconds']:.2f} | {detail} |")
+    summary = ["", "| family | compile s/variant (mean) | interpreter s/shape (mean) |", "|---|---|---|"]
+    for r in results:
+        cs = [x["compile_s"] for x in r["compile"]]
+        ins = [x["seconds"] for x in r["interp"]]
+        summary.append(f"| {r['family']} | {sum(cs) / len(cs):.2f} | {sum(ins) / len(ins):.2f} |")
+    return "\n".join(lines + summary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--families", nargs="+", default=list(SPECS), choices=list(SPECS))
+    ap.add_argument("--configs", type=int, default=3, help="configs compiled per family (baseline first)")
+    ap.add_argument("--json", default="", help="also write the raw numbers here")
+    args = ap.parse_args(argv)
+    results = []
+    for name in args.families:
+        print(f"benchmarking {name} ...", file=sys.stderr, flush=True)
+        results.append(bench_family(name, args.configs))
+    print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
