@@ -21,7 +21,11 @@ from kernel_assets.report import _md_table, md_image, tables, write_report
 from kernel_assets.specs_resource import SpecStore
 from kernels.records import Suggestion, VariantResult, config_label
 from kernels.registry import families, get_family
+from deploy.executors import benchmark_op_tags
 from resources.gpu import BenchmarkResource, default_home
+
+# Benchmark steps: the `gpu` pool (one at a time per GPU) and, under the k8s executor, a one-GPU pod.
+GPU_OP_TAGS = benchmark_op_tags()
 
 
 def kernels_code_version() -> str:
@@ -59,6 +63,7 @@ def _log_fn(context: dg.AssetExecutionContext):
     partitions_def=SPECS_PARTITIONS,
     group_name=GROUP_BASELINE,
     pool=GPU_POOL,
+    op_tags=GPU_OP_TAGS,
     code_version=CODE_VERSION,
     check_specs=[
         dg.AssetCheckSpec("baseline_correct", asset="baseline_metrics", blocking=True,
@@ -149,7 +154,7 @@ def build_round(k: int):
 
     @dg.asset(
         name=f"round_{k}_variants", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
-        pool=GPU_POOL, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
+        pool=GPU_POOL, op_tags=GPU_OP_TAGS, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
         description=f"Round {k}: compile stats, correctness and latency of every proposal; failures are rows.",
         check_specs=[dg.AssetCheckSpec(f"round_{k}_constraints", asset=f"round_{k}_variants",
                                        description="Variants within the register, spill and shared-memory limits.")],

@@ -11,6 +11,7 @@ from kernel_assets.assets import build_sweep_assets
 from kernel_assets.automation import build_automation
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, GROUP_TOKENS, SPECS_PARTITIONS, SWEEP_JOB
 from kernel_assets.specs_resource import SpecStore
+from deploy.executors import executor_from_env
 from kernel_assets.tokens import build_token_assets
 from resources.gpu import BenchmarkResource
 from resources.ledger import LedgerResource
@@ -56,6 +57,7 @@ def build_definitions(resources: dict | None = None, loggers: dict | None = None
         sensors=SENSORS,
         resources=resources or build_resources(),
         loggers=loggers,
+        executor=executor_from_env(),  # KREGRESS_EXECUTOR: multiprocess (default), in_process, k8s
     )
 
 

@@ -304,7 +304,7 @@ def test_every_method_answers_exactly_like_sqlite(pg_db, tmp_path):
         led.reserve(sweep="s", round=2, est_input=50, est_output=50, budget=b, partition="p1")  # stays in flight
         errs = []
         for kw in (dict(round=3, est_input=1001, est_output=1), dict(round=3, est_input=1, est_output=501),
-                   dict(round=0, est_input=800, est_output=100), dict(round=3, est_input=800, est_output=100, record_refusal=False)):
+                   dict(round=0, est_input=850, est_output=100), dict(round=3, est_input=900, est_output=100, record_refusal=False)):
             with pytest.raises(BudgetExceeded) as ei:
                 led.reserve(sweep="s", budget=b, partition="p1", role="report", **kw)
             errs.append((ei.value.reason, ei.value.scope, ei.value.round))
