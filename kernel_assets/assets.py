@@ -9,12 +9,12 @@ fires, materialize as empty and say why, so every partition has the same graph.
 import hashlib
 import inspect
 import time
-from pathlib import Path
 
 import dagster as dg
 import pandas as pd
 
 from kernel_assets import history, sweep
+from kernel_assets.agent import policy_for
 from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.constants import GPU_POOL, GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, ROUNDS, SPECS_PARTITIONS
 from kernel_assets.report import _md_table, md_image, tables, write_report
@@ -106,12 +106,6 @@ def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench:
                               severity=dg.AssetCheckSeverity.WARN, metadata={"violations": "; ".join(violations) or "none"})
 
 
-def _make_policy(strategy: str, spec, resources):
-    from kernel_assets.agent import policy_for
-
-    return policy_for(strategy, spec, resources)
-
-
 def build_round(k: int):
     prev_key = "baseline_metrics" if k == 1 else f"round_{k - 1}_profiles"
 
@@ -134,7 +128,7 @@ def build_round(k: int):
             objective=prev.objective, profile_summary=prev.summary, failures=prev.failures,
             run_id=context.run_id, partition=context.partition_key, log=context.log,
         )
-        policy = _make_policy(strategy, spec, context.resources)
+        policy = policy_for(strategy, spec, context.resources)
         t0 = time.perf_counter()
         proposal = policy.propose(ctx)
         df = pd.DataFrame([{"variant_id": s.variant_id, "config": config_label(s.config), "patch_summary": s.patch_summary,
@@ -271,7 +265,3 @@ def build_sweep_assets() -> list:
         out += build_round(k)
     out.append(verdict_report)
     return out
-
-
-def report_dir(task_id: str) -> Path:
-    return default_home() / "reports" / task_id

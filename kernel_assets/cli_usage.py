@@ -15,7 +15,18 @@ import sys
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from resources.ledger import GROUPABLE, Ledger, LedgerConfigError, format_table, sqlite_path_from_url, totals_row, write_csv
+from resources.ledger import (
+    GROUPABLE,
+    Ledger,
+    LedgerConfigError,
+    format_table,
+    is_postgres_url,
+    ledger_from_url,
+    mask_url,
+    sqlite_path_from_url,
+    totals_row,
+    write_csv,
+)
 
 COLUMNS = ("calls", "ok", "errors", "cache_hits", "input", "output", "total")
 
@@ -51,14 +62,17 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run_usage(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
-        path = sqlite_path_from_url(args.ledger_url or "", args.dagster_home)
+        if is_postgres_url(args.ledger_url or ""):
+            ledger, path = ledger_from_url(args.ledger_url), mask_url(args.ledger_url)
+        else:
+            path = sqlite_path_from_url(args.ledger_url or "", args.dagster_home)
+            if not Path(path).is_file():
+                print(f"no ledger at {path}: no model calls recorded yet", file=out)
+                return 0
+            ledger = Ledger(path)
     except LedgerConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not Path(path).is_file():
-        print(f"no ledger at {path}: no model calls recorded yet", file=out)
-        return 0
-    ledger = Ledger(path)
     filters = {"partition": args.partition, "run_id": args.run_id, "round": args.round}
     table = ledger.reconcile(args.group_by, **filters)
     rows = table + ([totals_row(table, args.group_by)] if table else [])

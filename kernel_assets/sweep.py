@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kernels.records import DroppedSuggestion, Suggestion, Verdict, VariantResult, config_label
+from kernels.records import DroppedSuggestion, Verdict, VariantResult, config_label
 from kernels.spec import TaskSpec
 
 MEASURED = ("cuda", "replay")
@@ -110,8 +110,7 @@ def summarize(state: RoundState, spec: TaskSpec) -> str:
     """Trimmed top-k of what was measured plus one line per failure (bounded size)."""
     from kernel_assets.agent.prompt import summarize_history
 
-    text = summarize_history(state.history, spec.search.top_k)
-    return text
+    return summarize_history(state.history, spec.search.top_k)
 
 
 # --- verdicts -------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ class GemmFamily(Family):
         return {"a": a, "b": b}
 
     def run(self, inputs, config, params, interpret=False):
-        return matmul(inputs["a"], inputs["b"], config, interpret=interpret)
+        return matmul(inputs["a"], inputs["b"], config)
 
     def reference(self, inputs, params):
         return inputs["a"].double() @ inputs["b"].double()
@@ -167,22 +167,11 @@ class GemmFamily(Family):
         return {"tflops": measurement.tflops, "frac_of_peak": measurement.tflops / peak if peak else 0.0}
 
 
-def _launcher(interpret: bool):
-    if not interpret:
-        return gemm_kernel
-    from triton.runtime.interpreter import InterpretedFunction
+def matmul(a: torch.Tensor, b: torch.Tensor, config: dict[str, int]) -> torch.Tensor:
+    """C = A @ B with the given tile config. (1) check shapes, (2) allocate, (3) launch.
 
-    global _INTERPRETED
-    if _INTERPRETED is None:
-        _INTERPRETED = InterpretedFunction(gemm_kernel.fn)
-    return _INTERPRETED
-
-
-_INTERPRETED = None
-
-
-def matmul(a: torch.Tensor, b: torch.Tensor, config: dict[str, int], interpret: bool = False) -> torch.Tensor:
-    """C = A @ B with the given tile config. (1) check shapes, (2) allocate, (3) launch."""
+    Under TRITON_INTERPRET=1 (set before import, see kernels/worker.py) the same call runs on CPU tensors.
+    """
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul: incompatible shapes A{tuple(a.shape)} @ B{tuple(b.shape)}")
     if a.dtype != b.dtype or a.dtype not in (torch.float16, torch.bfloat16):
@@ -193,7 +182,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: dict[str, int], interpret: 
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
     grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)  # noqa: E731
-    _launcher(interpret)[grid](
+    gemm_kernel[grid](
         a, b, c, M, N, K,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], GROUP_M=config["GROUP_M"],

@@ -141,5 +141,4 @@ def cuda_measurements(family: Family, config: dict, shapes: list[dict], dtype: s
         else:
             samples = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
         out.append(measurement_from_samples(family, shape, list(map(float, samples)), dtype, params, "cuda", device_name))
-        del inputs
     return out

@@ -61,8 +61,6 @@ from kernels.registry import CompileUnit, Family, Rule, Space, register
 D_LATENT = 512
 D_ROPE = 64
 D_QK = D_LATENT + D_ROPE
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 
 @triton.jit
@@ -183,7 +181,6 @@ def mla_combine_kernel(
     tl.store(lse_ptr + b.to(tl.int64) * stride_lb + s_idx * stride_ls + h_idx, lse, mask=row_ok)
 
 
-TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
 PAGE_SIZES = (16, 32, 64, 128, 256)
 SEQLEN_PATTERNS = ("spread", "uniform")

@@ -123,6 +123,8 @@ class Family:
         raise NotImplementedError
 
     def run(self, inputs: dict, config: dict[str, int], params: dict, interpret: bool = False) -> torch.Tensor:
+        """Launch the variant. ``interpret`` is informational: the interpreter is chosen per process
+        (TRITON_INTERPRET=1 before the kernels are imported), never per call."""
         raise NotImplementedError
 
     def reference(self, inputs: dict, params: dict) -> torch.Tensor:

@@ -11,7 +11,6 @@ recorded failures (string times) come back as rows with their error class.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 from kernels.registry import Family, Space, register
 from kernels.replay import DEFAULT_FILE, ReplayTable, replay_path, to_measurements

@@ -51,6 +51,12 @@ class InterpreterWorker:
         self._worker.kill()
 
 
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch):
+    """`kregress sweep` records its spec file in the environment; never let it leak between tests."""
+    monkeypatch.setenv("KREGRESS_SPEC_FILES", "")
+
+
 @pytest.fixture(scope="session")
 def interpreter(tmp_path_factory):
     w = InterpreterWorker(tmp_path_factory.mktemp("interp-cache"))

@@ -1,0 +1,277 @@
+"""kregress export-config / lint-config / doctor: the gateway from Claude Code, Codex and CC Switch.
+
+Exported files must parse (json, tomllib), hold no key unless asked, and lint clean; every classic mistake
+planted in such a file must be found with its fix; the doctor must classify each answer of the scripted
+server (401, 403, 404, unknown model, 429, timeout) and list problems credentials first, then request.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeOpenAI, Reply
+
+from kernel_assets.cli import main as kregress
+from kernel_assets.cli_config import run_doctor, run_lint
+from kernel_assets.config_lint import (
+    CLAUDE_DENY,
+    ExportError,
+    ExportOptions,
+    api_key_helper,
+    export_cc_switch,
+    export_claude_code,
+    export_codex,
+    lint_text,
+)
+
+KEY = "sk-CFGCANARY-review-0123456789abcdef"
+KEY2 = "sk-CFGCANARY-second-fedcba9876543210"
+ENV = {"TAOTOKEN_KEY_REVIEW": KEY, "TAOTOKEN_MODEL_ID": "kregress-test-model", "TAOTOKEN_BASE_URL": "https://taotoken.net/api"}
+
+
+def export(tool: str, env: dict | None = None, **kw) -> tuple[str, ExportOptions]:
+    opts = ExportOptions(**kw)
+    fn = {"claude-code": export_claude_code, "codex": export_codex, "cc-switch": export_cc_switch}[tool]
+    return fn(opts, dict(ENV if env is None else env)), opts
+
+
+# --- export ------------------------------------------------------------------------------------------------
+
+
+def test_exported_files_parse_hold_no_key_and_lint_clean(tmp_path):
+    claude_text, claude_opts = export("claude-code")
+    codex_text, _ = export("codex")
+    ccs_text, _ = export("cc-switch")
+    for text in (claude_text, codex_text, ccs_text):
+        assert KEY not in text and "CFGCANARY" not in text
+
+    s = json.loads(claude_text)
+    assert s["env"] == {"ANTHROPIC_BASE_URL": "https://taotoken.net/api", "ANTHROPIC_MODEL": "kregress-test-model"}
+    assert "ANTHROPIC_AUTH_TOKEN" not in s["env"] and "TAOTOKEN_KEY_REVIEW" in s["apiKeyHelper"]
+    allow, deny = s["permissions"]["allow"], s["permissions"]["deny"]
+    for rule in ("Read", "Grep", "Bash(git diff:*)", "Bash(pytest:*)", "Bash(kregress:*)"):
+        assert rule in allow
+    for rule in ("Bash(rm:*)", "Bash(git push:*)", "Bash(kubectl:*)", "Bash(psql:*)", "Bash(mysql:*)", "Bash(docker push:*)", "Bash(curl *prod*)"):
+        assert rule in deny
+    assert not set(allow) & set(deny)
+    assert any("apiKeyHelper" in n for n in claude_opts.notes)
+
+    c = tomllib.loads(codex_text)
+    assert (c["model"], c["model_provider"]) == ("kregress-test-model", "taotoken")
+    prov = c["model_providers"]["taotoken"]
+    assert prov["base_url"] == "https://taotoken.net/api/v1" and prov["env_key"] == "TAOTOKEN_KEY_REVIEW"
+    assert prov["wire_api"] == "responses" and "experimental_bearer_token" not in prov
+
+    d = json.loads(ccs_text)
+    assert d["version"] == 2
+    claude_p = d["claude"]["providers"][d["claude"]["current"]]
+    codex_p = d["codex"]["providers"][d["codex"]["current"]]
+    assert claude_p["settingsConfig"]["env"]["ANTHROPIC_BASE_URL"] == "https://taotoken.net/api"
+    assert codex_p["settingsConfig"]["auth"] == {} and tomllib.loads(codex_p["settingsConfig"]["config"]) == c
+    assert claude_p["websiteUrl"] == "https://taotoken.net"
+
+    files = []
+    for name, text in (("settings.json", claude_text), ("config.toml", codex_text), ("ccswitch.json", ccs_text)):
+        (tmp_path / name).write_text(text)
+        files.append(str(tmp_path / name))
+    out = io.StringIO()
+    assert run_lint(files, environ=ENV, out=out) == 0, out.getvalue()
+    assert "3 file(s) clean" in out.getvalue()
+
+
+def test_api_key_helper_prints_the_first_key_at_run_time():
+    def run(env: dict) -> str:
+        return subprocess.run(["/bin/sh", "-c", api_key_helper("review")], env={"PATH": os.environ["PATH"], **env},
+                              capture_output=True, text=True).stdout
+
+    assert run({"TAOTOKEN_KEY_REVIEW": f"{KEY},{KEY2}"}) == KEY + "\n"
+    assert run({"TAOTOKEN_KEY_REVIEW": "", "TAOTOKEN_API_KEY": f"{KEY2} {KEY}"}) == KEY2 + "\n"  # empty -> the fallback, like the gateway
+
+
+def test_include_key_writes_it_only_when_asked_and_lint_flags_it(tmp_path, capsys, monkeypatch):
+    for var, val in ENV.items():
+        monkeypatch.setenv(var, val)
+    out = tmp_path / "settings.local.json"
+    assert kregress(["export-config", "--tool", "claude-code", "--include-key", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["env"]["ANTHROPIC_AUTH_TOKEN"] == KEY
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert kregress(["export-config", "--tool", "claude-code", "--out", str(out)]) == 2  # exists, no --force
+    codex = tmp_path / "config.toml"
+    assert kregress(["export-config", "--tool", "codex", "--include-key", "--out", str(codex)]) == 0
+    assert tomllib.loads(codex.read_text())["model_providers"]["taotoken"]["experimental_bearer_token"] == KEY
+    capsys.readouterr()
+    assert kregress(["lint-config", str(out), str(codex)]) == 1
+    text = capsys.readouterr().out
+    assert text.count("[literal_key]") == 2 and "fix: " in text and KEY not in text and "CFGCANARY" not in text
+
+
+def test_export_refuses_to_guess():
+    with pytest.raises(ExportError, match="no model id"):
+        export("codex", env={"TAOTOKEN_KEY_REVIEW": KEY})
+    with pytest.raises(ExportError, match="query string"):
+        export("claude-code", base_url="https://taotoken.net/api?utm_source=blog")
+    with pytest.raises(ExportError, match="--include-key: no key for role review"):
+        export("codex", env={"TAOTOKEN_MODEL_ID": "m"}, include_key=True)
+
+
+# --- lint: each planted mistake, with its fix ---------------------------------------------------------------
+
+CODEX_OK = """model = "m"
+model_provider = "taotoken"
+[model_providers.taotoken]
+name = "TaoToken"
+base_url = "https://taotoken.net/api/v1"
+env_key = "TAOTOKEN_KEY_REVIEW"
+wire_api = "responses"
+"""
+
+
+def codex(**repl: str) -> str:
+    text = CODEX_OK
+    for old, new in repl.items():
+        text = text.replace({"url": 'base_url = "https://taotoken.net/api/v1"', "env_key": 'env_key = "TAOTOKEN_KEY_REVIEW"',
+                             "wire": 'wire_api = "responses"'}[old], new)
+    return text
+
+
+def claude(env: dict, **extra) -> str:
+    return json.dumps({"env": {"ANTHROPIC_BASE_URL": "https://taotoken.net/api", "ANTHROPIC_MODEL": "m", **env},
+                       "apiKeyHelper": api_key_helper("review"), **extra})
+
+
+CASES = [
+    ("codex", codex(env_key='env_key = "ANTHROPIC_AUTH_TOKEN"'), "wrong_tool_vars", "env_key"),
+    ("codex", codex(env_key='env_key = "TAOTOKEN_KEY_REVEIW"'), "env_key_unset", "export TAOTOKEN_KEY_REVEIW"),
+    ("codex", codex(env_key=f'experimental_bearer_token = "{KEY}"'), "literal_key", "env_key"),
+    ("codex", codex(env_key=f'env_key = "{KEY}"'), "literal_key", "NAME of a variable"),
+    ("codex", codex(url='base_url = "https://taotoken.net/api/v1/v1"'), "url_duplicate_v1", "https://taotoken.net/api/v1"),
+    ("codex", codex(url='base_url = "https://taotoken.net/api"'), "url_missing_v1", "https://taotoken.net/api/v1"),
+    ("codex", codex(url='base_url = "https://taotoken.net/"'), "url_homepage", "https://taotoken.net/api/v1"),
+    ("codex", codex(url='base_url = "https://taotoken.net/api/v1?utm_source=newsletter"'), "url_query", "https://taotoken.net/api/v1"),
+    ("codex", codex(url='base_url = "https://taotoken.net/api/v1/chat/completions"'), "url_endpoint", "https://taotoken.net/api/v1"),
+    ("codex", codex(wire='wire_api = "chat"'), "wire_api_chat", 'wire_api = "responses"'),
+    ("claude-code", claude({"ANTHROPIC_AUTH_TOKEN": KEY}), "literal_key", "apiKeyHelper"),
+    ("claude-code", claude({"ANTHROPIC_AUTH_TOKEN": "${TAOTOKEN_KEY_REVIEW}"}), "placeholder", "environment"),
+    ("claude-code", claude({"ANTHROPIC_BASE_URL": "https://taotoken.net/api?utm_source=blog&utm_medium=csdn"}), "url_query", "use https://taotoken.net/api"),
+    ("claude-code", claude({"ANTHROPIC_BASE_URL": "https://taotoken.net/api/v1"}), "url_duplicate_v1", "use https://taotoken.net/api"),
+    ("claude-code", claude({"ANTHROPIC_BASE_URL": "https://taotoken.net"}), "url_homepage", "use https://taotoken.net/api"),
+    ("claude-code", claude({"OPENAI_BASE_URL": "https://taotoken.net/api/v1"}), "wrong_tool_vars", "ANTHROPIC_"),
+    ("claude-code", claude({}, permissions={"allow": ["Bash"], "deny": []}), "allow_all_bash", "Bash(git diff:*)"),
+    ("claude-code", json.dumps({"env": {"ANTHROPIC_BASE_URL": "https://taotoken.net/api"}}), "no_auth", "apiKeyHelper"),
+]
+
+
+@pytest.mark.parametrize("kind,text,code,fix", CASES, ids=[f"{c[0]}-{c[2]}-{i}" for i, c in enumerate(CASES)])
+def test_each_planted_mistake_is_found_with_its_fix(kind, text, code, fix):
+    findings = lint_text(text, "planted." + ("toml" if kind == "codex" else "json"), dict(ENV))
+    hits = [f for f in findings if f.code == code]
+    assert hits, f"{code} not found; got {[f.code for f in findings]}"
+    assert fix in hits[0].fix
+    rendered = "\n".join(f.render() for f in findings)
+    assert KEY not in rendered and "newsletter" not in rendered.replace("parameters: utm_source", "")
+
+
+def test_env_key_holding_several_keys_and_cc_switch_nesting():
+    two = dict(ENV, TAOTOKEN_KEY_REVIEW=f"{KEY},{KEY2}")
+    assert [f.code for f in lint_text(CODEX_OK, "config.toml", two)] == ["env_key_multi"]
+    ccs, _ = export("cc-switch")
+    doc = json.loads(ccs)
+    doc["codex"]["providers"]["taotoken"]["settingsConfig"]["config"] += '\n[model_providers.taotoken.env_http_headers]\nX = "ANTHROPIC_BASE_URL"\n'
+    doc["codex"]["current"] = "gone"
+    codes = {(f.code, f.where.split(".")[0]) for f in lint_text(json.dumps(doc), "ccs.json", dict(ENV))}
+    assert ("wrong_tool_vars", "codex") in codes and ("current_missing", "codex") in codes
+
+
+def test_clean_files_stay_clean_and_cli_exit_codes(tmp_path, capsys, monkeypatch):
+    assert lint_text(CODEX_OK, "config.toml", dict(ENV)) == []
+    bad = tmp_path / "config.toml"
+    bad.write_text(codex(url='base_url = "https://taotoken.net/api/v1/v1"'))
+    good = tmp_path / "good.toml"
+    good.write_text(CODEX_OK)
+    monkeypatch.setenv("TAOTOKEN_KEY_REVIEW", KEY)
+    assert kregress(["lint-config", str(good)]) == 0
+    assert kregress(["lint-config", str(good), str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "url_duplicate_v1" in out and "fix: use https://taotoken.net/api/v1" in out and "1 finding(s) in 1 of 2 file(s)" in out
+
+
+# --- doctor -----------------------------------------------------------------------------------------------
+
+
+def doctor(srv: FakeOpenAI, tmp_path: Path, env: dict | None = None, **kw) -> tuple[int, str]:
+    e = {"TAOTOKEN_BASE_URL": srv.root, "TAOTOKEN_MODEL_ID": "kregress-test-model", "TAOTOKEN_API_KEY": KEY}
+    e.update(env or {})
+    e = {k: v for k, v in e.items() if v is not None}
+    out = io.StringIO()
+    rc = run_doctor(environ=e, ledger_url=str(tmp_path / "ledger.sqlite"), out=out, **{"ping": True, "timeout_s": 5.0, **kw})
+    text = out.getvalue()
+    assert KEY not in text and "CFGCANARY" not in text
+    return rc, text
+
+
+@pytest.mark.parametrize(
+    "reply,models,category,needle",
+    [
+        (Reply(status=401), None, "credentials", "was rejected"),
+        (Reply(status=403), None, "credentials", "not allowed"),
+        (Reply(status=404), None, "request", "the path was not found"),
+        (Reply(), ("another-model",), "request", "is not served"),
+        (Reply(status=429, headers={"Retry-After": "1"}), None, "transient", "rate limited (HTTP 429)"),
+    ],
+    ids=["401", "403", "404", "unknown-model", "429"],
+)
+def test_doctor_ping_classifies_each_status(tmp_path, reply, models, category, needle):
+    with FakeOpenAI(models=models or ("kregress-test-model",)) as srv:
+        srv.default = reply
+        rc, text = doctor(srv, tmp_path)
+    assert rc == 1
+    assert text.count(f"FAIL ({category})") == 3  # one ping per role, the same outcome
+    assert needle in text and "fix:" in text
+
+
+def test_doctor_ping_timeout_and_success(tmp_path):
+    with FakeOpenAI() as srv:
+        srv.default = Reply(content="pong", delay_s=2.5)
+        rc, text = doctor(srv, tmp_path, roles=["review"], timeout_s=1.0)
+        assert rc == 1 and "FAIL (transient): timed out" in text and "larger --timeout" in text
+        srv.default = Reply(content="pong")
+        rc, text = doctor(srv, tmp_path)
+    assert rc == 0 and text.count(" ok in ") == 3 and "Everything looks right." in text
+    from resources.ledger import Ledger
+
+    rows = Ledger(tmp_path / "ledger.sqlite").rows()
+    assert {r.task for r in rows} == {"doctor_ping"} and {r.role for r in rows} == {"suggest", "report", "review"}
+
+
+def test_doctor_orders_problems_credentials_then_request_and_masks_values(tmp_path):
+    with FakeOpenAI() as srv:
+        srv.default = Reply(status=404)
+        env = {"TAOTOKEN_API_KEY": None, "TAOTOKEN_KEY_REVIEW": KEY, "OPENAI_API_KEY": KEY2,
+               "ANTHROPIC_BASE_URL": "https://taotoken.net/api/v1?utm_source=csdnblog"}
+        rc, text = doctor(srv, tmp_path, env=env)
+    assert rc == 1
+    problems = text.split("Problems, in the order to fix them")[1]
+    cats = [line.split("]")[0].split("[")[1] for line in problems.splitlines() if line.strip()[:1].isdigit()]
+    assert cats == sorted(cats, key=["credentials", "request", "content", "transient"].index)
+    assert cats[:2] == ["credentials", "credentials"] and "request" in cats  # suggest + report keys missing, then the 404
+    assert "ANTHROPIC_BASE_URL: [url_query]" in text and "ANTHROPIC_BASE_URL: [url_duplicate_v1]" in text
+    assert "csdnblog" not in text and "utm_source=..." in text
+    assert KEY2 not in text and "OPENAI_API_KEY is set, but that is another tool's variable" in text
+    assert "review   ok: review#" in text
+
+
+def test_doctor_without_ping_catches_the_configuration(tmp_path):
+    out = io.StringIO()
+    rc = run_doctor(environ={"TAOTOKEN_BASE_URL": "https://taotoken.net/?utm_source=x", "TAOTOKEN_KEY_REVEIW": KEY}, out=out)
+    text = out.getvalue()
+    assert rc == 1 and KEY not in text
+    for needle in ("[request] TAOTOKEN_BASE_URL", "query string", "[request] TAOTOKEN_MODEL_ID", "TAOTOKEN_KEY_REVEIW: is set but the gateway does not read it",
+                   "[credentials] role review"):
+        assert needle in text

@@ -1,0 +1,48 @@
+"""GPU path (cuda backend). Skipped on hosts without a CUDA GPU (CI has none): run on a GPU host with
+`.venv/bin/python -m pytest -q -m gpu`."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.records import Suggestion
+from kernels.registry import get_family
+from kernels.spec import parse_spec
+from resources.gpu import BenchmarkResource
+
+pytestmark = pytest.mark.gpu
+
+SPEC = parse_spec({
+    "task_id": "gemm_gpu", "kernel_family": "gemm", "dtype": "bf16",
+    "shape_matrix": [{"M": 4096, "N": 4096, "K": 4096}], "correctness_shapes": [{"M": 257, "N": 193, "K": 131}],
+    "baseline": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_stages=3, num_warps=8),
+    "hardware": {"arch": "sm_90"},
+})
+
+
+def test_cuda_backend_measures_and_matches_aot_stats(tmp_path):
+    import torch
+    import triton
+
+    bench = BenchmarkResource(backend="cuda", cache_dir=str(tmp_path))
+    fam = get_family("gemm")
+    good = Suggestion(variant_id="b", config=SPEC.baseline, patch_summary="baseline", round=0)
+    oom = Suggestion(variant_id="oom", config=dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_stages=4, num_warps=8),
+                     patch_summary="too much smem", round=1)
+    rows, _ = bench.evaluate(SPEC, fam, [good, oom], log=print)
+    row = rows[0]
+    assert row.error is None and row.correctness.ok and row.evidence == "cuda"
+    m = row.measurements[0]
+    assert len(m.samples_ms) >= 10 and 0 < m.p20_ms <= m.p50_ms <= m.p80_ms
+    assert m.device == torch.cuda.get_device_name() and m.tflops > 50  # a 4096^3 bf16 GEMM on Hopper
+    assert rows[1].error == "out_of_resources"
+    # the AOT stats are what the GPU JIT produces for the same specialization
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    from kernels.gemm import gemm_kernel, matmul
+
+    matmul(a, a, SPEC.baseline)
+    compiled = [k for cache in gemm_kernel.device_caches.values() for k in cache[0].values()]
+    compiled[-1]._init_handles()
+    assert compiled[-1].n_regs == row.compile.regs_per_thread
+    assert compiled[-1].metadata.shared == row.compile.smem_bytes
+    assert triton.__version__ == m.triton_version
