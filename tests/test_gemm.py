@@ -114,12 +114,12 @@ def test_worker_pool_timeout_and_crash_are_values(tmp_path):
     pool = WorkerPool(1, env)
     compile_job = {"op": "compile", "family": "gemm", "config": CONFIGS[2], "dtype": "bf16", "arch": "sm_90",
                    "limits": HardwareLimits().model_dump()}
-    # The first job cannot finish a cold compile in 0.2 s: killed; the next job gets a fresh worker.
-    res = pool.run([compile_job, {"op": "ping", "family": "gemm"}], timeout=0.2 + 0.0)
+    # A cold compile cannot finish in 0.2 s: the worker is killed and the row says so.
+    res = pool.run([compile_job], timeout=0.2)
     assert res[0]["error"] == "timeout" and "killed" in res[0]["detail"]
-    assert "pong" in res[1]  # worker start-up is not counted against the job's limit
-    res = pool.run([{"op": "ping", "family": "gemm"}], timeout=120)
-    assert "pong" in res[0]
+    # the pool goes on with a fresh worker
+    res = pool.run([{"op": "ping", "family": "gemm"}, compile_job], timeout=120)
+    assert "pong" in res[0] and res[1]["stats"]["regs_per_thread"] > 0
 
     import os
     import signal

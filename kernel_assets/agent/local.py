@@ -34,6 +34,7 @@ import optuna
 
 from kernel_assets.agent.base import AgentContext, Proposal, validate_and_dedupe
 from kernels.records import Suggestion, VariantResult, config_label
+from kernels.registry import Space
 
 optuna.logging.set_verbosity(logging.WARNING)
 
@@ -90,10 +91,13 @@ class ValidSet:
     """The valid configs of a space as ordinal positions (row i, tunable j: index into its values)."""
 
     def __init__(self, space, params: dict):
-        self.keys = list(space.params)
-        self.values = [tuple(space.params[k]) for k in self.keys]
+        # A plain snapshot: a family may compute params and rules on every access (the replay family
+        # reads them off its file), which would cost that much per enumerated point.
+        snapshot = Space(params=dict(space.params), rules=tuple(space.rules))
+        self.keys = list(snapshot.params)
+        self.values = [tuple(snapshot.params[k]) for k in self.keys]
         pos = [{v: i for i, v in enumerate(vals)} for vals in self.values]
-        rows = [[pos[j][cfg[k]] for j, k in enumerate(self.keys)] for cfg in space.enumerate(params)]
+        rows = [[pos[j][cfg[k]] for j, k in enumerate(self.keys)] for cfg in snapshot.enumerate(params)]
         self.idx = np.asarray(rows, dtype=np.int16).reshape(len(rows), len(self.keys))
         self.row_of = {tuple(r): i for i, r in enumerate(map(tuple, self.idx.tolist()))}
 
@@ -125,7 +129,7 @@ class ValidSet:
 
 def valid_set(space, params: dict) -> ValidSet | None:
     """The enumerated valid set of ``space`` (cached per process), or None when it is too large."""
-    if math.prod(len(v) for v in space.params.values()) > ENUMERATE_LIMIT:
+    if math.prod(len(v) for v in dict(space.params).values()) > ENUMERATE_LIMIT:
         return None
     key = (id(space), json.dumps(params or {}, sort_keys=True, default=str))
     with _VALID_LOCK:
@@ -149,13 +153,14 @@ class LocalPolicy:
 
         spec, fam = ctx.spec, ctx.family
         seed = (spec.search.seed if self.seed is None else self.seed) * 1009 + ctx.round
-        distributions = {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in fam.space.params.items()}
+        space_params = dict(fam.space.params)  # read once: a family may compute it on every access
+        distributions = {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in space_params.items()}
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, constant_liar=True)
         study = optuna.create_study(direction="minimize", sampler=sampler)
         best: VariantResult | None = None
         for row in ctx.history:
             params = {k: row.config[k] for k in distributions if k in row.config}
-            if len(params) != len(distributions) or any(params[k] not in fam.space.params[k] for k in params):
+            if len(params) != len(distributions) or any(params[k] not in space_params[k] for k in params):
                 continue
             value = ctx.objective.get(row.config_hash)
             cons = constraint_values(row, spec)
@@ -211,7 +216,7 @@ class LocalPolicy:
         else:
             # Exploitation: one-step neighbours of the incumbent, in a seeded order.
             neighbours = []
-            for k, values in fam.space.params.items():
+            for k, values in space_params.items():
                 pos = values.index(anchor[k]) if anchor.get(k) in values else None
                 if pos is None:
                     continue
