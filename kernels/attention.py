@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.registry import CompileUnit, Family, Rule, Space, register
+from kernels.registry import check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
 
 
 @triton.jit
@@ -245,19 +245,13 @@ class AttentionFamily(Family):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 return f"window={v!r} must be an integer >= 1 (0 or absent: no window)"
         if "seqlens" in params:
-            v = params["seqlens"]
-            if isinstance(v, list):
-                if not v or len(v) > 4096:
-                    return "seqlens as a list needs 1..4096 entries (cycled over the batch)"
-                bad = [x for x in v if isinstance(x, bool) or not isinstance(x, int) or x < 0]
-                if bad:
-                    return f"seqlens entries must be integers >= 0; bad: {bad[:5]}"
-            elif v not in SEQLEN_PATTERNS:
-                return f"seqlens={v!r} is not allowed; allowed: {', '.join(SEQLEN_PATTERNS)} or a list of lengths"
+            problem = check_seqlens_param(params["seqlens"], SEQLEN_PATTERNS)
+            if problem:
+                return problem
         if "softmax_scale" in params:
-            v = params["softmax_scale"]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
-                return f"softmax_scale={v!r} must be a positive number"
+            problem = check_positive_number("softmax_scale", params["softmax_scale"])
+            if problem:
+                return problem
         if "head_dims" in params:
             v = params["head_dims"]
             if not isinstance(v, list) or not v or any(isinstance(x, bool) or x not in HEAD_DIMS for x in v):

@@ -56,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.registry import CompileUnit, Family, Rule, Space, register
+from kernels.registry import check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
 
 D_LATENT = 512
 D_ROPE = 64
@@ -285,23 +285,17 @@ class MlaDecodeFamily(Family):
         if unknown:
             return f"unknown param(s) {', '.join(unknown)}; allowed: {', '.join(PARAM_KEYS)}"
         if "softmax_scale" in params:
-            v = params["softmax_scale"]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
-                return f"softmax_scale={v!r} must be a positive number (e.g. 576 ** -0.5 = {D_QK ** -0.5:.6f})"
+            problem = check_positive_number("softmax_scale", params["softmax_scale"], f" (e.g. 576 ** -0.5 = {D_QK ** -0.5:.6f})")
+            if problem:
+                return problem
         if "page_size" in params:
             v = params["page_size"]
             if isinstance(v, bool) or v not in PAGE_SIZES:
                 return f"page_size={v!r} is not allowed; allowed: {', '.join(map(str, PAGE_SIZES))}"
         if "seqlens" in params:
-            v = params["seqlens"]
-            if isinstance(v, list):
-                if not v or len(v) > 4096:
-                    return "seqlens as a list needs 1..4096 entries (cycled over the batch)"
-                bad = [x for x in v if isinstance(x, bool) or not isinstance(x, int) or x < 0]
-                if bad:
-                    return f"seqlens entries must be integers >= 0; bad: {bad[:5]}"
-            elif v not in SEQLEN_PATTERNS:
-                return f"seqlens={v!r} is not allowed; allowed: {', '.join(SEQLEN_PATTERNS)} or a list of lengths"
+            problem = check_seqlens_param(params["seqlens"], SEQLEN_PATTERNS)
+            if problem:
+                return problem
         if "check_lse" in params and not isinstance(params["check_lse"], bool):
             return f"check_lse={params['check_lse']!r} must be true or false"
         return None

@@ -161,6 +161,31 @@ class Family:
         return hashlib.sha256(src.encode()).hexdigest()[:16]
 
 
+# --- checks shared by the families' check_params ---------------------------------------------
+
+
+def check_seqlens_param(v: Any, patterns: tuple[str, ...]) -> str | None:
+    """``seqlens``: a named pattern, or a list of lengths cycled over the batch (0 allowed)."""
+    if isinstance(v, list):
+        if not v or len(v) > 4096:
+            return "seqlens as a list needs 1..4096 entries (cycled over the batch)"
+        bad = [x for x in v if isinstance(x, bool) or not isinstance(x, int) or x < 0]
+        if bad:
+            return f"seqlens entries must be integers >= 0; bad: {bad[:5]}"
+        return None
+    if v not in patterns:
+        return f"seqlens={v!r} is not allowed; allowed: {', '.join(patterns)} or a list of lengths"
+    return None
+
+
+def check_positive_number(name: str, v: Any, hint: str = "") -> str | None:
+    import math
+
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
+        return f"{name}={v!r} must be a positive number{hint}"
+    return None
+
+
 FAMILIES: dict[str, Family] = {}
 
 

@@ -71,3 +71,19 @@ def dagster_home(tmp_path, monkeypatch):
     (home / "dagster.yaml").write_text((REPO / "dagster_home" / "dagster.yaml").read_text())
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     return home
+
+
+@pytest.fixture
+def srv():
+    """A scripted local OpenAI-compatible server (tests/fake_openai.py) on 127.0.0.1."""
+    from fake_openai import FakeOpenAI
+
+    with FakeOpenAI() as s:
+        yield s
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    from resources.ledger import Ledger
+
+    return Ledger(tmp_path / "ledger.sqlite")

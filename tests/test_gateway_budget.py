@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import pytest
-from fake_openai import FakeOpenAI, make_gateway, prompt_tokens_of
+from fake_openai import make_gateway, prompt_tokens_of
 
 from kernels.spec import Budget
 from resources.ledger import BudgetExceeded, Ledger, budget_report
@@ -15,15 +15,6 @@ KEY = "sk-budget-test-key-000000000000"
 ENV = {"TAOTOKEN_API_KEY": KEY}
 
 
-@pytest.fixture
-def srv():
-    with FakeOpenAI() as s:
-        yield s
-
-
-@pytest.fixture
-def ledger(tmp_path):
-    return Ledger(tmp_path / "ledger.sqlite")
 
 
 def builder(rows: int):

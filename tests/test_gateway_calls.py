@@ -9,9 +9,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from fake_openai import FakeClock, FakeOpenAI, make_gateway
+from fake_openai import FakeClock, make_gateway
 
-from resources.ledger import CACHE_ALIAS, Ledger
+from resources.ledger import CACHE_ALIAS
 from resources.taotoken import (
     ContentError,
     CredentialsError,
@@ -26,15 +26,6 @@ K2 = "sk-test-suggest-two-1111111111"
 MSG = [{"role": "system", "content": "Reply with a JSON array."}, {"role": "user", "content": "propose 2 variants"}]
 
 
-@pytest.fixture
-def srv():
-    with FakeOpenAI() as s:
-        yield s
-
-
-@pytest.fixture
-def ledger(tmp_path):
-    return Ledger(tmp_path / "ledger.sqlite")
 
 
 def alias(key: str, role: str = "suggest") -> str:

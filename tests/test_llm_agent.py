@@ -6,7 +6,7 @@ import json
 import logging
 
 import pytest
-from fake_openai import FakeOpenAI, make_gateway
+from fake_openai import make_gateway
 
 from kernel_assets.agent.base import AgentContext, Proposal, validate_and_dedupe
 from kernel_assets.agent.llm import HybridPolicy, LLMPolicy, extract_json, parse_suggestions, write_narrative
@@ -14,7 +14,6 @@ from kernel_assets.agent.prompt import HEADER, SUGGEST_SYSTEM_PROMPT, build_sugg
 from kernels.records import CompileStats, Measurement, Suggestion, VariantResult, config_hash
 from kernels.registry import Family, Rule, Space
 from kernels.spec import Budget, TaskSpec
-from resources.ledger import Ledger
 from resources.taotoken import CredentialsError
 
 KEY = "sk-agent-test-key-00000000000000"
@@ -162,15 +161,6 @@ def test_too_many_items_are_cut():
 # --- the policy through the gateway ----------------------------------------------------------------
 
 
-@pytest.fixture
-def srv():
-    with FakeOpenAI() as s:
-        yield s
-
-
-@pytest.fixture
-def ledger(tmp_path):
-    return Ledger(tmp_path / "ledger.sqlite")
 
 
 def test_llm_policy_end_to_end(srv, ledger):
