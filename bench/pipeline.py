@@ -1,6 +1,6 @@
 """Cold vs warm sweep of one spec, side by side in one run.
 
-    .venv/bin/python bench/pipeline.py [specs/gemm_h100_bf16.yaml]
+    .venv/bin/python bench/pipeline.py [specs/gemm_h100_bf16.yaml] [--env local|gpu]
 
 Prints the cold sweep time (empty caches), the warm re-run time (unchanged spec: zero compiles), their
 ratio, and the seconds per variant spent compiling (AOT for the spec's arch) and checking correctness
@@ -21,7 +21,13 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 
 def main() -> int:
-    spec_path = Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "specs" / "gemm_h100_bf16.yaml")
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("spec", nargs="?", default=str(REPO / "specs" / "gemm_h100_bf16.yaml"))
+    ap.add_argument("--env", default="local", choices=["local", "gpu"], help="resource set: gpu = the cuda backend")
+    args = ap.parse_args()
+    spec_path = Path(args.spec)
     home = Path(tempfile.mkdtemp(prefix="kregress-bench-"))
     (home / "dagster.yaml").write_text((REPO / "dagster_home" / "dagster.yaml").read_text())
     os.environ["DAGSTER_HOME"] = str(home)
@@ -36,7 +42,7 @@ def main() -> int:
     instance = dg.DagsterInstance.get()
     instance.add_dynamic_partitions(SPECS_PARTITIONS.name, [spec.task_id])
     os.environ["KREGRESS_SPEC_FILES"] = str(spec_path.resolve())
-    resources = build_resources("local")
+    resources = build_resources(args.env)
     resources["specs"] = SpecStore()
     job = build_definitions(resources).resolve_job_def("sweep_job")
     quiet = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
@@ -60,7 +66,8 @@ def main() -> int:
         runs.append((label, wall, compiles, hits, sum(c_s) / len(c_s) if c_s else 0.0, sum(k_s) / len(k_s) if k_s else 0.0,
                      int(variants["n_PASS"]) + int(variants["n_REGRESS"]) + int(variants["n_NEEDS_REVIEW"])))
 
-    print(f"spec {spec_path.name}: {spec.search.variants_per_round} variants x up to {spec.search.max_rounds} rounds, "
+    print(f"spec {spec_path.name} (env {args.env}, backend {resources['bench'].resolved_backend(spec)}): "
+          f"{spec.search.variants_per_round} variants x up to {spec.search.max_rounds} rounds, "
           f"{len(spec.correctness_shapes)} correctness shapes, {os.cpu_count()} CPUs")
     print(f"{'run':<6}{'wall s':>9}{'compiles':>10}{'cache hits':>12}{'compile s/var':>15}{'check s/var':>13}{'variants':>10}")
     for label, wall, compiles, hits, cs, ks, n in runs:
