@@ -9,6 +9,7 @@ import dagster as dg
 
 from kernel_assets.assets import build_sweep_assets
 from kernel_assets.automation import build_automation
+from kernel_assets.review import build_review_assets
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, GROUP_TOKENS, SPECS_PARTITIONS, SWEEP_JOB
 from kernel_assets.specs_resource import SpecStore
 from deploy.executors import executor_from_env
@@ -33,6 +34,7 @@ def build_resources(env: str | None = None) -> dict:
 
 
 SWEEP_ASSETS = build_sweep_assets()
+REVIEW_ASSETS = build_review_assets()  # kernel_source_review: materialized on demand, not part of sweep_job
 # token_budget is a partitioned asset check, a Dagster preview API: the warning says nothing a user can act on.
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec")
 TOKEN_DEFS = build_token_assets(SPECS_PARTITIONS, lambda task_id: SpecStore().load(task_id), group_name=GROUP_TOKENS,
@@ -50,7 +52,7 @@ SCHEDULES, SENSORS = build_automation(sweep_job)
 
 def build_definitions(resources: dict | None = None, loggers: dict | None = None) -> dg.Definitions:
     return dg.Definitions(
-        assets=SWEEP_ASSETS + [d for d in TOKEN_DEFS if isinstance(d, dg.AssetsDefinition)],
+        assets=SWEEP_ASSETS + REVIEW_ASSETS + [d for d in TOKEN_DEFS if isinstance(d, dg.AssetsDefinition)],
         asset_checks=[d for d in TOKEN_DEFS if not isinstance(d, dg.AssetsDefinition)],
         jobs=[sweep_job],
         schedules=SCHEDULES,
