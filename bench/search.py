@@ -410,6 +410,19 @@ def ratio(ours: float, theirs: float, cap: int) -> str:
     return f"{ours / theirs:.2f}"
 
 
+def evals_of(rows: list[dict[str, Any]], i: int) -> list[float]:
+    return [math.inf if r["evals"][i] is None else float(r["evals"][i]) for r in rows if "evals" in r]
+
+
+def p_fewer(a: list[float], b: list[float]) -> float:
+    """P(X < Y) for X from a and Y from b over all pairs, ties (two misses included) counted half."""
+    if not a or not b:
+        return math.nan
+    x = np.asarray(a)[:, None]
+    y = np.asarray(b)[None, :]
+    return float(np.mean((x < y) + 0.5 * (x == y)))
+
+
 def main(argv: list[str] | None = None) -> int:
     global _PROBLEM, _KT_CACHE
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
@@ -532,12 +545,20 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for i, thr in enumerate(THRESHOLDS):
             kt = {m: q[m][i][1] for m in q if m.startswith("kt:")}
+            if kt:
+                closest = min(kt, key=lambda m: (kt[m], m))
+                p_win = p_fewer(evals_of(by["local"], i), evals_of(by[closest], i))
+                closest_txt = f"; closest: {closest[3:]} (P(a local run needs fewer than a {closest[3:]} run) = {p_win:.2f})"
+            else:
+                closest_txt = ""
             beats = [m for m, v in kt.items() if ours[i] < v]
             losses = [m for m in kt if m not in beats]
             rnd = q["random (exact)"][i][1]
+            verdict = "n/a (none run)" if not kt else "no" if losses else "yes"
             print(f"target within {thr:.0%}: local median {fmt_n(ours[i], args.cap)} evals; fewer than every Kernel Tuner "
-                  f"strategy run: {'yes' if kt and not losses else 'no'}"
+                  f"strategy run: {verdict}"
                   + (f" (not fewer than: {', '.join(m[3:] for m in losses)})" if losses else "")
+                  + closest_txt
                   + f"; at most 1/5 of random sampling's ({rnd:.0f}/5 = {rnd / 5:.0f}): {'yes' if ours[i] <= rnd / 5 else 'no'}")
     if notes:
         print()

@@ -210,7 +210,8 @@ def run_doctor(
                 print(f"error: ledger: {e}", file=sys.stderr)
                 return 2
             quiet = logging.getLogger("kregress.doctor")
-            quiet.addHandler(logging.NullHandler())
+            if not quiet.handlers:
+                quiet.addHandler(logging.NullHandler())
             quiet.propagate = False
             run_id = f"doctor-{int(time.time())}"
             for role in roles:

@@ -384,7 +384,7 @@ def check_url(url: str, tool: str) -> list[tuple[str, str, str]]:
     elif tool == "claude" and segs and segs[-1] == "v1":
         out.append(("url_duplicate_v1", f"{shown} ends in /v1, and Claude Code appends /v1/messages itself: requests would go to .../v1/v1/messages", fix))
     elif tool != "claude" and "v1" not in segs:
-        out.append(("url_missing_v1", f"{shown} has no /v1: {who} append /responses or /chat/completions to the base URL directly", fix))
+        out.append(("url_missing_v1", f"{shown} has no /v1: {who} {'append' if tool == 'openai' else 'appends'} /responses or /chat/completions to the base URL directly", fix))
     if not out:
         try:  # the gateway's own validator has the last word
             resolve_base_url(raw)

@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 import tomllib
 from pathlib import Path
 
@@ -238,9 +239,10 @@ def test_doctor_ping_classifies_each_status(tmp_path, reply, models, category, n
 
 def test_doctor_ping_timeout_and_success(tmp_path):
     with FakeOpenAI() as srv:
-        srv.default = Reply(content="pong", delay_s=2.5)
+        srv.default = Reply(content="pong", delay_s=1.6)
         rc, text = doctor(srv, tmp_path, roles=["review"], timeout_s=1.0)
         assert rc == 1 and "FAIL (transient): timed out" in text and "larger --timeout" in text
+        time.sleep(0.8)  # let the server finish the abandoned answer before it is reused
         srv.default = Reply(content="pong")
         rc, text = doctor(srv, tmp_path)
     assert rc == 0 and text.count(" ok in ") == 3 and "Everything looks right." in text

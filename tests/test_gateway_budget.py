@@ -135,7 +135,7 @@ def test_parallel_processes_never_exceed_the_shared_budget(srv, tmp_path):
     srv.default.completion_tokens = 100  # every call uses all of its max_tokens
     srv.default.delay_s = 0.02  # calls overlap in time
     total = 2_000  # about 15 calls' worth
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(srv.root, db, w, total, q)) for w in range(4)]
     for p in procs:
@@ -180,7 +180,7 @@ def test_reservations_are_atomic_under_contention(tmp_path):
     """Processes race for the last tokens of many small budgets: exactly budget / cost reservations succeed in each."""
     db = str(tmp_path / "ledger.sqlite")
     Ledger(db).rows()
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_reserver, args=(db, w, q)) for w in range(6)]
     for p in procs:

@@ -390,7 +390,7 @@ def test_processes_racing_for_one_budget_never_overshoot(pg_db):
         per_sweep = con.execute("SELECT sweep, SUM(est_input + est_output), COUNT(*) FROM reservations "
                                 "WHERE state = 'reserved' GROUP BY sweep").fetchall()
     assert len(per_sweep) == sweeps and all(total == 50 and n == 5 for _, total, n in per_sweep), per_sweep
-    assert max(results) < 5 * sweeps  # the processes really competed (no one process took every sweep)
+    assert sum(1 for r in results if r) >= 2  # the processes really competed (not one process taking every sweep)
     parent.record(rec(), sweep="after-fork")  # the children never touched the parent's connection
     assert [r.ts for r in parent.rows()] == [rec().ts] * 2
 
@@ -430,7 +430,7 @@ def test_gateway_processes_share_one_postgres_budget(pg_db):
     with FakeOpenAI() as srv:
         srv.default.completion_tokens = 100
         srv.default.delay_s = 0.02
-        ctx = mp.get_context("fork")
+        ctx = mp.get_context("spawn")
         q = ctx.Queue()
         procs = [ctx.Process(target=_gateway_worker, args=(srv.root, url, w, total, q)) for w in range(4)]
         for p in procs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 from kernel_assets.agent.base import AgentContext
@@ -14,6 +15,7 @@ from kernels.spec import parse_spec
 
 _spec = importlib.util.spec_from_file_location("search_bench", Path(__file__).resolve().parents[1] / "bench" / "search.py")
 search = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("search_bench", search)  # dataclasses look their module up while defining
 _spec.loader.exec_module(search)
 
 
@@ -91,3 +93,9 @@ def test_local_policy_climbs_a_space_where_single_moves_are_invalid():
     # rows without compile stats can be the incumbent: the search moved off the baseline
     assert best.variant_id != "baseline" and p.suggestions[0].parent != "baseline"
     assert best.measurements[0].p50_ms < latency(base) - 2
+
+
+def test_p_fewer_counts_ties_and_double_misses_half():
+    assert search.p_fewer([1.0], [2.0]) == 1.0
+    assert search.p_fewer([math.inf], [math.inf]) == 0.5
+    assert search.p_fewer([1.0, math.inf], [2.0]) == 0.5

@@ -23,6 +23,7 @@ Larger spaces keep the plain path: one-step neighbours, then TPE with rejection 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -96,10 +97,20 @@ class ValidSet:
         snapshot = Space(params=dict(space.params), rules=tuple(space.rules))
         self.keys = list(snapshot.params)
         self.values = [tuple(snapshot.params[k]) for k in self.keys]
-        pos = [{v: i for i, v in enumerate(vals)} for vals in self.values]
-        rows = [[pos[j][cfg[k]] for j, k in enumerate(self.keys)] for cfg in snapshot.enumerate(params)]
+        rows: list[tuple[int, ...]] = []
+        if all(isinstance(v, int) and not isinstance(v, bool) for vals in self.values for v in vals):
+            # Space.check on a point built from the allowed values reduces to its rules: run them directly.
+            keys, rules = self.keys, snapshot.rules
+            ranges = [range(len(vals)) for vals in self.values]
+            for vals, pos in zip(itertools.product(*self.values), itertools.product(*ranges)):
+                cfg = dict(zip(keys, vals))
+                if all(rule.predicate(cfg, params) for rule in rules):
+                    rows.append(pos)
+        else:
+            where = [{v: i for i, v in enumerate(vals)} for vals in self.values]
+            rows = [tuple(where[j][cfg[k]] for j, k in enumerate(self.keys)) for cfg in snapshot.enumerate(params)]
         self.idx = np.asarray(rows, dtype=np.int16).reshape(len(rows), len(self.keys))
-        self.row_of = {tuple(r): i for i, r in enumerate(map(tuple, self.idx.tolist()))}
+        self.row_of = {r: i for i, r in enumerate(rows)}
 
     def __len__(self) -> int:
         return len(self.idx)
