@@ -66,27 +66,45 @@ class _Progress(logging.Handler):
         print(text, file=self.stream, flush=True)
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
+def _prepare(args: argparse.Namespace):
+    """(spec, home, resources, instance) for a command that runs one spec in-process, or None after
+    printing why the spec cannot run (exit 2)."""
     from kernels.spec import SpecError, load_spec
 
     try:
         spec = load_spec(args.spec)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return None
     home = _ensure_home(args.dagster_home)
     import dagster as dg
 
-    from kernel_assets.constants import SPECS_PARTITIONS, SWEEP_JOB
-    from kernel_assets.definitions import build_definitions, build_resources
+    from kernel_assets.constants import SPECS_PARTITIONS
+    from kernel_assets.definitions import build_resources
     from kernel_assets.specs_resource import SpecStore
-    from resources.gpu import BenchmarkResource
 
     spec_file = str(Path(args.spec).resolve())
     os.environ["KREGRESS_SPEC_FILES"] = os.pathsep.join(
         [spec_file] + [f for f in os.environ.get("KREGRESS_SPEC_FILES", "").split(os.pathsep) if f and f != spec_file])
-    resources = build_resources(args.env)
+    resources = build_resources(getattr(args, "env", None))
     resources["specs"] = SpecStore()
+    instance = dg.DagsterInstance.get()
+    if not instance.has_dynamic_partition(SPECS_PARTITIONS.name, spec.task_id):
+        instance.add_dynamic_partitions(SPECS_PARTITIONS.name, [spec.task_id])
+    return spec, home, resources, instance
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    prepared = _prepare(args)
+    if prepared is None:
+        return 2
+    spec, home, resources, instance = prepared
+    import dagster as dg
+
+    from kernel_assets.constants import SWEEP_JOB
+    from kernel_assets.definitions import build_definitions
+    from resources.gpu import BenchmarkResource
+
     if args.backend:
         resources["bench"] = BenchmarkResource(backend=args.backend)
     handler = _Progress(total_steps=0)
@@ -102,9 +120,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     defs = build_definitions(resources, loggers={"progress": progress})
     job = defs.resolve_job_def(SWEEP_JOB)
     handler.total = len(job.graph.node_defs)
-    instance = dg.DagsterInstance.get()
-    if not instance.has_dynamic_partition(SPECS_PARTITIONS.name, spec.task_id):
-        instance.add_dynamic_partitions(SPECS_PARTITIONS.name, [spec.task_id])
     # Dagster's console logger would print every DEBUG event: the progress logger replaces it.
     run_config: dict = {"loggers": {"progress": {}}}
     if args.strategy:
@@ -125,6 +140,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"report: {summary['report_dir']}/report.md")
     print(f"verdicts: PASS {counts['PASS']}, REGRESS {counts['REGRESS']}, NEEDS_REVIEW {counts['NEEDS_REVIEW']} "
           f"({summary['variants']} variants; best {summary['best']}; stopped: {summary['stopped'] or 'no'})")
+    return 0
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    prepared = _prepare(args)
+    if prepared is None:
+        return 2
+    spec, home, resources, instance = prepared
+    import dagster as dg
+
+    from kernel_assets.definitions import REVIEW_ASSETS
+
+    config = {"base_ref": args.base or "", "use_model": not args.offline}
+    print(f"kregress: reviewing the kernels/ diff for {spec.task_id} (base: {args.base or 'last reviewed revision, else HEAD'})",
+          file=sys.stderr)
+    result = dg.materialize(REVIEW_ASSETS, partition_key=spec.task_id, instance=instance, resources=resources,
+                            run_config={"ops": {"kernel_source_review": {"config": config}},
+                                        "loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+                            raise_on_error=False)
+    if not result.success:
+        why = [str(getattr(e.event_specific_data.error, "message", "")).strip() for e in result.all_events
+               if e.event_type_value == "STEP_FAILURE"]
+        print(f"kregress: review FAILED (run {result.run_id}): {' '.join(why)[:800]}", file=sys.stderr)
+        return 1
+    print(f"review: {home / 'reports' / spec.task_id / 'review.md'}")
     return 0
 
 
@@ -189,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", choices=["auto", "cuda", "interpreter"], help="override the benchmark backend")
     s.add_argument("--strategy", choices=["local", "llm", "hybrid"], help="override the spec's search strategy")
     s.set_defaults(func=cmd_sweep)
+    r = sub.add_parser("review", help="review the kernels/ diff that matters to a spec (role review; offline checks without a key)")
+    r.add_argument("spec", help="path to a task spec YAML")
+    r.add_argument("--base", help="git ref to diff against (default: the revision last reviewed, else HEAD)")
+    r.add_argument("--offline", action="store_true", help="no model call: compile-stat deltas and test coverage only")
+    r.add_argument("--dagster-home")
+    r.set_defaults(func=cmd_review)
     sp = sub.add_parser("specs", help="work with spec files")
     spsub = sp.add_subparsers(dest="specs_command", required=True)
     v = spsub.add_parser("validate", help="validate spec files; run nothing")
