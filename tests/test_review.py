@@ -241,3 +241,15 @@ def test_asset_reviews_the_planted_diff_with_the_scripted_model(tmp_path, env, m
         if f.is_file():
             assert KEY.encode() not in f.read_bytes(), f"key found in {f}"
     assert KEY not in json.dumps({k: str(v.value) for k, v in md.items()})
+
+
+def test_cli_review_offline_and_bad_base(dagster_home, capsys):
+    from kernel_assets.cli import main
+
+    spec = str(Path(__file__).resolve().parent.parent / "specs" / "gemm_smoke.yaml")
+    assert main(["review", spec, "--base", "HEAD", "--offline"]) == 0
+    out = capsys.readouterr()
+    report = dagster_home / "reports" / "gemm_smoke" / "review.md"
+    assert str(report) in out.out and "nothing to review" in report.read_text()
+    assert main(["review", spec, "--base", "no-such-ref-xyz", "--offline"]) == 1
+    assert "no-such-ref-xyz" in capsys.readouterr().err
