@@ -350,9 +350,12 @@ def test_password_from_pgpassword_and_scheme_variants(pg_db, monkeypatch):
     assert LedgerResource(url=server.url(db, password=None, scheme="postgres")).get_ledger().rows() == [rec()]
 
 
-def _reserver(url: str, sweeps: int, out) -> None:
+def _reserver(url: str, sweeps: int, out, start=None) -> None:
     try:
         led = Ledger(url)
+        led.rows()  # connect before the race starts
+        if start is not None:
+            start.wait(60)  # every process starts racing at once
         budget = Budget(max_input_tokens_per_round=10**9, max_output_tokens_per_round=10**9, max_total_tokens=50)
         got = 0
         for s in range(sweeps):  # each sweep's last tokens are a fresh race between the processes
@@ -377,7 +380,8 @@ def test_processes_racing_for_one_budget_never_overshoot(pg_db):
     sweeps, nproc = 60, 6
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_reserver, args=(url, sweeps, q)) for _ in range(nproc)]
+    start = ctx.Barrier(nproc)
+    procs = [ctx.Process(target=_reserver, args=(url, sweeps, q, start)) for _ in range(nproc)]
     for p in procs:
         p.start()
     results = [q.get(timeout=60) for _ in procs]
