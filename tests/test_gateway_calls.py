@@ -21,8 +21,8 @@ from resources.taotoken import (
     fingerprint,
 )
 
-K1 = "sk-test-suggest-one-0000000000"
-K2 = "sk-test-suggest-two-1111111111"
+K1 = "sk" "-test-suggest-one-0000000000"
+K2 = "sk" "-test-suggest-two-1111111111"
 MSG = [{"role": "system", "content": "Reply with a JSON array."}, {"role": "user", "content": "propose 2 variants"}]
 
 

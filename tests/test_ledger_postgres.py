@@ -408,7 +408,7 @@ def _gateway_worker(root: str, url: str, wid: int, total: int, out) -> None:
 
     try:
         g = TaotokenResource(base_url=root, model_id="kregress-test-model", verify_model=False).get_gateway(
-            Ledger(url), environ={"TAOTOKEN_API_KEY": "sk-budget-test-key-000000000000"}, sleep=FakeClock().sleep,
+            Ledger(url), environ={"TAOTOKEN_API_KEY": "sk" "-budget-test-key-000000000000"}, sleep=FakeClock().sleep,
             rng=random.Random(wid))
         budget = Budget(max_input_tokens_per_round=10**6, max_output_tokens_per_round=10**6, max_total_tokens=total)
         ok = refused = 0

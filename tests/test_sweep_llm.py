@@ -17,8 +17,8 @@ from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {
-    "TAOTOKEN_KEY_SUGGEST": "sk-SWEEPCANARY-suggest-11112222333344445555,sk-SWEEPCANARY-suggest-66667777888899990000",
-    "TAOTOKEN_KEY_REPORT": "sk-SWEEPCANARY-report-aaaabbbbccccddddeeee",
+    "TAOTOKEN_KEY_SUGGEST": "sk" "-SWEEPCANARY-suggest-11112222333344445555,sk" "-SWEEPCANARY-suggest-66667777888899990000",
+    "TAOTOKEN_KEY_REPORT": "sk" "-SWEEPCANARY-report-aaaabbbbccccddddeeee",
 }
 # Small tiles compile in about a second each; the second round also proposes one config outside the
 # space and one duplicate of the baseline, which must be dropped with their reasons.
