@@ -21,14 +21,20 @@ class _LazySpace(Space):
 
     def __init__(self, family: "ReplayFamily"):
         object.__setattr__(self, "_family", family)
+        object.__setattr__(self, "_space", None)
+
+    def _resolved(self) -> Space:
+        if self._space is None:  # read the file once per process, on first use
+            object.__setattr__(self, "_space", self._family.table().space)
+        return self._space
 
     @property
     def params(self):  # type: ignore[override]
-        return self._family.table().space.params
+        return self._resolved().params
 
     @property
     def rules(self):  # type: ignore[override]
-        return self._family.table().space.rules
+        return self._resolved().rules
 
 
 class ReplayFamily(Family):
