@@ -101,7 +101,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec, home, resources, instance = prepared
     import dagster as dg
 
-    from kernel_assets.constants import SWEEP_JOB
+    from kernel_assets.constants import ROUNDS, SWEEP_JOB
     from kernel_assets.definitions import build_definitions
     from resources.gpu import BenchmarkResource
 
@@ -124,7 +124,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     run_config: dict = {"loggers": {"progress": {}}}
     if args.strategy:
         run_config["ops"] = {f"round_{k}_suggestions": {"config": {"strategy": args.strategy}}
-                             for k in range(1, _rounds() + 1)}
+                             for k in ROUNDS}
     print(f"kregress: sweep {spec.task_id} ({spec.kernel_family}, {spec.dtype}, {spec.hardware.arch}); "
           f"DAGSTER_HOME={home}; backend={resources['bench'].resolved_backend(spec)}; strategy={args.strategy or spec.search.strategy}",
           file=sys.stderr)
@@ -166,12 +166,6 @@ def cmd_review(args: argparse.Namespace) -> int:
         return 1
     print(f"review: {home / 'reports' / spec.task_id / 'review.md'}")
     return 0
-
-
-def _rounds() -> int:
-    from kernels.spec import MAX_GRAPH_ROUNDS
-
-    return MAX_GRAPH_ROUNDS
 
 
 def cmd_specs_validate(args: argparse.Namespace) -> int:

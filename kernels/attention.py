@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.registry import check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kernels.registry import check_param_keys, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
 
 
 @triton.jit
@@ -235,9 +235,9 @@ class AttentionFamily(Family):
 
     def check_params(self, params):
         params = params or {}
-        unknown = [k for k in params if k not in PARAM_KEYS]
-        if unknown:
-            return f"unknown param(s) {', '.join(unknown)}; allowed: {', '.join(PARAM_KEYS)}"
+        problem = check_param_keys(params, PARAM_KEYS)
+        if problem:
+            return problem
         if "causal" in params and not isinstance(params["causal"], bool):
             return f"causal={params['causal']!r} must be true or false"
         if params.get("window") is not None:

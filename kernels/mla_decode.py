@@ -56,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.registry import check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kernels.registry import check_param_keys, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
 
 D_LATENT = 512
 D_ROPE = 64
@@ -281,9 +281,9 @@ class MlaDecodeFamily(Family):
 
     def check_params(self, params):
         params = params or {}
-        unknown = [k for k in params if k not in PARAM_KEYS]
-        if unknown:
-            return f"unknown param(s) {', '.join(unknown)}; allowed: {', '.join(PARAM_KEYS)}"
+        problem = check_param_keys(params, PARAM_KEYS)
+        if problem:
+            return problem
         if "softmax_scale" in params:
             problem = check_positive_number("softmax_scale", params["softmax_scale"], f" (e.g. 576 ** -0.5 = {D_QK ** -0.5:.6f})")
             if problem:

@@ -164,6 +164,11 @@ class Family:
 # --- checks shared by the families' check_params ---------------------------------------------
 
 
+def check_param_keys(params: dict, allowed: tuple[str, ...]) -> str | None:
+    unknown = [k for k in params if k not in allowed]
+    return f"unknown param(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}" if unknown else None
+
+
 def check_seqlens_param(v: Any, patterns: tuple[str, ...]) -> str | None:
     """``seqlens``: a named pattern, or a list of lengths cycled over the batch (0 allowed)."""
     if isinstance(v, list):

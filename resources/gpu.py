@@ -289,7 +289,7 @@ class BenchmarkResource(dg.ConfigurableResource):
                 self._apply_compile(rows[i], res, compiled, i, cache_hit=False)
 
         # 2. correctness on correctness_shapes
-        ok = [i for i in compiled]
+        ok = list(compiled)
         interpret = backend == "interpreter"
         cjobs, cidx = [], []
         for i in ok:

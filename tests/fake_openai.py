@@ -232,3 +232,33 @@ def make_gateway(srv: FakeOpenAI, ledger: Any, env: dict[str, str], clock: FakeC
     res = TaotokenResource(**fields)
     clock = clock or FakeClock()
     return res.get_gateway(ledger, environ=env, sleep=clock.sleep, clock=clock, rng=random.Random(7), log=overrides.get("log"))
+
+
+def budget_race_worker(root: str, ledger_target: str, wid: int, total: int, out: Any) -> None:
+    """One process of a shared-budget race: up to 40 suggest calls against ``total`` tokens of the sweep
+    "shared" in the ledger at ``ledger_target`` (a SQLite path or a PostgreSQL URL). Puts
+    ``(wid, ok, refused)`` on ``out``, or the error text, so the parent never hangs."""
+    import random
+
+    from kernels.spec import Budget
+    from resources.ledger import BudgetExceeded, Ledger
+    from resources.taotoken import CallContext, TaotokenResource
+
+    try:
+        g = TaotokenResource(base_url=root, model_id="kregress-test-model", verify_model=False).get_gateway(
+            Ledger(ledger_target), environ={"TAOTOKEN_API_KEY": "sk" "-budget-test-key-000000000000"},
+            sleep=FakeClock().sleep, rng=random.Random(wid))
+        budget = Budget(max_input_tokens_per_round=10**6, max_output_tokens_per_round=10**6, max_total_tokens=total)
+        ok = refused = 0
+        for i in range(40):
+            msgs = [{"role": "user", "content": f"worker {wid} call {i}: propose variants for the gemm sweep"}]
+            try:
+                g.chat("suggest", msgs, max_tokens=100, budget=budget, ctx=CallContext(sweep="shared", round=1))
+                ok += 1
+            except BudgetExceeded:
+                refused += 1
+                if refused >= 3:
+                    break
+        out.put((wid, ok, refused))
+    except Exception as e:  # noqa: BLE001 - report, do not hang the parent
+        out.put(f"{type(e).__name__}: {e}")

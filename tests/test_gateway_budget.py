@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import pytest
-from fake_openai import make_gateway, prompt_tokens_of
+from fake_openai import budget_race_worker, make_gateway, prompt_tokens_of
 
 from kernels.spec import Budget
 from resources.ledger import BudgetExceeded, Ledger, budget_report
@@ -106,29 +106,6 @@ def test_budget_report_by_partition_picks_the_latest_sweep(srv, ledger):
 # --- several processes share one budget -----------------------------------------------------------
 
 
-def _worker(root: str, db: str, wid: int, budget_total: int, out: mp.Queue) -> None:
-    import random
-
-    from fake_openai import FakeClock
-    from resources.taotoken import TaotokenResource
-
-    g = TaotokenResource(base_url=root, model_id="kregress-test-model", verify_model=False).get_gateway(
-        Ledger(db), environ=ENV, sleep=FakeClock().sleep, rng=random.Random(wid)
-    )
-    budget = Budget(max_input_tokens_per_round=10**6, max_output_tokens_per_round=10**6, max_total_tokens=budget_total)
-    ok = refused = 0
-    for i in range(40):
-        msgs = [{"role": "user", "content": f"worker {wid} call {i}: propose variants for the gemm sweep"}]
-        try:
-            g.chat("suggest", msgs, max_tokens=100, budget=budget, ctx=CallContext(sweep="shared", round=1))
-            ok += 1
-        except BudgetExceeded:
-            refused += 1
-            if refused >= 3:
-                break
-    out.put((wid, ok, refused))
-
-
 def test_parallel_processes_never_exceed_the_shared_budget(srv, tmp_path):
     db = str(tmp_path / "ledger.sqlite")
     Ledger(db).rows()  # create the schema once
@@ -137,7 +114,7 @@ def test_parallel_processes_never_exceed_the_shared_budget(srv, tmp_path):
     total = 2_000  # about 15 calls' worth
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(srv.root, db, w, total, q)) for w in range(4)]
+    procs = [ctx.Process(target=budget_race_worker, args=(srv.root, db, w, total, q)) for w in range(4)]
     for p in procs:
         p.start()
     results = [q.get(timeout=60) for _ in procs]

@@ -399,35 +399,8 @@ def test_processes_racing_for_one_budget_never_overshoot(pg_db):
     assert [r.ts for r in parent.rows()] == [rec().ts] * 2
 
 
-def _gateway_worker(root: str, url: str, wid: int, total: int, out) -> None:
-    import random
-
-    from fake_openai import FakeClock
-
-    from resources.taotoken import CallContext, TaotokenResource
-
-    try:
-        g = TaotokenResource(base_url=root, model_id="kregress-test-model", verify_model=False).get_gateway(
-            Ledger(url), environ={"TAOTOKEN_API_KEY": "sk" "-budget-test-key-000000000000"}, sleep=FakeClock().sleep,
-            rng=random.Random(wid))
-        budget = Budget(max_input_tokens_per_round=10**6, max_output_tokens_per_round=10**6, max_total_tokens=total)
-        ok = refused = 0
-        for i in range(40):
-            msgs = [{"role": "user", "content": f"worker {wid} call {i}: propose variants for the gemm sweep"}]
-            try:
-                g.chat("suggest", msgs, max_tokens=100, budget=budget, ctx=CallContext(sweep="shared", round=1))
-                ok += 1
-            except BudgetExceeded:
-                refused += 1
-                if refused >= 3:
-                    break
-        out.put((wid, ok, refused))
-    except Exception as e:  # noqa: BLE001
-        out.put(f"{type(e).__name__}: {e}")
-
-
 def test_gateway_processes_share_one_postgres_budget(pg_db):
-    from fake_openai import FakeOpenAI
+    from fake_openai import FakeOpenAI, budget_race_worker
 
     _, url, _ = pg_db
     total = 2_000
@@ -436,7 +409,7 @@ def test_gateway_processes_share_one_postgres_budget(pg_db):
         srv.default.delay_s = 0.02
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
-        procs = [ctx.Process(target=_gateway_worker, args=(srv.root, url, w, total, q)) for w in range(4)]
+        procs = [ctx.Process(target=budget_race_worker, args=(srv.root, url, w, total, q)) for w in range(4)]
         for p in procs:
             p.start()
         results = [q.get(timeout=60) for _ in procs]
