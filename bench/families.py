@@ -55,9 +55,9 @@ def neighbour_configs(family, baseline: dict, params: dict, n: int) -> list[dict
 
 
 def bench_family(name: str, n_configs: int) -> dict:
-    from kernels.records import config_label
-    from kernels.registry import get_family
-    from kernels.spec import load_spec
+    from kregress.core.records import config_label
+    from kregress.core.family import get_family
+    from kregress.core.spec import load_spec
     from resources.gpu import BenchmarkResource, _Worker
 
     spec = load_spec(REPO / SPECS[name])

@@ -36,7 +36,7 @@ def main() -> int:
     from kernel_assets.constants import SPECS_PARTITIONS
     from kernel_assets.definitions import build_definitions, build_resources
     from kernel_assets.specs_resource import SpecStore
-    from kernels.spec import load_spec
+    from kregress.core.spec import load_spec
 
     spec = load_spec(spec_path)
     instance = dg.DagsterInstance.get()

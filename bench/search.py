@@ -2,7 +2,7 @@
 
 How many evaluations does a search need to get within 5% and within 1% of the best configuration of
 the CLBlast Xgemm SGEMM space measured on an RTX 3090 (``../shared/data/replay/``, read through
-``kernels.replay.ReplayTable``: 17,956 valid configurations out of 82,944 Cartesian points)? Side by
+``kregress.core.recorded.ReplayTable``: 17,956 valid configurations out of 82,944 Cartesian points)? Side by
 side, in one run, over the same seeds:
 
 * local             our embedded-default policy (``kernel_assets.agent.local.LocalPolicy``) on the
@@ -94,7 +94,7 @@ elif str(_ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from kernels.replay import ReplayTable  # noqa: E402
+from kregress.core.recorded import ReplayTable  # noqa: E402
 
 THRESHOLDS = (0.05, 0.01)
 N_PER_ROUND = 8
@@ -196,9 +196,9 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
     from kernel_assets.agent.base import AgentContext
     from kernel_assets.agent.local import LocalPolicy
     from kernel_assets.sweep import objective as sweep_objective
-    from kernels.records import VariantResult, config_hash
-    from kernels.registry import get_family
-    from kernels.spec import load_spec
+    from kregress.core.records import VariantResult, config_hash
+    from kregress.core.family import get_family
+    from kregress.core.spec import load_spec
 
     family = get_family("replay")
     spec = load_spec(SPEC_FILE)
@@ -209,7 +209,7 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
         """One row as the replay backend builds it (resources/gpu.py): recorded runs, no compile."""
         row = VariantResult(variant_id=vid, round=rnd, source="local" if rnd else "baseline", config=cfg,
                             config_hash=config_hash(cfg), parent=parent, backend="replay")
-        problem_text = family.space.check(cfg, spec.params)
+        problem_text = family.space.check(cfg, spec.params, spec.hardware.limits)
         if problem_text:
             row.error, row.error_detail = "invalid_config", problem_text
             return row
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     start = None
     if args.replay is None:  # the replay spec's baseline: the median-time config of the file (mean time)
-        from kernels.spec import load_spec
+        from kregress.core.spec import load_spec
 
         start = dict(load_spec(SPEC_FILE).baseline)
     table, problem = load_problem(args.replay, args.objective, start)

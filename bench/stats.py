@@ -4,7 +4,7 @@ Every configuration in the replay file (``kernels/replay.py``) carries 32 real r
 3090. A trial picks configurations ("shapes"), draws a baseline and a variant sample from the SAME
 configuration's runs, multiplies the variant by 1 + slowdown, and asks each rule for a verdict:
 
-* ours        ``classify(ratio_ci(...))`` with the defaults of ``kernels.stats`` (interval of the p50
+* ours        ``classify(ratio_ci(...))`` with the defaults of ``kregress.core.stats`` (interval of the p50
               ratio, REGRESS only when the whole interval is above the guard 1.03);
 * ours-<alt>  the same with the other interval method, for the method choice;
 * asv         asv-style: p50 ratio > 1.03 AND two-sided Mann-Whitney U p < 0.002;
@@ -52,8 +52,8 @@ elif str(_ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from kernels import stats  # noqa: E402
-from kernels.replay import ReplayTable  # noqa: E402
+from kregress.core import stats  # noqa: E402
+from kregress.core.recorded import ReplayTable  # noqa: E402
 
 SCENARIOS = (("A/A", 0.0), ("+3%", 0.03), ("+6%", 0.06), ("+10%", 0.10))
 MODES = ("resample", "split", "sequential")

@@ -30,9 +30,9 @@ from fake_openai import FakeOpenAI, make_gateway, prompt_tokens_of  # noqa: E402
 from kernel_assets.agent.base import AgentContext  # noqa: E402
 from kernel_assets.agent.llm import LLMPolicy  # noqa: E402
 from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT, failure_lines, row_p50, summarize_history  # noqa: E402
-from kernels.records import CompileStats, Correctness, Measurement, VariantResult, config_hash, config_label  # noqa: E402
-from kernels.registry import get_family  # noqa: E402
-from kernels.spec import load_spec  # noqa: E402
+from kregress.core.records import CompileStats, Correctness, Measurement, VariantResult, config_hash, config_label  # noqa: E402
+from kregress.core.family import get_family  # noqa: E402
+from kregress.core.spec import load_spec  # noqa: E402
 from resources.ledger import Ledger  # noqa: E402
 from resources.taotoken import estimate_messages_tokens  # noqa: E402
 
@@ -90,7 +90,7 @@ def make_row(vid: str, rnd: int, cfg: dict, spec, rng: random.Random, failure: t
 def build_history(spec, fam, rounds: int, seed: int = 0) -> list[VariantResult]:
     rng = random.Random(seed)
     history = [make_row("baseline", 0, dict(spec.baseline), spec, rng, None)]
-    space = list(fam.space.enumerate(spec.params))
+    space = list(fam.space.enumerate(spec.params, spec.hardware.limits))
     rng.shuffle(space)
     seen = {history[0].config_hash}
     it = iter(c for c in space if config_hash(c) not in seen)
@@ -120,7 +120,7 @@ def naive_messages(ctx: AgentContext) -> list[dict[str, str]]:
 def fake_answer(ctx: AgentContext) -> str:
     """What a well-behaved model returns: n proposals in the asked format (for the output side)."""
     out, seen = [], ctx.measured_hashes
-    for cfg in ctx.family.space.enumerate(ctx.spec.params):
+    for cfg in ctx.family.space.enumerate(ctx.spec.params, ctx.spec.hardware.limits):
         if config_hash(cfg) in seen:
             continue
         out.append({"variant_id": f"r{ctx.round}_v{len(out) + 1}", "config": cfg, "patch_summary": f"BLOCK_N {cfg['BLOCK_N']}, {cfg['num_stages']} stages",

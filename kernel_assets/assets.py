@@ -19,10 +19,11 @@ from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.constants import GPU_POOL, GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, ROUNDS, SPECS_PARTITIONS
 from kernel_assets.report import _md_table, md_image, tables, write_report
 from kernel_assets.specs_resource import SpecStore
-from kernels.records import Suggestion, VariantResult, config_label
-from kernels.registry import families, get_family
-from deploy.executors import benchmark_op_tags
-from resources.gpu import BenchmarkResource, default_home
+from kregress.core.records import Suggestion, VariantResult, config_label
+from kregress.core.family import families, get_family
+from kernel_assets.executors import benchmark_op_tags
+from kregress.core import paths
+from resources.gpu import BenchmarkResource
 
 # Benchmark steps: the `gpu` pool (one at a time per GPU) and, under the k8s executor, a one-GPU pod.
 GPU_OP_TAGS = benchmark_op_tags()
@@ -222,7 +223,7 @@ def verdict_report(context: dg.AssetExecutionContext, state: sweep.RoundState):
     history_file = history.append_sweep(spec, context.run_id, state.history, verdicts, past.verdict)
     past_text = (f"**{past.verdict}**: {past.reason}" + (f" (ratio {past.ratio:.3f})" if past.ratio else "")
                  + f"\n\nThis sweep was appended to `{history_file}`.")
-    out_dir = default_home() / "reports" / spec.task_id
+    out_dir = paths.reports_dir(spec.task_id)
     res = write_report(out_dir, spec, str(specs.path_for(spec.task_id)), state, verdicts, list(fam.space.params),
                        narrative=narrative, narrative_source=source, token_table=token_table,
                        extra_sections=[("Baseline vs history", past_text)])

@@ -16,8 +16,8 @@ import dagster as dg
 
 from kernel_assets.constants import SPECS_PARTITIONS
 from kernel_assets.specs_resource import SpecStore
-from kernels.registry import get_family
-from kernels.spec import SpecError, load_spec
+from kregress.core.family import get_family
+from kregress.core.spec import SpecError, load_spec
 
 DEFAULT_CRON = "0 2 * * *"
 

@@ -14,16 +14,19 @@ import sys
 import time
 from pathlib import Path
 
+from kregress.core import paths
+from kregress.core.names import STRATEGIES
+
 # Subcommands contributed by other modules: each exposes register(subparsers).
 PLUGINS = ("kernel_assets.cli_usage", "kernel_assets.cli_config")
 
 
 def _ensure_home(arg: str | None) -> Path:
-    home = Path(arg or os.environ.get("DAGSTER_HOME") or "dagster_home").resolve()
+    home = Path(arg).resolve() if arg else paths.home()
     home.mkdir(parents=True, exist_ok=True)
     os.environ["DAGSTER_HOME"] = str(home)
     if not (home / "dagster.yaml").exists():
-        repo_yaml = Path(__file__).resolve().parent.parent / "dagster_home" / "dagster.yaml"
+        repo_yaml = paths.REPO_ROOT / "dagster_home" / "dagster.yaml"
         if repo_yaml.exists() and repo_yaml.parent != home:
             (home / "dagster.yaml").write_text(repo_yaml.read_text())
     return home
@@ -69,7 +72,7 @@ class _Progress(logging.Handler):
 def _prepare(args: argparse.Namespace):
     """(spec, home, resources, instance) for a command that runs one spec in-process, or None after
     printing why the spec cannot run (exit 2)."""
-    from kernels.spec import SpecError, load_spec
+    from kregress.core.spec import SpecError, load_spec
 
     try:
         spec = load_spec(args.spec)
@@ -169,7 +172,7 @@ def cmd_review(args: argparse.Namespace) -> int:
 
 
 def cmd_specs_validate(args: argparse.Namespace) -> int:
-    from kernels.spec import SpecError, load_spec
+    from kregress.core.spec import SpecError, load_spec
 
     bad = 0
     for f in args.files:
@@ -221,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dagster-home", help="default: $DAGSTER_HOME, else ./dagster_home")
     s.add_argument("--env", choices=["local", "gpu"], help="resource set (default $KREGRESS_ENV or local)")
     s.add_argument("--backend", choices=["auto", "cuda", "interpreter"], help="override the benchmark backend")
-    s.add_argument("--strategy", choices=["local", "llm", "hybrid"], help="override the spec's search strategy")
+    s.add_argument("--strategy", choices=list(STRATEGIES), help="override the spec's search strategy")
     s.set_defaults(func=cmd_sweep)
     r = sub.add_parser("review", help="review the kernels/ diff that matters to a spec (role review; offline checks without a key)")
     r.add_argument("spec", help="path to a task spec YAML")

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
+from kregress.core.endpoints import mask_endpoint_url as mask_url  # noqa: F401
+from kregress.core.endpoints import mask_secret  # noqa: F401
 from resources.taotoken import (
     DEFAULT_ROOT,
     FALLBACK_KEY_ENV,
@@ -38,7 +40,7 @@ from resources.taotoken import (
     ROLE_KEY_ENV,
     KeyPool,
     RequestError,
-    _split_keys,
+    split_keys,
     fingerprint,
     resolve_base_url,
 )
@@ -92,35 +94,6 @@ class ExportError(ValueError):
 # --- small helpers shared with the doctor ----------------------------------------------------------------
 
 
-def mask_secret(value: str) -> str:
-    """How a secret is shown: never a character of it, only how many keys, its length and a fingerprint."""
-    keys = _split_keys(value)
-    if not keys:
-        return "set but empty"
-    if len(keys) == 1:
-        return f"set ({len(keys[0])} chars, fingerprint #{fingerprint(keys[0])})"
-    prints = ", ".join(f"#{fingerprint(k)}" for k in keys)
-    return f"set ({len(keys)} keys, fingerprints {prints})"
-
-
-def mask_url(value: str) -> str:
-    """A URL with credentials dropped and query values hidden (their names kept: they explain the mistake)."""
-    try:
-        p = urlsplit(value.strip())
-    except ValueError:
-        return "(not a URL)"
-    if not p.scheme or not p.hostname:
-        return value.strip()[:80]
-    host = p.hostname + (f":{p.port}" if p.port else "")
-    cred = "<credentials>@" if (p.username or p.password) else ""
-    out = f"{p.scheme}://{cred}{host}{p.path}"
-    if p.query:
-        out += "?" + "&".join(f"{k}=..." for k, _ in parse_qsl(p.query, keep_blank_values=True))
-    if p.fragment:
-        out += "#..."
-    return out
-
-
 def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name)) or name.upper().endswith(("_KEYS", "AUTH_TOKEN"))
 
@@ -138,7 +111,7 @@ def environment_secrets(environ: Mapping[str, str]) -> list[str]:
     out: list[str] = []
     for name, value in environ.items():
         if name.startswith(("TAOTOKEN_", "ANTHROPIC_", "OPENAI_")) and is_secret_name(name):
-            out += [k for k in _split_keys(value) if len(k) >= 8]
+            out += [k for k in split_keys(value) if len(k) >= 8]
     return out
 
 
@@ -154,9 +127,9 @@ def first_key(role: str, environ: Mapping[str, str]) -> tuple[str, str | None]:
 def key_variable(role: str, environ: Mapping[str, str]) -> str:
     """The variable a coding tool should read the role's key from (its own variable, else the fallback)."""
     own = ROLE_KEY_ENV[role]
-    if _split_keys(environ.get(own, "")):
+    if split_keys(environ.get(own, "")):
         return own
-    if _split_keys(environ.get(FALLBACK_KEY_ENV, "")):
+    if split_keys(environ.get(FALLBACK_KEY_ENV, "")):
         return FALLBACK_KEY_ENV
     return own
 
@@ -223,7 +196,7 @@ def claude_settings(opts: ExportOptions, environ: Mapping[str, str] | None = Non
         opts.notes.append(
             f"no key in the file: Claude Code runs apiKeyHelper, which prints the first key of ${ROLE_KEY_ENV[opts.role]} "
             f"(else ${FALLBACK_KEY_ENV}) at run time"
-            + ("" if _split_keys(env_map.get(var, "")) else f"; neither is set now: export {ROLE_KEY_ENV[opts.role]}=<key>")
+            + ("" if split_keys(env_map.get(var, "")) else f"; neither is set now: export {ROLE_KEY_ENV[opts.role]}=<key>")
         )
     deny = list(CLAUDE_DENY) + [f"Bash(curl {h})" if h.startswith("*") else f"Bash(curl *{h}*)" for h in opts.prod_hosts]
     deny += [f"WebFetch(domain:{h})" for h in opts.prod_hosts if "*" not in h]
@@ -256,7 +229,7 @@ def export_codex(opts: ExportOptions, environ: Mapping[str, str] | None = None) 
             raise ExportError(f"--env-key {var!r} is not a variable name (env_key names the variable that holds the key)")
         table.append(f"env_key = {_toml_str(var)}")
         lines.append(f"# The key is read from ${var} when Codex starts; it is not stored here.")
-        held = _split_keys(env_map.get(var, ""))
+        held = split_keys(env_map.get(var, ""))
         if not held:
             opts.notes.append(f"{var} is not set now: export {var}=<key> before starting Codex")
         elif len(held) > 1:
@@ -430,7 +403,7 @@ class _Linter:
             self.add(where, code, problem, fix)
 
     def literal(self, where: str, value: str, what: str, fix: str) -> None:
-        keys = _split_keys(value) or [value]
+        keys = split_keys(value) or [value]
         self.add(where, "literal_key", f"{what} is a literal key ({len(keys[0])} chars, fingerprint #{fingerprint(keys[0])}) written in the file", fix)
 
     def scan_secrets(self, obj: Any, prefix: str, fix: str) -> None:
@@ -469,7 +442,7 @@ class _Linter:
         token_names = [n for n in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY") if str(env.get(n) or "").strip()]
         if isinstance(helper, str) and helper.strip():
             names = sorted(set(_SHELL_VAR.findall(helper)))
-            if names and not any(_split_keys(self.env.get(n, "")) for n in names):
+            if names and not any(split_keys(self.env.get(n, "")) for n in names):
                 self.add(f"{pre}apiKeyHelper", "helper_vars_unset", f"apiKeyHelper reads ${', $'.join(names)}, and none of them is set in this environment",
                          f"export {names[0]}=<key> in the shell that starts Claude Code")
             if looks_like_key(helper) or any(s in helper for s in self.secrets):
@@ -528,7 +501,7 @@ class _Linter:
                 if looks_like_key(env_key) or any(s in env_key for s in self.secrets) or not _ENV_NAME.match(env_key.strip()):
                     self.literal(f"{where}.env_key", env_key, "env_key", "env_key takes the NAME of a variable, e.g. env_key = \"TAOTOKEN_KEY_REVIEW\"; export the key in that variable")
                 elif "ANTHROPIC_" not in env_key:
-                    held = _split_keys(self.env.get(env_key, ""))
+                    held = split_keys(self.env.get(env_key, ""))
                     if not held:
                         state = "is set but empty" if env_key in self.env else "is not set"
                         self.add(f"{where}.env_key", "env_key_unset", f"env_key names {env_key}, which {state} in this environment: Codex will have no key",

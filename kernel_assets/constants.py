@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from kernels.spec import MAX_GRAPH_ROUNDS
+from kregress.core.names import GPU_POOL, MAX_GRAPH_ROUNDS  # noqa: F401  (one definition, re-exported)
 
 # One partition per spec (its task_id). The spec sensor and `kregress sweep` add them.
 SPECS_PARTITIONS = dg.DynamicPartitionsDefinition(name="specs")
@@ -13,6 +13,5 @@ GROUP_REPORT = "report"
 GROUP_TOKENS = "tokens"
 
 SWEEP_JOB = "sweep_job"
-GPU_POOL = "gpu"
 
 ROUNDS = tuple(range(1, MAX_GRAPH_ROUNDS + 1))

@@ -12,7 +12,7 @@ from kernel_assets.automation import build_automation
 from kernel_assets.review import build_review_assets
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, GROUP_TOKENS, SPECS_PARTITIONS, SWEEP_JOB
 from kernel_assets.specs_resource import SpecStore
-from deploy.executors import executor_from_env
+from kernel_assets.executors import executor_from_env
 from kernel_assets.tokens import build_token_assets
 from resources.gpu import BenchmarkResource
 from resources.ledger import LedgerResource

@@ -25,15 +25,13 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from kernels import stats
-from kernels.records import Verdict, VariantResult
-from kernels.spec import TaskSpec
+from kregress.core import paths, stats
+from kregress.core.records import Verdict, VariantResult
+from kregress.core.spec import TaskSpec
 
 
 def history_root(home: Path | None = None) -> Path:
-    from resources.gpu import default_home
-
-    return Path(home or default_home()) / "kregress_history"
+    return Path(home) / "kregress_history" if home else paths.history_dir()
 
 
 def _safe(text: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kernel_assets.report import _md_table, tables
-from kernels.records import Verdict
+from kregress.core.records import Verdict
 
 
 def narrative_for(context, spec, state, verdicts: dict[str, Verdict]) -> tuple[str, str, pd.DataFrame | None]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kernels.records import Verdict, VariantResult, config_label
-from kernels.spec import TaskSpec
+from kregress.core.records import Verdict, VariantResult, config_label
+from kregress.core.spec import TaskSpec
 
 COLUMNS = [
     "variant_id", "round", "source", "config_label", "error", "error_detail", "latency_p50_ms", "latency_p20_ms",

@@ -43,6 +43,7 @@ import dagster as dg
 from pydantic import BaseModel, Field, ValidationError
 
 from kernel_assets.constants import SPECS_PARTITIONS
+from kregress.core import paths
 
 GROUP_REVIEW = "review"
 ASSET_NAME = "kernel_source_review"
@@ -374,12 +375,12 @@ sys.path.insert(0, root)
 job = json.loads(sys.argv[2])
 out = {}
 try:
-    import kernels.registry as reg
+    import kregress.core.family as reg
     fam = reg.get_family(job["family"])
     out["source_file"] = getattr(fam.module, "__file__", "") or ""
     out["space_check"] = fam.space.check(job["config"], job["params"])
     from kernels.compile import CompileError, compile_units
-    from kernels.spec import HardwareLimits
+    from kregress.core.spec import HardwareLimits
     try:
         units = fam.compile_units(job["config"], job["dtype"], job["params"])
         out["stats"] = compile_units(units, job["arch"], HardwareLimits(**job["limits"])).model_dump()
@@ -705,12 +706,6 @@ def save_state(home: Path, task_id: str, repo: Path, entry: dict[str, Any]) -> N
 # --- the review --------------------------------------------------------------------------------------------
 
 
-def _default_home() -> Path:
-    from resources.gpu import default_home
-
-    return default_home()
-
-
 def _verify_command(repo: Path, family_name: str, module_path: str, spec_path: str) -> str:
     for cand in (f"tests/test_{family_name}.py", f"tests/test_{Path(module_path).stem}.py"):
         if (repo / cand).is_file():
@@ -739,12 +734,12 @@ def run_review(
     ``gateway``: a ``resources.taotoken.Gateway`` (or None: offline, and ``no_model_reason`` says why).
     Raises ReviewError when git cannot give a diff (no git, not a repository, an unknown base ref).
     """
-    from kernels.registry import get_family
+    from kregress.core.family import get_family
     from resources.ledger import BudgetExceeded
     from resources.taotoken import CallContext, ContentError, CredentialsError, GatewayError, KeyPool, RequestError, RetriesExhausted
 
     say = (lambda m: log.info(m)) if log is not None else (lambda m: None)
-    home = Path(home) if home is not None else _default_home()
+    home = Path(home) if home is not None else paths.home()
     pool = KeyPool.from_env()
     scrub = pool.scrub
     repo = repo_toplevel(Path(repo_dir or os.environ.get("KREGRESS_REVIEW_REPO") or REPO_ROOT).resolve())

@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from kernels.spec import SpecError, TaskSpec, discover_specs, load_spec
+from kregress.core.spec import SpecError, TaskSpec, discover_specs, load_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kernels.records import DroppedSuggestion, Verdict, VariantResult, config_label
-from kernels.spec import TaskSpec
+from kregress.core.records import DroppedSuggestion, Verdict, VariantResult, config_label
+from kregress.core.names import MEASURED_EVIDENCE
+from kregress.core.spec import TaskSpec
 
-MEASURED = ("cuda", "replay")
 
 
 def objective(row: VariantResult, spec: TaskSpec) -> float | None:
@@ -122,7 +122,7 @@ def _samples(row: VariantResult) -> list[list[float]]:
 
 def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> Verdict:
     """The evidence rule: correctness and constraints are real everywhere; latency needs cuda/replay."""
-    from kernels import stats
+    from kregress.core import stats
 
     if row.error:
         return Verdict(variant_id=row.variant_id, verdict="REGRESS", reasons=[failure_line(row)], evidence=row.evidence)
@@ -135,7 +135,7 @@ def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> 
                        reasons=["no latency for the variant or the baseline"], evidence=row.evidence)
     point = v_obj / b_obj
     guard = spec.regression_guard.not_worse_than_baseline_ratio
-    if row.evidence in MEASURED and baseline.evidence in MEASURED:
+    if row.evidence in MEASURED_EVIDENCE and baseline.evidence in MEASURED_EVIDENCE:
         try:
             ci = stats.ratio_ci(_samples(row), _samples(baseline), confidence=spec.regression_guard.confidence,
                                 seed=spec.search.seed)

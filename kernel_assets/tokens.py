@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import dagster as dg
 
-from kernels.spec import TaskSpec
+from kregress.core.spec import TaskSpec
 from resources.ledger import Ledger, budget_report, totals_row
 
 NUMERIC = ("calls", "ok", "errors", "cache_hits", "input", "output", "total")

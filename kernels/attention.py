@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.registry import check_param_keys, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kregress.core.family import check_param_keys, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
 
 
 @triton.jit
@@ -148,7 +148,6 @@ TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
 HEAD_DIMS = (64, 128)
 SEQLEN_PATTERNS = ("uniform", "spread")
 PARAM_KEYS = ("causal", "window", "seqlens", "softmax_scale", "head_dims")
-SMEM_PER_BLOCK = 232448
 MAX_HEAD_DIM = max(HEAD_DIMS)
 
 
@@ -177,11 +176,11 @@ SPACE = Space(
     },
     rules=(
         Rule("acc_in_registers", "BLOCK_M * 128 / (32 * num_warps) <= 128 (fp32 accumulator at head_dim 128)",
-             lambda c, p: c["BLOCK_M"] * MAX_HEAD_DIM <= 128 * 32 * c["num_warps"]),
+             lambda c, p, lim: c["BLOCK_M"] * MAX_HEAD_DIM <= 128 * 32 * c["num_warps"]),
         Rule("rows_per_warp", "BLOCK_M >= 16 * num_warps / 4 (a warp's MMA needs 16 rows; a warpgroup shares them)",
-             lambda c, p: 4 * c["BLOCK_M"] >= 16 * c["num_warps"]),
-        Rule("smem_ring", "(BLOCK_M + 2 * num_stages * BLOCK_N) * 128 * 2 bytes <= 227 KiB",
-             lambda c, p: (c["BLOCK_M"] + 2 * c["num_stages"] * c["BLOCK_N"]) * MAX_HEAD_DIM * 2 <= SMEM_PER_BLOCK),
+             lambda c, p, lim: 4 * c["BLOCK_M"] >= 16 * c["num_warps"]),
+        Rule("smem_ring", "(BLOCK_M + 2 * num_stages * BLOCK_N) * 128 * 2 bytes <= hardware.limits.max_shared_memory_per_block (227 KiB on an H100)",
+             lambda c, p, lim: (c["BLOCK_M"] + 2 * c["num_stages"] * c["BLOCK_N"]) * MAX_HEAD_DIM * 2 <= lim.max_shared_memory_per_block),
     ),
 )
 
@@ -273,7 +272,7 @@ class AttentionFamily(Family):
         cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
         return {"q": q, "k": k, "v": v, "cu_seqlens": cu, "max_seqlen": max(lens + [0])}
 
-    def run(self, inputs, config, params, interpret=False):
+    def run(self, inputs, config, params):
         return attention(inputs["q"], inputs["k"], inputs["v"], inputs["cu_seqlens"], inputs["max_seqlen"],
                          config, causal=_causal(params), window=_window(params),
                          softmax_scale=_scale(params, inputs["q"].shape[-1]))

@@ -21,7 +21,7 @@ from typing import Any
 
 import triton
 
-from kernels.records import CompileStats
+from kregress.core.records import CompileStats
 
 _TRITON_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 

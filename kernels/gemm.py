@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.registry import CompileUnit, Family, Rule, Space, register
+from kregress.core.family import CompileUnit, Family, Rule, Space, register
 
 
 @triton.jit
@@ -69,13 +69,13 @@ TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
 
 
-def _smem_fits(cfg: dict[str, int], _params: dict[str, Any]) -> bool:
-    # Coarse pre-compile bound (2-byte inputs): the multi-stage A+B ring must not exceed 227 KiB.
+def _smem_fits(cfg: dict[str, int], _params: dict[str, Any], lim: Any) -> bool:
+    # Coarse pre-compile bound (2-byte inputs): the multi-stage A+B ring must not exceed twice the per-block limit.
     # The real number comes from the compile; this only spares ptxas obviously hopeless configs.
-    return (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * 2 * cfg["num_stages"] <= 2 * 232448
+    return (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * 2 * cfg["num_stages"] <= 2 * lim.max_shared_memory_per_block
 
 
-def _warps_fit_tile(cfg: dict[str, int], _params: dict[str, Any]) -> bool:
+def _warps_fit_tile(cfg: dict[str, int], _params: dict[str, Any], _lim: Any) -> bool:
     # A warp group's MMA needs at least 16 rows per warp along M (or N): more warps than that idle.
     return cfg["num_warps"] * 16 <= max(cfg["BLOCK_M"], cfg["BLOCK_N"]) * 4
 
@@ -91,8 +91,8 @@ SPACE = Space(
     },
     rules=(
         Rule("tile_not_huge", "BLOCK_M * BLOCK_N <= 256 * 128 (accumulator must fit in registers)",
-             lambda c, p: c["BLOCK_M"] * c["BLOCK_N"] <= 256 * 128),
-        Rule("smem_ring", "(BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes * num_stages <= 2 x 227 KiB", _smem_fits),
+             lambda c, p, lim: c["BLOCK_M"] * c["BLOCK_N"] <= 256 * 128),
+        Rule("smem_ring", "(BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes * num_stages <= 2 x hardware.limits.max_shared_memory_per_block", _smem_fits),
         Rule("warps_fit_tile", "num_warps * 16 <= 4 * max(BLOCK_M, BLOCK_N)", _warps_fit_tile),
     ),
 )
@@ -105,7 +105,7 @@ class GemmFamily(Family):
         b = torch.randn(shape["K"], shape["N"], generator=g).to(dtype).to(device)
         return {"a": a, "b": b}
 
-    def run(self, inputs, config, params, interpret=False):
+    def run(self, inputs, config, params):
         return matmul(inputs["a"], inputs["b"], config)
 
     def reference(self, inputs, params):

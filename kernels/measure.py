@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import triton
 
-from kernels.records import CompileStats, Correctness, Measurement
-from kernels.registry import Family
+from kregress.core.records import CompileStats, Correctness, Measurement
+from kregress.core.family import Family
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
@@ -62,7 +62,7 @@ def check_correctness(family: Family, config: dict, shapes: list[dict], dtype: s
     tols = []
     for shape in shapes:
         inputs = family.make_inputs(shape, TORCH_DTYPES[dtype], device, seed, params)
-        out = family.run(inputs, config, params, interpret=interpret)
+        out = family.run(inputs, config, params)
         ref = family.reference({k: v.cpu() if torch.is_tensor(v) else v for k, v in inputs.items()}, params)
         atol, rtol = family.tolerance(shape, dtype, base_tol, params)
         tols.append(max(atol, rtol))

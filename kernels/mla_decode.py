@@ -56,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.registry import check_param_keys, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kregress.core.family import check_param_keys, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
 
 D_LATENT = 512
 D_ROPE = 64
@@ -194,7 +194,6 @@ def _combine_meta(splits: int) -> dict[str, int]:
     p2 = triton.next_power_of_2(splits)
     return {"NUM_SPLITS": splits, "SPLITS_P2": p2, "BLOCK_R": COMBINE_ROWS,
             "BLOCK_DV": max(16, min(128, 4096 // (COMBINE_ROWS * p2)))}
-SMEM_PER_BLOCK = 232448
 
 
 def _page_size(params: dict[str, Any]) -> int:
@@ -212,9 +211,9 @@ def kv_buffers(num_stages: int) -> int:
     return max(1, (num_stages - 1) // 2)
 
 
-def _smem_fits(cfg: dict[str, int], _params: dict[str, Any]) -> bool:
+def _smem_fits(cfg: dict[str, int], _params: dict[str, Any], lim: Any) -> bool:
     # Coarse pre-compile bound: a Q-sized staging tile plus the KV ring, 576 two-byte values per row.
-    return (cfg["BLOCK_H"] + kv_buffers(cfg["num_stages"]) * cfg["BLOCK_N"]) * D_QK * 2 <= SMEM_PER_BLOCK
+    return (cfg["BLOCK_H"] + kv_buffers(cfg["num_stages"]) * cfg["BLOCK_N"]) * D_QK * 2 <= lim.max_shared_memory_per_block
 
 
 SPACE = Space(
@@ -227,10 +226,10 @@ SPACE = Space(
     },
     rules=(
         Rule("page_divisible", "page_size % BLOCK_N == 0 (a KV tile must not straddle a page)",
-             lambda c, p: _page_size(p) % c["BLOCK_N"] == 0),
+             lambda c, p, lim: _page_size(p) % c["BLOCK_N"] == 0),
         Rule("acc_in_registers", "BLOCK_H * 512 / (32 * num_warps) <= 128 (fp32 accumulator registers per thread)",
-             lambda c, p: c["BLOCK_H"] * D_LATENT <= 128 * 32 * c["num_warps"]),
-        Rule("smem_ring", "(BLOCK_H + max(1, (num_stages - 1) // 2) * BLOCK_N) * 576 * 2 bytes <= 227 KiB", _smem_fits),
+             lambda c, p, lim: c["BLOCK_H"] * D_LATENT <= 128 * 32 * c["num_warps"]),
+        Rule("smem_ring", "(BLOCK_H + max(1, (num_stages - 1) // 2) * BLOCK_N) * 576 * 2 bytes <= hardware.limits.max_shared_memory_per_block (227 KiB on an H100)", _smem_fits),
     ),
 )
 
@@ -330,7 +329,7 @@ class MlaDecodeFamily(Family):
         seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
         return {"q": q, "kv_cache": kv, "block_table": block_table, "cache_seqlens": seqlens}
 
-    def run(self, inputs, config, params, interpret=False):
+    def run(self, inputs, config, params):
         out, lse = mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["cache_seqlens"],
                               _softmax_scale(params), config)
         if (params or {}).get("check_lse"):

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 
-from kernels.registry import Family, Space, register
-from kernels.replay import DEFAULT_FILE, ReplayTable, replay_path, to_measurements
+from kregress.core.family import Family, Space, register
+from kregress.core.recorded import DEFAULT_FILE, ReplayTable, replay_path, to_measurements
 
 
 class _LazySpace(Space):

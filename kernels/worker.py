@@ -50,13 +50,13 @@ def _patch_interpreter_bf16_dot() -> None:
 
 
 def _limits(d: dict):
-    from kernels.spec import HardwareLimits
+    from kregress.core.spec import HardwareLimits
 
     return HardwareLimits(**d)
 
 
 def handle(job: dict) -> dict:
-    from kernels.registry import get_family
+    from kregress.core.family import get_family
 
     family = get_family(job["family"])
     op = job["op"]

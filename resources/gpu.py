@@ -26,13 +26,14 @@ from typing import Any, Callable
 import dagster as dg
 from pydantic import Field
 
+from kregress.core import paths
+from kregress.core.paths import REPO_ROOT
 from kernels.compile import cache_key
 from kernels.measure import model_measurements
-from kernels.records import CompileStats, Correctness, Measurement, Suggestion, VariantResult
-from kernels.registry import Family
-from kernels.spec import TaskSpec
+from kregress.core.records import CompileStats, Correctness, Measurement, Suggestion, VariantResult
+from kregress.core.family import Family
+from kregress.core.spec import TaskSpec
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "@@kregress "
 
 
@@ -180,10 +181,6 @@ def _json_cache_put(path: Path, value: dict) -> None:
     tmp.replace(path)  # atomic: a crashed run never leaves half a cache entry
 
 
-def default_home() -> Path:
-    return Path(os.environ.get("DAGSTER_HOME") or (REPO_ROOT / "dagster_home"))
-
-
 class BenchmarkResource(dg.ConfigurableResource):
     """Compiles, checks and times kernel variants; see the module docstring for the backends."""
 
@@ -206,7 +203,7 @@ class BenchmarkResource(dg.ConfigurableResource):
         return choice
 
     def _cache_root(self) -> Path:
-        return Path(self.cache_dir) if self.cache_dir else default_home() / "cache"
+        return Path(self.cache_dir) if self.cache_dir else paths.cache_dir()
 
     def _env(self, interpret: bool) -> dict[str, str]:
         env = dict(os.environ)
@@ -255,7 +252,7 @@ class BenchmarkResource(dg.ConfigurableResource):
         jobs, idx = [], []
         for i, s in enumerate(suggestions):
             row = rows[i] = base_row(s)
-            problem = family.space.check(s.config, spec.params)
+            problem = family.space.check(s.config, spec.params, spec.hardware.limits)
             if problem:
                 row.error, row.error_detail = "invalid_config", problem
                 continue
@@ -366,7 +363,7 @@ class BenchmarkResource(dg.ConfigurableResource):
                 patch_summary=s.patch_summary, expected_effect=s.expected_effect, risk=s.risk, parent=s.parent,
                 backend="replay",
             )
-            problem = family.space.check(s.config, spec.params)
+            problem = family.space.check(s.config, spec.params, spec.hardware.limits)
             if problem:
                 row.error, row.error_detail = "invalid_config", problem
             else:

@@ -6,7 +6,7 @@ processes (or hosts sharing the file) serialise their budget checks and can neve
 
 Three tables:
 
-- ``usage``: one row per attempt, the fields of ``kernels.records.UsageRecord`` (plus the sweep and the
+- ``usage``: one row per attempt, the fields of ``kregress.core.records.UsageRecord`` (plus the sweep and the
   reservation it belonged to). Cache hits are rows with ``cache_hit`` set and no tokens.
 - ``reservations``: one row per logical call. ``reserved`` rows count their estimate (prompt estimate +
   max_tokens); ``settled`` rows count the usage the server reported; ``released`` rows count nothing;
@@ -43,8 +43,9 @@ from typing import Any, Iterable, Iterator, Sequence
 import dagster as dg
 from pydantic import Field
 
-from kernels.records import UsageRecord
-from kernels.spec import Budget
+from kregress.core import paths
+from kregress.core.records import UsageRecord
+from kregress.core.spec import Budget
 
 USAGE_FIELDS = tuple(UsageRecord.model_fields)
 GROUPABLE = ("role", "key_alias", "task", "model", "round", "partition", "run_id", "status")
@@ -117,9 +118,8 @@ class Reservation:
 
 
 def default_ledger_path(dagster_home: str | os.PathLike | None = None) -> Path:
-    """``$DAGSTER_HOME/ledger.sqlite``; without DAGSTER_HOME, ``./dagster_home/ledger.sqlite``."""
-    home = dagster_home or os.environ.get("DAGSTER_HOME") or (Path.cwd() / "dagster_home")
-    return Path(home) / "ledger.sqlite"
+    """``<dagster_home>/ledger.sqlite``; by default ``paths.ledger_path()`` (the one home)."""
+    return Path(dagster_home) / "ledger.sqlite" if dagster_home else paths.ledger_path()
 
 
 _PG_DRIVERS = ("", "psycopg")  # postgresql://, postgresql+psycopg:// (postgres:// is libpq's alias)

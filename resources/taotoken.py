@@ -32,15 +32,33 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import dagster as dg
 import httpx2
 import openai
 from pydantic import Field
 
-from kernels.records import UsageRecord
-from kernels.spec import Budget
+from kregress.core.endpoints import (  # noqa: F401  (re-exported: the gateway's public names)
+    BASE_URL_ENV,
+    DEFAULT_ROOT,
+    FALLBACK_KEY_ENV,
+    KEY_PATTERN,
+    KNOWN_ENV,
+    MODEL_ENV,
+    OTHER_TOOLS_ENV,
+    ROLE_KEY_ENV,
+    ContentError,
+    CredentialsError,
+    GatewayError,
+    RequestError,
+    RetriesExhausted,
+    fingerprint,
+    resolve_base_url,
+    split_keys,
+)
+from kregress.core.names import ROLES
+from kregress.core.records import UsageRecord
+from kregress.core.spec import Budget
 from resources.ledger import CACHE_ALIAS, BudgetExceeded, Ledger, LedgerResource, Reservation
 
 __all__ = [
@@ -64,107 +82,9 @@ __all__ = [
     "request_hash",
 ]
 
-ROLES = ("suggest", "report", "review")
-DEFAULT_ROOT = "https://taotoken.net/api"
-BASE_URL_ENV = "TAOTOKEN_BASE_URL"
-MODEL_ENV = "TAOTOKEN_MODEL_ID"
-FALLBACK_KEY_ENV = "TAOTOKEN_API_KEY"
-ROLE_KEY_ENV = {r: f"TAOTOKEN_KEY_{r.upper()}" for r in ROLES}
-KNOWN_ENV = {BASE_URL_ENV, MODEL_ENV, FALLBACK_KEY_ENV, *ROLE_KEY_ENV.values()}
-# Variables other tools read; a common mistake is to export one of these and expect the gateway to use it.
-OTHER_TOOLS_ENV = ("OPENAI_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "OPENROUTER_API_KEY", "DEEPSEEK_API_KEY")
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504}) | frozenset(range(520, 530))
 
 log_default = logging.getLogger("kregress.gateway")
-
-
-# --- errors ----------------------------------------------------------------------------------------
-
-
-class GatewayError(RuntimeError):
-    """A model call that could not be made or failed; ``category`` is credentials, request, content or transient."""
-
-    category = "gateway"
-
-    def __init__(self, message: str, *, role: str = "", key_alias: str = "", status: int | None = None) -> None:
-        super().__init__(message)
-        self.role = role
-        self.key_alias = key_alias
-        self.status = status
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self)!r})"
-
-
-class CredentialsError(GatewayError):
-    category = "credentials"
-
-
-class RequestError(GatewayError):
-    category = "request"
-
-
-class ContentError(GatewayError):
-    category = "content"
-
-
-class RetriesExhausted(GatewayError):
-    category = "transient"
-
-
-# --- base URL ----------------------------------------------------------------------------------------
-
-
-def resolve_base_url(url: str | None) -> tuple[str, str]:
-    """(API root, SDK base) from what the user configured; refuses URLs that cannot be the API.
-
-    ``https://taotoken.net/api`` -> (``https://taotoken.net/api``, ``https://taotoken.net/api/v1``);
-    ``.../api/v1`` is accepted as well. Refused with a message that says what to write instead: a query
-    string or fragment (e.g. ``?utm_source=...``), credentials in the URL, a duplicated ``/v1``, an
-    endpoint path (``/chat/completions``), a site homepage with no API path, a non-http(s) scheme.
-    """
-    raw = (url or "").strip() or DEFAULT_ROOT
-    example = f"use the API root, e.g. {DEFAULT_ROOT}"
-    try:
-        parts = urlsplit(raw)
-    except ValueError:
-        raise RequestError(f"[request] {BASE_URL_ENV}: not a URL. Fix: {example}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise RequestError(f"[request] {BASE_URL_ENV}: {raw[:80]!r} is not an http(s) URL. Fix: {example}")
-    shown = urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
-    if parts.username or parts.password:
-        raise RequestError(
-            f"[request] {BASE_URL_ENV}: the URL carries credentials (user:password@host); keys go in "
-            f"TAOTOKEN_KEY_<ROLE> / {FALLBACK_KEY_ENV}, never in the URL. Fix: {example}"
-        )
-    if parts.query or parts.fragment:
-        names = sorted({k for k, _ in parse_qsl(parts.query, keep_blank_values=True)})
-        what = f"a query string (parameters: {', '.join(names)})" if parts.query else "a #fragment"
-        raise RequestError(
-            f"[request] {BASE_URL_ENV}: {shown} carries {what}, which looks copied from a browser link; "
-            f"the API takes no query string. Fix: {example}"
-        )
-    segs = [s for s in parts.path.split("/") if s]
-    if not segs:
-        raise RequestError(
-            f"[request] {BASE_URL_ENV}: {shown} is a site homepage with no API path. Fix: {example} "
-            "(the gateway appends /v1 itself)"
-        )
-    for a, b in zip(segs, segs[1:]):
-        if a == b:
-            raise RequestError(f"[request] {BASE_URL_ENV}: {shown} has a duplicated /{a} in its path. Fix: {example}")
-    if len(segs) >= 2 and segs[-2:] == ["chat", "completions"] or segs[-1] in ("completions", "models", "responses"):
-        raise RequestError(f"[request] {BASE_URL_ENV}: {shown} is an endpoint, not the API root. Fix: {example}")
-    if segs.count("v1") > 1:
-        raise RequestError(f"[request] {BASE_URL_ENV}: {shown} has /v1 twice. Fix: {example}")
-    origin = f"{parts.scheme}://{parts.netloc}"
-    if segs[-1] == "v1":
-        root = origin + "/" + "/".join(segs[:-1]) if segs[:-1] else origin
-        return root.rstrip("/"), origin + "/" + "/".join(segs)
-    if "v1" in segs:
-        raise RequestError(f"[request] {BASE_URL_ENV}: {shown} has /v1 in the middle of its path. Fix: {example}")
-    root = origin + "/" + "/".join(segs)
-    return root, root + "/v1"
 
 
 # --- token estimates and request hashing ---------------------------------------------------------
@@ -232,24 +152,6 @@ class ApiKey:
         raise TypeError(f"{self!r} cannot be pickled: keys stay in the process that read them from the environment")
 
 
-def fingerprint(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()[:4]
-
-
-def _split_keys(value: str) -> list[str]:
-    out = []
-    for part in re.split(r"[,;\s]+", value or ""):
-        part = part.strip().strip("'\"")
-        if part.lower().startswith("bearer"):
-            part = part[len("bearer"):].strip()
-        if part and part not in out:
-            out.append(part)
-    return out
-
-
-_KEYLIKE = re.compile(r"\b(?:sk|tk|tt|pk|key)[-_][A-Za-z0-9_\-]{12,}|Bearer\s+\S+", re.IGNORECASE)
-
-
 class KeyPool:
     """Keys per role with per-key cooldowns; picks the least recently used key that is not cooling down."""
 
@@ -257,7 +159,7 @@ class KeyPool:
         self._keys = {r: list(keys.get(r, [])) for r in ROLES}
         self._env_names = {k: bool(v) for k, v in (environ or {}).items() if k.startswith("TAOTOKEN_") or k in OTHER_TOOLS_ENV}
         self._env_keycount = {
-            name: len(_split_keys((environ or {}).get(name, ""))) for name in [FALLBACK_KEY_ENV, *ROLE_KEY_ENV.values()]
+            name: len(split_keys((environ or {}).get(name, ""))) for name in [FALLBACK_KEY_ENV, *ROLE_KEY_ENV.values()]
         }
         self._cool_until: dict[str, float] = {}
         self._last_used: dict[str, float] = {}
@@ -266,11 +168,11 @@ class KeyPool:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> KeyPool:
         env = dict(os.environ if environ is None else environ)
-        fallback = _split_keys(env.get(FALLBACK_KEY_ENV, ""))
+        fallback = split_keys(env.get(FALLBACK_KEY_ENV, ""))
         keys: dict[str, list[ApiKey]] = {}
         for role in ROLES:
             var = ROLE_KEY_ENV[role]
-            secrets, source = _split_keys(env.get(var, "")), var
+            secrets, source = split_keys(env.get(var, "")), var
             if not secrets:
                 secrets, source = fallback, FALLBACK_KEY_ENV
             seen: set[str] = set()
@@ -312,7 +214,7 @@ class KeyPool:
 
     def scrub(self, text: str) -> str:
         """Replace every key this pool holds (and anything shaped like a bearer token) with an alias / mask."""
-        return _KEYLIKE.sub("<redacted>", self.scrub_exact(text))
+        return KEY_PATTERN.sub("<redacted>", self.scrub_exact(text))
 
     # -- scheduling --------------------------------------------------------------------------
     def pick(self, role: str, now: float) -> tuple[ApiKey, float]:

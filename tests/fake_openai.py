@@ -240,7 +240,7 @@ def budget_race_worker(root: str, ledger_target: str, wid: int, total: int, out:
     ``(wid, ok, refused)`` on ``out``, or the error text, so the parent never hangs."""
     import random
 
-    from kernels.spec import Budget
+    from kregress.core.spec import Budget
     from resources.ledger import BudgetExceeded, Ledger
     from resources.taotoken import CallContext, TaotokenResource
 

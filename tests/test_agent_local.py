@@ -6,9 +6,9 @@ import math
 
 from kernel_assets.agent.base import AgentContext
 from kernel_assets.agent.local import LocalPolicy
-from kernels.records import CompileStats, Measurement, VariantResult, config_hash
-from kernels.registry import get_family
-from kernels.spec import parse_spec
+from kregress.core.records import CompileStats, Measurement, VariantResult, config_hash
+from kregress.core.family import get_family
+from kregress.core.spec import parse_spec
 
 GEMM = get_family("gemm")
 SPEC = parse_spec({
@@ -81,7 +81,7 @@ def test_seeded_from_the_incumbent_and_constraint_aware():
 
 
 def test_exhausted_space_says_so():
-    from kernels.registry import Family, Space
+    from kregress.core.family import Family, Space
 
     tiny = Family(name="tiny", space=Space(params={"BLOCK_M": (16, 32), "num_warps": (2, 4)}), shape_keys=("M",),
                   headline_metric="tflops")

@@ -11,9 +11,9 @@ import torch
 from kernels.attention import reference_attention, seq_lengths, visible_pairs
 from kernels.compile import compile_units
 from kernels.measure import compare
-from kernels.records import Suggestion
-from kernels.registry import families, get_family
-from kernels.spec import HardwareLimits, load_spec, parse_spec
+from kregress.core.records import Suggestion
+from kregress.core.family import families, get_family
+from kregress.core.spec import HardwareLimits, load_spec, parse_spec
 from resources.gpu import BenchmarkResource
 
 REPO = Path(__file__).resolve().parent.parent

@@ -33,8 +33,8 @@ from dagster._core.instance.config import (
 )
 from dagster._core.instance.ref import InstanceRef
 
-from deploy import executors
-from deploy.executors import (
+from kernel_assets import executors
+from kernel_assets.executors import (
     GPU_POOL,
     benchmark_op_tags,
     executor_from_env,

@@ -7,7 +7,7 @@ import multiprocessing as mp
 import pytest
 from fake_openai import budget_race_worker, make_gateway, prompt_tokens_of
 
-from kernels.spec import Budget
+from kregress.core.spec import Budget
 from resources.ledger import BudgetExceeded, Ledger, budget_report
 from resources.taotoken import CallContext, estimate_messages_tokens, estimate_tokens
 

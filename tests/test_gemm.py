@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kernels.compile import CompileError, compile_units
-from kernels.records import Suggestion
-from kernels.registry import get_family
-from kernels.spec import HardwareLimits, parse_spec
+from kregress.core.records import Suggestion
+from kregress.core.family import get_family
+from kregress.core.spec import HardwareLimits, parse_spec
 from resources.gpu import BenchmarkResource, WorkerPool
 
 GEMM = get_family("gemm")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.records import Suggestion
-from kernels.registry import get_family
-from kernels.spec import parse_spec
+from kregress.core.records import Suggestion
+from kregress.core.family import get_family
+from kregress.core.spec import parse_spec
 from resources.gpu import BenchmarkResource
 
 pytestmark = pytest.mark.gpu

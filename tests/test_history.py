@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kernel_assets import history
-from kernels.records import Measurement, VariantResult, config_hash
-from kernels.spec import load_spec
+from kregress.core.records import Measurement, VariantResult, config_hash
+from kregress.core.spec import load_spec
 from pathlib import Path
 
 SPEC = load_spec(Path(__file__).resolve().parent.parent / "specs" / "replay_clblast_rtx3090.yaml")

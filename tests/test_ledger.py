@@ -13,8 +13,8 @@ import pytest
 
 from kernel_assets.cli_usage import register, run_usage
 from kernel_assets.tokens import build_token_assets
-from kernels.records import UsageRecord
-from kernels.spec import Budget, TaskSpec
+from kregress.core.records import UsageRecord
+from kregress.core.spec import Budget, TaskSpec
 from resources.ledger import (
     Ledger,
     LedgerConfigError,

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels.records import UsageRecord
-from kernels.spec import Budget
+from kregress.core.records import UsageRecord
+from kregress.core.spec import Budget
 from resources.ledger import (
     BudgetExceeded,
     Ledger,
@@ -429,7 +429,7 @@ def test_token_assets_materialize_from_a_postgres_ledger(pg_db):
     import dagster as dg
 
     from kernel_assets.tokens import build_token_assets
-    from kernels.spec import TaskSpec
+    from kregress.core.spec import TaskSpec
 
     _, url, _ = pg_db
     led = Ledger(url)

@@ -11,9 +11,9 @@ from fake_openai import make_gateway
 from kernel_assets.agent.base import AgentContext, Proposal, validate_and_dedupe
 from kernel_assets.agent.llm import HybridPolicy, LLMPolicy, extract_json, parse_suggestions, write_narrative
 from kernel_assets.agent.prompt import HEADER, SUGGEST_SYSTEM_PROMPT, build_suggest_messages, failure_lines, summarize_history
-from kernels.records import CompileStats, Measurement, Suggestion, VariantResult, config_hash
-from kernels.registry import Family, Rule, Space
-from kernels.spec import Budget, TaskSpec
+from kregress.core.records import CompileStats, Measurement, Suggestion, VariantResult, config_hash
+from kregress.core.family import Family, Rule, Space
+from kregress.core.spec import Budget, TaskSpec
 from resources.taotoken import CredentialsError
 
 KEY = "sk" "-agent-test-key-00000000000000"
@@ -21,7 +21,7 @@ ENV = {"TAOTOKEN_KEY_SUGGEST": KEY, "TAOTOKEN_KEY_REPORT": KEY + "-report"}
 
 SPACE = Space(
     params={"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8)},
-    rules=(Rule("tile", "BLOCK_M * BLOCK_N <= 8192", lambda c, p: c["BLOCK_M"] * c["BLOCK_N"] <= 8192),),
+    rules=(Rule("tile", "BLOCK_M * BLOCK_N <= 8192", lambda c, p, lim: c["BLOCK_M"] * c["BLOCK_N"] <= 8192),),
 )
 FAMILY = Family(name="toy", space=SPACE, shape_keys=("M", "N"), headline_metric="tflops")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels.records import Measurement
-from kernels.registry import Space
-from kernels.replay import (
+from kregress.core.records import Measurement
+from kregress.core.family import Space
+from kregress.core.recorded import (
     HEADER_KEYS,
     ReplayError,
     ReplayLookupError,

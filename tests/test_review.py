@@ -31,7 +31,7 @@ from kernel_assets.review import (
     run_review,
 )
 from kernel_assets.specs_resource import SpecStore
-from kernels.spec import load_spec
+from kregress.core.spec import load_spec
 from resources.ledger import Ledger, LedgerResource
 from resources.taotoken import TaotokenResource
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from kernel_assets.agent.base import AgentContext
 from kernel_assets.agent.local import LocalPolicy
-from kernels.records import Measurement, VariantResult, config_hash
-from kernels.registry import Family, Rule, Space
-from kernels.spec import parse_spec
+from kregress.core.records import Measurement, VariantResult, config_hash
+from kregress.core.family import Family, Rule, Space
+from kregress.core.spec import parse_spec
 
 _spec = importlib.util.spec_from_file_location("search_bench", Path(__file__).resolve().parents[1] / "bench" / "search.py")
 search = importlib.util.module_from_spec(_spec)
@@ -66,7 +66,7 @@ def test_local_policy_climbs_a_space_where_single_moves_are_invalid():
     # change both stay in the space (the shape of a rule like MWG % (MDIMC * VWM) == 0).
     vals = tuple(range(12))
     space = Space(params={"X": vals, "Y": vals, "Z": (0, 1)},
-                  rules=(Rule("diag", "X must equal Y", lambda c, p: c["X"] == c["Y"]),))
+                  rules=(Rule("diag", "X must equal Y", lambda c, p, lim: c["X"] == c["Y"]),))
     fam = Family(name="diag", space=space, shape_keys=("M",), headline_metric="tflops")
 
     def latency(c):

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kernel_assets.cli import main as cli_main
-from kernels.spec import SpecError, load_spec
+from kregress.core.spec import SpecError, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = yaml.safe_load((REPO / "specs" / "gemm_smoke.yaml").read_text())

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels import stats
-from kernels.stats import (
+from kregress.core import stats
+from kregress.core.stats import (
     RatioCI,
     asv_rule,
     classify,
@@ -75,7 +75,7 @@ def test_slowdown_at_the_guard_needs_review():
 
 def test_real_runs_aa_passes_and_injected_slowdown_regresses():
     """One recorded configuration: its 32 real RTX 3090 runs split in halves."""
-    from kernels.replay import ReplayTable
+    from kregress.core.recorded import ReplayTable
 
     table = ReplayTable.load()
     rec = table.best()
@@ -271,7 +271,7 @@ def test_asv_rule():
 
 def test_kernels_never_import_dagster():
     code = (
-        "import sys, kernels.stats, kernels.replay; "
+        "import sys, kregress.core.stats, kregress.core.recorded; "
         "bad = [m for m in sys.modules if m == 'dagster' or m.startswith('dagster.')]; "
         "assert not bad, bad"
     )

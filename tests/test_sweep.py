@@ -10,7 +10,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from kernels.spec import load_spec
+from kregress.core.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "specs" / "gemm_smoke.yaml"

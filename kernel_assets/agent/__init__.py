@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-STRATEGIES = ("local", "llm", "hybrid")
+from kregress.core.names import STRATEGIES  # noqa: E402
 
 
 def policy_for(strategy: str, spec: Any, resources: Any):

@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kernels.records import DroppedSuggestion, Suggestion, VariantResult
-from kernels.registry import Family
-from kernels.spec import TaskSpec
+from kregress.core.records import DroppedSuggestion, Suggestion, VariantResult
+from kregress.core.family import Family
+from kregress.core.spec import TaskSpec
 
 
 @dataclass
@@ -53,7 +53,7 @@ def validate_and_dedupe(
     seen = set(ctx.measured_hashes)
     ids = {r.variant_id for r in ctx.history}
     for s in candidates:
-        problem = ctx.family.space.check(s.config, ctx.spec.params)
+        problem = ctx.family.space.check(s.config, ctx.spec.params, ctx.spec.hardware.limits)
         if problem:
             dropped.append(DroppedSuggestion(round=ctx.round, source=source, raw=s.model_dump_json()[:400], reason=f"outside the space: {problem}"))
             continue

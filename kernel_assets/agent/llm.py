@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from kernel_assets.agent.base import AgentContext, Policy, Proposal, validate_and_dedupe
 from kernel_assets.agent.prompt import build_suggest_messages
-from kernels.records import DroppedSuggestion, Suggestion
-from kernels.spec import TaskSpec
+from kregress.core.records import DroppedSuggestion, Suggestion
+from kregress.core.spec import TaskSpec
 from resources.ledger import BudgetExceeded
 from resources.taotoken import CallContext, ContentError, CredentialsError, Gateway, GatewayError, RetriesExhausted
 

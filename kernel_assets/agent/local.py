@@ -34,8 +34,9 @@ import numpy as np
 import optuna
 
 from kernel_assets.agent.base import AgentContext, Proposal, validate_and_dedupe
-from kernels.records import Suggestion, VariantResult, config_label
-from kernels.registry import Space
+from kregress.core.records import Suggestion, VariantResult, config_label
+from kregress.core.family import Space
+from kregress.core.spec import HardwareLimits
 
 optuna.logging.set_verbosity(logging.WARNING)
 
@@ -91,7 +92,7 @@ _VALID_LOCK = threading.Lock()
 class ValidSet:
     """The valid configs of a space as ordinal positions (row i, tunable j: index into its values)."""
 
-    def __init__(self, space, params: dict):
+    def __init__(self, space, params: dict, limits=None):
         # A plain snapshot: a family may compute params and rules on every access (the replay family
         # reads them off its file), which would cost that much per enumerated point.
         snapshot = Space(params=dict(space.params), rules=tuple(space.rules))
@@ -101,14 +102,15 @@ class ValidSet:
         if all(isinstance(v, int) and not isinstance(v, bool) for vals in self.values for v in vals):
             # Space.check on a point built from the allowed values reduces to its rules: run them directly.
             keys, rules = self.keys, snapshot.rules
+            lim = limits if limits is not None else HardwareLimits()
             ranges = [range(len(vals)) for vals in self.values]
             for vals, pos in zip(itertools.product(*self.values), itertools.product(*ranges)):
                 cfg = dict(zip(keys, vals))
-                if all(rule.predicate(cfg, params) for rule in rules):
+                if all(rule.predicate(cfg, params, lim) for rule in rules):
                     rows.append(pos)
         else:
             where = [{v: i for i, v in enumerate(vals)} for vals in self.values]
-            rows = [tuple(where[j][cfg[k]] for j, k in enumerate(self.keys)) for cfg in snapshot.enumerate(params)]
+            rows = [tuple(where[j][cfg[k]] for j, k in enumerate(self.keys)) for cfg in snapshot.enumerate(params, limits)]
         self.idx = np.asarray(rows, dtype=np.int16).reshape(len(rows), len(self.keys))
         self.row_of = {r: i for i, r in enumerate(rows)}
 
@@ -138,16 +140,17 @@ class ValidSet:
         return [int(free[i]) for i in order]
 
 
-def valid_set(space, params: dict) -> ValidSet | None:
+def valid_set(space, params: dict, limits=None) -> ValidSet | None:
     """The enumerated valid set of ``space`` (cached per process), or None when it is too large."""
     if math.prod(len(v) for v in dict(space.params).values()) > ENUMERATE_LIMIT:
         return None
-    key = (id(space), json.dumps(params or {}, sort_keys=True, default=str))
+    key = (id(space), json.dumps(params or {}, sort_keys=True, default=str),
+           limits.model_dump_json() if limits is not None else "")
     with _VALID_LOCK:
         hit = _VALID_CACHE.get(key)
     if hit is not None and hit[0] is space:
         return hit[1]
-    vs = ValidSet(space, params or {})
+    vs = ValidSet(space, params or {}, limits)
     with _VALID_LOCK:
         _VALID_CACHE[key] = (space, vs)  # holds the space, so its id is not reused while cached
     return vs
@@ -160,7 +163,7 @@ class LocalPolicy:
         self.seed = seed
 
     def propose(self, ctx: AgentContext) -> Proposal:
-        from kernels.records import config_hash
+        from kregress.core.records import config_hash
 
         spec, fam = ctx.spec, ctx.family
         seed = (spec.search.seed if self.seed is None else self.seed) * 1009 + ctx.round
@@ -191,7 +194,7 @@ class LocalPolicy:
         seen = set(ctx.measured_hashes)
         n_exploit = max(1, ctx.n // 2)
         picked: list[dict[str, int]] = []
-        valid = valid_set(fam.space, spec.params)
+        valid = valid_set(fam.space, spec.params, spec.hardware.limits)
         if valid is not None and len(valid):
             # Exploitation: the unmeasured valid configs nearest to the incumbent.
             taken = np.zeros(len(valid), dtype=bool)
@@ -241,7 +244,7 @@ class LocalPolicy:
                 if len(picked) >= n_exploit:
                     break
                 h = config_hash(cand)
-                if h not in seen and fam.space.check(cand, spec.params) is None:
+                if h not in seen and fam.space.check(cand, spec.params, spec.hardware.limits) is None:
                     seen.add(h)
                     picked.append(cand)
             # Exploration: TPE under the constraints, until n new valid configs or the attempt cap.
@@ -252,7 +255,7 @@ class LocalPolicy:
                 trial = study.ask(distributions)
                 cand = {k: int(trial.params[k]) for k in distributions}
                 h = config_hash(cand)
-                if fam.space.check(cand, spec.params) is not None:
+                if fam.space.check(cand, spec.params, spec.hardware.limits) is not None:
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     continue
                 if h in seen:

@@ -16,7 +16,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from kernels.records import VariantResult, config_label
+from kregress.core.records import VariantResult, config_label
 
 if TYPE_CHECKING:
     from kernel_assets.agent.base import AgentContext

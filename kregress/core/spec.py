@@ -14,8 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-# Rounds the asset graph is built with (round_1 .. round_MAX). A spec may use fewer.
-MAX_GRAPH_ROUNDS = 4
+from kregress.core.names import MAX_GRAPH_ROUNDS, Strategy
 
 
 class _Strict(BaseModel):
@@ -64,7 +63,7 @@ class RegressionGuard(_Strict):
 
 
 class Search(_Strict):
-    strategy: Literal["local", "llm", "hybrid"] = "local"
+    strategy: Strategy = "local"
     variants_per_round: int = Field(default=8, ge=1, le=64)
     max_rounds: int = Field(default=3, ge=1, le=MAX_GRAPH_ROUNDS)
     no_improve_rounds: int = Field(default=2, ge=1)
@@ -112,7 +111,7 @@ class TaskSpec(_Strict):
     @field_validator("kernel_family")
     @classmethod
     def _known_family(cls, v: str) -> str:
-        from kernels.registry import families
+        from kregress.core.family import families
 
         if v not in families():
             raise ValueError(f"unknown kernel family {v!r}; allowed: {', '.join(sorted(families()))}")
@@ -134,7 +133,7 @@ class TaskSpec(_Strict):
 
 def family_problems(spec: TaskSpec) -> list[tuple[str, Any, str]]:
     """(field, value, message) for every shape, baseline or params problem the family finds."""
-    from kernels.registry import get_family
+    from kregress.core.family import get_family
 
     fam = get_family(spec.kernel_family)
     out = []
@@ -145,7 +144,7 @@ def family_problems(spec: TaskSpec) -> list[tuple[str, Any, str]]:
             problem = fam.check_shape(shape)
             if problem:
                 out.append((f"{field}.{i}", shape, problem))
-    problem = fam.space.check(spec.baseline, spec.params)
+    problem = fam.space.check(spec.baseline, spec.params, spec.hardware.limits)
     if problem:
         out.append(("baseline", spec.baseline, problem))
     problem = fam.check_params(spec.params)

@@ -56,9 +56,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-PASS = "PASS"
-REGRESS = "REGRESS"
-NEEDS_REVIEW = "NEEDS_REVIEW"
+from kregress.core.names import NEEDS_REVIEW, PASS, REGRESS  # noqa: E402
 
 METHODS = ("bootstrap", "hodges-lehmann")
 DEFAULT_METHOD = "bootstrap"

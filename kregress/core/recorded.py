@@ -12,7 +12,7 @@ run time; ``KREGRESS_REPLAY_DIR`` points elsewhere. They are never copied into t
     table = ReplayTable.load()                      # the RTX 3090 CLBlast GEMM space
     table.space.check(config)                       # None, or why the config is not in the space
     rec = table.lookup(config)                      # ReplayRecord: 32 runs, or a failure
-    measurements = to_measurements(table, rec)      # kernels.records.Measurement, evidence "replay"
+    measurements = to_measurements(table, rec)      # kregress.core.records.Measurement, evidence "replay"
 
 Parsed tables are cached per file in the process (keyed by path, size and mtime), so a second load is
 free; the first takes about half a second for the 17,956-entry file.
@@ -32,14 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from kernels.records import Measurement
-from kernels.registry import Rule, Space
+from kregress.core.records import Measurement
+from kregress.core.family import Rule, Space
+from kregress.core.paths import REPO_ROOT
 
 ENV_DIR = "KREGRESS_REPLAY_DIR"
 DEFAULT_FILE = "gemm_clblast_RTX_3090.json.gz"
 HEADER_KEYS = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params", "objective", "cache")
 
-# Kernel Tuner failure markers -> the error classes of kernels.records.ERROR_CLASSES
+# Kernel Tuner failure markers -> the error classes of kregress.core.records.ERROR_CLASSES
 FAILURE_ERROR_CLASS = {
     "CompilationFailedConfig": "compile_failed",
     "RuntimeFailedConfig": "runtime_error",
@@ -58,14 +59,10 @@ class ReplayLookupError(LookupError):
         return str(self.args[0]) if self.args else ""
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[1]
-
-
 def replay_dir() -> Path:
     """``$KREGRESS_REPLAY_DIR`` when set, else ``<repo>/../shared/data/replay``."""
     env = os.environ.get(ENV_DIR, "").strip()
-    return Path(env).expanduser() if env else repo_root().parent / "shared" / "data" / "replay"
+    return Path(env).expanduser() if env else REPO_ROOT.parent / "shared" / "data" / "replay"
 
 
 def replay_path(name: str = DEFAULT_FILE) -> Path:
@@ -126,7 +123,7 @@ class ReplayTable:
                 f"{math.prod(len(v) for v in self.tune_params.values()):,} points of {self.kernel_name} on "
                 f"{self.device_name}; points absent from it are ruled out by the kernel's restrictions)"
             ),
-            predicate=lambda config, params: tuple(config[k] for k in keys) in entries_ref,
+            predicate=lambda config, params, limits: tuple(config[k] for k in keys) in entries_ref,
         )
         self.space = Space(params=dict(self.tune_params), rules=(rule,))
 

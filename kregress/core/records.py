@@ -13,10 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-Evidence = Literal["cuda", "replay", "interpreter", "model"]
-VerdictKind = Literal["PASS", "REGRESS", "NEEDS_REVIEW"]
+from kregress.core.names import Evidence, Role, VerdictKind  # noqa: E402  (re-exported)
+
 Risk = Literal["low", "medium", "high"]
-Role = Literal["suggest", "report", "review"]
 
 # Error classes a variant row can carry (the `error` column). Anything else is a bug.
 ERROR_CLASSES = (

@@ -10,7 +10,8 @@
 
 Wiring (kernel_assets/definitions.py)::
 
-    from deploy.executors import GPU_POOL, benchmark_op_tags, executor_from_env
+    from kregress.core.names import GPU_POOL
+    from kernel_assets.executors import benchmark_op_tags, executor_from_env
 
     @asset(pool=GPU_POOL, op_tags=benchmark_op_tags(), ...)     # every benchmark step
     def round_1_variants(...): ...
@@ -31,14 +32,16 @@ from typing import Any, Mapping
 import yaml
 from dagster import ExecutorDefinition, in_process_executor, multiprocess_executor
 
-DEPLOY_DIR = Path(__file__).resolve().parent
+from kregress.core.names import GPU_POOL  # noqa: F401  (re-exported for the wiring below)
+from kregress.core.paths import REPO_ROOT
+
+DEPLOY_DIR = REPO_ROOT / "deploy"  # deployment data (YAML) only; no code lives there
 K8S_EXECUTOR_YAML = DEPLOY_DIR / "k8s" / "executor.yaml"
 GPU_STEP_TAGS_YAML = DEPLOY_DIR / "k8s" / "gpu_step_tags.yaml"
 INSTANCE_YAML = DEPLOY_DIR / "dagster.yaml"
 
 ENV_EXECUTOR = "KREGRESS_EXECUTOR"
 EXECUTORS = ("multiprocess", "in_process", "k8s")
-GPU_POOL = "gpu"
 K8S_CONFIG_TAG = "dagster-k8s/config"
 
 

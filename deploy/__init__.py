@@ -1,1 +1,0 @@
-"""Deployment configuration: the Dagster instance for PostgreSQL and the executor for Kubernetes."""
