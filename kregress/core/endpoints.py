@@ -133,7 +133,7 @@ def split_keys(value: str) -> list[str]:
 
 
 # What a key looks like in free text (logs, files, exceptions): the one pattern every scan uses.
-KEY_PATTERN = re.compile(r"\b(?:sk|tk|tt|pk|key)[-_][A-Za-z0-9_\-]{12,}|\bBearer\s+\S{8,}", re.IGNORECASE)
+KEY_PATTERN = re.compile(r"\b(?:sk|tk|tt|pk|key)[-_][A-Za-z0-9_\-]{12,}|\bBearer\s+[A-Za-z0-9._~+/=-]{6,}", re.IGNORECASE)
 
 
 def mask_secret(value: str) -> str:
