@@ -58,15 +58,14 @@ def bench_family(name: str, n_configs: int) -> dict:
     from kregress.core.records import config_label
     from kregress.core.family import get_family
     from kregress.core.spec import load_spec
-    from resources.gpu import BenchmarkResource, _Worker
+    from resources.workers import Worker, worker_env
 
     spec = load_spec(REPO / SPECS[name])
     fam = get_family(spec.kernel_family)
     result = {"family": name, "spec": SPECS[name], "compile": [], "interp": []}
 
     with tempfile.TemporaryDirectory(prefix=f"kregress-bench-{name}-") as cache:
-        env = BenchmarkResource(cache_dir=cache)._env(interpret=False)  # TRITON_CACHE_DIR=<cache>/triton, fresh
-        worker = _Worker(env)
+        worker = Worker(worker_env(Path(cache), interpret=False))  # TRITON_CACHE_DIR=<cache>/triton, fresh
         worker.wait_ready(180)
         try:
             for cfg in neighbour_configs(fam, spec.baseline, spec.params, n_configs):
@@ -86,8 +85,7 @@ def bench_family(name: str, n_configs: int) -> dict:
         finally:
             worker.kill()
 
-        env = BenchmarkResource(cache_dir=cache)._env(interpret=True)
-        worker = _Worker(env)
+        worker = Worker(worker_env(Path(cache), interpret=True))
         worker.wait_ready(180)
         try:
             def check(shape: dict) -> tuple[dict, float]:

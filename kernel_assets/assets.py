@@ -3,12 +3,16 @@
 baseline_metrics -> round_k_suggestions -> round_k_variants -> round_k_profiles -> ... -> verdict_report
 Each asset is partitioned by spec (task_id). Rounds past the spec's max_rounds, or after a stop rule
 fires, materialize as empty and say why, so every partition has the same graph.
+
+The spec is read from disk once per run, by baseline_metrics, and handed on inside the outputs
+(RoundState.spec, Proposal.spec): an edit to the file mid-run never changes it between steps.
 """
 
 
 import hashlib
-import inspect
 import time
+from enum import Enum
+from types import SimpleNamespace
 
 import dagster as dg
 import pandas as pd
@@ -16,36 +20,42 @@ import pandas as pd
 from kernel_assets import history, sweep
 from kernel_assets.agent import policy_for
 from kernel_assets.agent.base import AgentContext, Proposal
-from kernel_assets.constants import GPU_POOL, GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, ROUNDS, SPECS_PARTITIONS
+from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, OWNERS, ROUNDS, SPECS_PARTITIONS
+from kernel_assets.executors import benchmark_op_tags
 from kernel_assets.report import _md_table, md_image, tables, write_report
 from kernel_assets.specs_resource import SpecStore
-from kregress.core.records import Suggestion, VariantResult, config_label
-from kregress.core.family import families, get_family
-from kernel_assets.executors import benchmark_op_tags
 from kregress.core import paths
-from resources.gpu import BenchmarkResource
+from kregress.core.family import families, get_family
+from kregress.core.names import GPU_POOL, STRATEGIES
+from kregress.core.records import Suggestion, VariantResult, config_label
+from kregress.core.spec import TaskSpec
+from resources.gpu import BenchmarkBackend, ReplayBackend, backend_for
+from resources.ledger import LedgerResource
+from resources.taotoken import TaotokenResource
 
 # Benchmark steps: the `gpu` pool (one at a time per GPU) and, under the k8s executor, a one-GPU pod.
 GPU_OP_TAGS = benchmark_op_tags()
 
 
 def kernels_code_version() -> str:
-    """Changes whenever a kernel's source changes, so the UI marks every sweep asset stale."""
+    """Changes when what a family compiles changes (its jit functions' cache keys, its declared kernel
+    files), so the UI marks the sweep assets stale; a docstring edit changes nothing."""
     h = hashlib.sha256()
     for name, fam in sorted(families().items()):
         h.update(name.encode())
         h.update(fam.source_hash().encode())
-    h.update(inspect.getsource(sweep).encode())
     return h.hexdigest()[:16]
 
 
 CODE_VERSION = kernels_code_version()
 
+StrategyOverride = Enum("StrategyOverride", {"spec": "spec", **{s: s for s in STRATEGIES}}, type=str)
+
 
 class SuggestConfig(dg.Config):
-    """Launchpad override of the spec's search strategy (empty = use the spec)."""
+    """Launchpad override of the spec's search strategy (``spec`` = use the spec's)."""
 
-    strategy: str = ""
+    strategy: StrategyOverride = StrategyOverride.spec
 
 
 def _rows_md(rows: list[VariantResult]) -> str:
@@ -60,12 +70,19 @@ def _log_fn(context: dg.AssetExecutionContext):
     return lambda msg: context.log.info(msg)
 
 
+def _snapshot(spec: TaskSpec | None, specs: SpecStore, task_id: str) -> TaskSpec:
+    """The run's spec: the snapshot handed on by the previous step (reading the file only if absent)."""
+    return spec if spec is not None else specs.load(task_id)
+
+
 @dg.asset(
     partitions_def=SPECS_PARTITIONS,
     group_name=GROUP_BASELINE,
     pool=GPU_POOL,
     op_tags=GPU_OP_TAGS,
     code_version=CODE_VERSION,
+    kinds={"triton", "pytorch"},
+    owners=OWNERS,
     check_specs=[
         dg.AssetCheckSpec("baseline_correct", asset="baseline_metrics", blocking=True,
                           description="Baseline compiles and matches the float64 reference (blocks the sweep)."),
@@ -73,13 +90,14 @@ def _log_fn(context: dg.AssetExecutionContext):
                           description="Baseline registers, spills and shared memory within the spec's constraints."),
     ],
 )
-def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkResource):
+def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkBackend,
+                     replay: ReplayBackend):
     """Compile, correctness and latency of the spec's baseline config."""
-    spec = specs.load(context.partition_key)
+    spec = specs.load(context.partition_key)  # the run's one read of the spec file
     fam = get_family(spec.kernel_family)
     sugg = Suggestion(variant_id="baseline", config=spec.baseline, patch_summary="the spec's baseline config",
                       source="baseline", round=0, risk="low")
-    (row,), ev = bench.evaluate(spec, fam, [sugg], log=_log_fn(context))
+    (row,), ev = backend_for(fam, bench, replay).evaluate(spec, fam, [sugg], log=_log_fn(context))
     state = sweep.initial_state(row, spec)
     c = row.correctness
     md = {
@@ -92,19 +110,22 @@ def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench:
                   spill_bytes=row.compile.spill_bytes, occupancy=row.compile.occupancy)
     if state.best_value is not None:
         md["objective_ms"] = dg.FloatMetadataValue(state.best_value)
-    yield dg.Output(state, metadata=md)
     # A recorded (replay) family has no kernel to re-check: its runs were validated when recorded.
     correct = row.error is None and ((c is not None and c.ok) or (c is None and fam.recorded))
-    yield dg.AssetCheckResult(
-        check_name="baseline_correct", passed=correct, severity=dg.AssetCheckSeverity.ERROR,
-        description=(sweep.failure_line(row) if not correct
-                     else "recorded runs: correctness not re-checked (replay)" if c is None else None),
-        metadata={"max_abs_err": c.max_abs_err if c else -1.0, "max_rel_err": c.max_rel_err if c else -1.0,
-                  "shapes": ", ".join(c.shapes_checked) if c else "", "error": str(row.error)},
-    )
+    check_md = {"error": str(row.error)}
+    if c is not None:
+        check_md.update(max_abs_err=c.max_abs_err, max_rel_err=c.max_rel_err, shapes=", ".join(c.shapes_checked))
     violations = sweep.constraint_violations(row, spec)
-    yield dg.AssetCheckResult(check_name="baseline_constraints", passed=not violations,
-                              severity=dg.AssetCheckSeverity.WARN, metadata={"violations": "; ".join(violations) or "none"})
+    return dg.MaterializeResult(value=state, metadata=md, check_results=[
+        dg.AssetCheckResult(
+            check_name="baseline_correct", passed=correct, severity=dg.AssetCheckSeverity.ERROR,
+            description=(sweep.failure_line(row) if not correct
+                         else "recorded runs: correctness not re-checked (replay)" if c is None else None),
+            metadata=check_md,
+        ),
+        dg.AssetCheckResult(check_name="baseline_constraints", passed=not violations,
+                            severity=dg.AssetCheckSeverity.WARN, metadata={"violations": "; ".join(violations) or "none"}),
+    ])
 
 
 def build_round(k: int):
@@ -112,26 +133,28 @@ def build_round(k: int):
 
     @dg.asset(
         name=f"round_{k}_suggestions", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
-        ins={"prev": dg.AssetIn(prev_key)}, required_resource_keys={"specs", "taotoken", "ledger"},
+        ins={"prev": dg.AssetIn(prev_key)}, kinds={"optuna", "openai"}, owners=OWNERS,
         description=f"Round {k}: the agent's proposals (validated JSON), or why the search stopped.",
     )
-    def suggestions(context: dg.AssetExecutionContext, config: SuggestConfig, prev: sweep.RoundState):
-        spec = context.resources.specs.load(context.partition_key)
+    def suggestions(context: dg.AssetExecutionContext, config: SuggestConfig, specs: SpecStore,
+                    taotoken: TaotokenResource, ledger: LedgerResource, prev: sweep.RoundState):
+        spec = _snapshot(prev.spec, specs, context.partition_key)
         fam = get_family(spec.kernel_family)
-        strategy = config.strategy or spec.search.strategy
+        strategy = spec.search.strategy if config.strategy == StrategyOverride.spec else config.strategy.value
         if prev.stopped or k > spec.search.max_rounds:
             reason = prev.stopped or f"max_rounds reached ({spec.search.max_rounds})"
             context.log.info(f"round {k} skipped: {reason}")
-            return dg.Output(Proposal(suggestions=[], notes=[f"round {k} skipped: {reason}"]),
-                             metadata={"proposals": 0, "stopped": reason, "strategy": strategy})
+            return dg.MaterializeResult(value=Proposal(suggestions=[], notes=[f"round {k} skipped: {reason}"], spec=spec),
+                                        metadata={"proposals": 0, "stopped": reason, "strategy": strategy})
         ctx = AgentContext(
             spec=spec, family=fam, round=k, n=spec.search.variants_per_round, history=prev.history,
             objective=prev.objective, profile_summary=prev.summary, failures=prev.failures,
             run_id=context.run_id, partition=context.partition_key, log=context.log,
         )
-        policy = policy_for(strategy, spec, context.resources)
+        policy = policy_for(strategy, spec, SimpleNamespace(taotoken=taotoken, ledger=ledger))
         t0 = time.perf_counter()
         proposal = policy.propose(ctx)
+        proposal.spec = spec
         df = pd.DataFrame([{"variant_id": s.variant_id, "config": config_label(s.config), "patch_summary": s.patch_summary,
                             "expected_effect": s.expected_effect, "risk": s.risk, "source": s.source}
                            for s in proposal.suggestions])
@@ -145,54 +168,59 @@ def build_round(k: int):
             md["dropped_reasons"] = dg.MetadataValue.md("\n".join(f"- {d.reason}" for d in proposal.dropped))
         for key, val in proposal.tokens.items():
             md[f"tokens_{key}"] = val
-        return dg.Output(proposal, metadata=md)
+        return dg.MaterializeResult(value=proposal, metadata=md)
 
     @dg.asset(
         name=f"round_{k}_variants", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
         pool=GPU_POOL, op_tags=GPU_OP_TAGS, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
+        kinds={"triton", "pytorch"}, owners=OWNERS,
         description=f"Round {k}: compile stats, correctness and latency of every proposal; failures are rows.",
         check_specs=[dg.AssetCheckSpec(f"round_{k}_constraints", asset=f"round_{k}_variants",
                                        description="Variants within the register, spill and shared-memory limits.")],
     )
-    def variants(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkResource, proposal: Proposal):
-        spec = specs.load(context.partition_key)
+    def variants(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkBackend, replay: ReplayBackend,
+                 proposal: Proposal):
+        spec = _snapshot(proposal.spec, specs, context.partition_key)
         fam = get_family(spec.kernel_family)
         rows, ev = ([], None)
         if proposal.suggestions:
-            rows, ev = bench.evaluate(spec, fam, proposal.suggestions, log=_log_fn(context))
+            rows, ev = backend_for(fam, bench, replay).evaluate(spec, fam, proposal.suggestions, log=_log_fn(context))
         errors = pd.Series([r.error for r in rows if r.error], dtype="object").value_counts().to_dict()
         md = {"variants": len(rows), "failed": sum(1 for r in rows if r.error), "errors": str(errors or "none"),
               "results": dg.MetadataValue.md(_rows_md(rows))}
         if ev:
             md.update(ev.as_metadata())
-        yield dg.Output(rows, metadata=md)
-        bad = {r.variant_id: sweep.constraint_violations(r, spec) for r in rows}
-        bad = {k2: v for k2, v in bad.items() if v}
-        yield dg.AssetCheckResult(
+        bad = {r.variant_id: v for r in rows if (v := sweep.constraint_violations(r, spec))}
+        check = dg.AssetCheckResult(
             check_name=f"round_{k}_constraints", passed=not bad, severity=dg.AssetCheckSeverity.WARN,
-            metadata={"violating": len(bad), "details": dg.MetadataValue.md("\n".join(f"- {v}: {'; '.join(x)}" for v, x in bad.items()) or "_none_")},
+            description="; ".join(f"{v}: {', '.join(x)}" for v, x in bad.items())[:500] or None,
+            metadata={"violating": len(bad),
+                      "details": dg.MetadataValue.md("\n".join(f"- {v}: {'; '.join(x)}" for v, x in bad.items()) or "_none_")},
         )
+        return dg.MaterializeResult(value=rows, metadata=md, check_results=[check])
 
     @dg.asset(
         name=f"round_{k}_profiles", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
         ins={"prev": dg.AssetIn(prev_key), "proposal": dg.AssetIn(f"round_{k}_suggestions"),
              "rows": dg.AssetIn(f"round_{k}_variants")},
+        kinds={"python"}, owners=OWNERS,
         description=f"Round {k}: the trimmed top-k profile the next prompt sees, the best so far and the stop rules.",
     )
     def profiles(context: dg.AssetExecutionContext, specs: SpecStore, prev: sweep.RoundState, proposal: Proposal,
                  rows: list[VariantResult]):
-        spec = specs.load(context.partition_key)
+        spec = _snapshot(prev.spec, specs, context.partition_key)
         skipped = not proposal.suggestions and any("skipped" in n for n in proposal.notes)
         stop = None
         if not proposal.suggestions and not skipped:
             stop = f"round {k}: the agent proposed nothing new"
         state = prev if skipped else sweep.advance(prev, spec, k, rows, proposal.dropped, proposal.notes, stop)
+        state.spec = spec
         md = {"best_variant": state.best_id, "rounds_without_improvement": state.rounds_without_improvement,
               "stopped": state.stopped or "no", "measured_so_far": len(state.history),
               "profile_summary": dg.MetadataValue.md(f"```\n{state.summary}\n```")}
         if state.best_value is not None:
             md["best_objective_ms"] = dg.FloatMetadataValue(state.best_value)
-        return dg.Output(state, metadata=md)
+        return dg.MaterializeResult(value=state, metadata=md)
 
     return [suggestions, variants, profiles]
 
@@ -203,21 +231,21 @@ def _last_profiles_key() -> str:
 
 @dg.asset(
     partitions_def=SPECS_PARTITIONS, group_name=GROUP_REPORT, code_version=CODE_VERSION,
-    ins={"state": dg.AssetIn(_last_profiles_key())}, required_resource_keys={"specs", "taotoken", "ledger"},
+    ins={"state": dg.AssetIn(_last_profiles_key())}, kinds={"pandas", "parquet"}, owners=OWNERS,
     check_specs=[dg.AssetCheckSpec("regression_guard", asset="verdict_report",
                                    description="The sweep's best config is correct, within constraints and not a regression."),
                  dg.AssetCheckSpec("baseline_vs_history", asset="verdict_report",
                                    description="Today's baseline against the last accepted one (same device and versions).")],
 )
-def verdict_report(context: dg.AssetExecutionContext, state: sweep.RoundState):
+def verdict_report(context: dg.AssetExecutionContext, specs: SpecStore, taotoken: TaotokenResource,
+                   ledger: LedgerResource, state: sweep.RoundState):
     """PASS / REGRESS / NEEDS_REVIEW per variant with its evidence; report.md and Parquet tables."""
-    specs: SpecStore = context.resources.specs
-    spec = specs.load(context.partition_key)
+    from kernel_assets.narrative import narrative_for
+
+    spec = _snapshot(state.spec, specs, context.partition_key)
     fam = get_family(spec.kernel_family)
     baseline = state.history[0]
     verdicts = {r.variant_id: sweep.verdict_for(r, baseline, spec) for r in state.history[1:]}
-    from kernel_assets.narrative import narrative_for
-
     narrative, source, token_table = narrative_for(context, spec, state, verdicts)
     past = history.compare_baseline(spec, baseline)
     history_file = history.append_sweep(spec, context.run_id, state.history, verdicts, past.verdict)
@@ -241,23 +269,24 @@ def verdict_report(context: dg.AssetExecutionContext, state: sweep.RoundState):
         "narrative_source": source,
         "baseline_vs_history": past.verdict,
     }
-    yield dg.Output(summary, metadata=md)
     best = next((r for r in state.history if r.variant_id == state.best_id), baseline)
     best_verdict = verdicts.get(best.variant_id)
     problems = sweep.constraint_violations(best, spec) + ([best.error] if best.error else [])
     if best_verdict is not None and best_verdict.verdict == "REGRESS":
         problems += best_verdict.reasons
-    yield dg.AssetCheckResult(
-        check_name="regression_guard", passed=not problems, severity=dg.AssetCheckSeverity.WARN,
-        metadata={"best": best.variant_id, "verdict": best_verdict.verdict if best_verdict else "BASELINE",
-                  "problems": "; ".join(problems) or "none", **{f"n_{k}": v for k, v in counts.items()}},
-    )
-    yield dg.AssetCheckResult(
-        check_name="baseline_vs_history", passed=past.verdict != "REGRESS", severity=dg.AssetCheckSeverity.WARN,
-        description=past.reason,
-        metadata={"verdict": past.verdict, "reference_run": past.reference_run or "none",
-                  "ratio": past.ratio if past.ratio is not None else -1.0},
-    )
+    history_md = {"verdict": past.verdict, "reference_run": past.reference_run or "none"}
+    if past.ratio is not None:  # no placeholder number when there is no reference to compare with
+        history_md["ratio"] = past.ratio
+    return dg.MaterializeResult(value=summary, metadata=md, check_results=[
+        dg.AssetCheckResult(
+            check_name="regression_guard", passed=not problems, severity=dg.AssetCheckSeverity.WARN,
+            description="; ".join(problems)[:500] or None,
+            metadata={"best": best.variant_id, "verdict": best_verdict.verdict if best_verdict else "BASELINE",
+                      "problems": "; ".join(problems) or "none", **{f"n_{k}": v for k, v in counts.items()}},
+        ),
+        dg.AssetCheckResult(check_name="baseline_vs_history", passed=past.verdict != "REGRESS",
+                            severity=dg.AssetCheckSeverity.WARN, description=past.reason, metadata=history_md),
+    ])
 
 
 def build_sweep_assets() -> list:

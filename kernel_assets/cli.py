@@ -106,10 +106,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     from kernel_assets.constants import ROUNDS, SWEEP_JOB
     from kernel_assets.definitions import build_definitions
-    from resources.gpu import BenchmarkResource
+    from kregress.core.family import get_family
+    from resources.gpu import backend_for, compiled_backend
 
     if args.backend:
-        resources["bench"] = BenchmarkResource(backend=args.backend)
+        resources["bench"] = compiled_backend(args.backend)
     handler = _Progress(total_steps=0)
 
     @dg.logger(description="kregress CLI progress display")
@@ -129,7 +130,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         run_config["ops"] = {f"round_{k}_suggestions": {"config": {"strategy": args.strategy}}
                              for k in ROUNDS}
     print(f"kregress: sweep {spec.task_id} ({spec.kernel_family}, {spec.dtype}, {spec.hardware.arch}); "
-          f"DAGSTER_HOME={home}; backend={resources['bench'].resolved_backend(spec)}; strategy={args.strategy or spec.search.strategy}",
+          f"DAGSTER_HOME={home}; backend={backend_for(get_family(spec.kernel_family), resources['bench'], resources['replay']).kind}; strategy={args.strategy or spec.search.strategy}",
           file=sys.stderr)
     result = job.execute_in_process(partition_key=spec.task_id, instance=instance, run_config=run_config,
                                     raise_on_error=False)

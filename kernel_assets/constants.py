@@ -14,4 +14,7 @@ GROUP_TOKENS = "tokens"
 
 SWEEP_JOB = "sweep_job"
 
+# Shown on every sweep asset in the UI; override per deployment by editing this one line.
+OWNERS = ["team:kernel-perf"]
+
 ROUNDS = tuple(range(1, MAX_GRAPH_ROUNDS + 1))

@@ -14,23 +14,21 @@ from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, 
 from kernel_assets.specs_resource import SpecStore
 from kernel_assets.executors import executor_from_env
 from kernel_assets.tokens import build_token_assets
-from resources.gpu import BenchmarkResource
+from resources.gpu import ReplayBackend, compiled_backend
 from resources.ledger import LedgerResource
 from resources.taotoken import TaotokenResource
 
 
 def build_resources(env: str | None = None) -> dict:
-    """local (default): interpreter + AOT compile on the CPU, model-estimated latency, local agent.
-    gpu: the cuda backend, one child process timing at a time."""
+    """local (default): the cuda backend when torch sees a GPU, else the interpreter (AOT compile on the
+    CPU, model-estimated latency); gpu: the cuda backend, one child process timing at a time. Both
+    replay recorded families and use the local agent unless a spec asks for llm/hybrid."""
     env = env or os.environ.get("KREGRESS_ENV", "local")
-    common = {"specs": SpecStore(), "taotoken": TaotokenResource(), "ledger": LedgerResource()}
-    by_env = {
-        "local": {**common, "bench": BenchmarkResource(backend="auto")},
-        "gpu": {**common, "bench": BenchmarkResource(backend="cuda")},
-    }
+    by_env = {"local": lambda: compiled_backend("auto"), "gpu": lambda: compiled_backend("cuda")}
     if env not in by_env:
         raise ValueError(f"KREGRESS_ENV={env!r} is unknown; allowed: {', '.join(by_env)}")
-    return by_env[env]
+    return {"specs": SpecStore(), "taotoken": TaotokenResource(), "ledger": LedgerResource(),
+            "bench": by_env[env](), "replay": ReplayBackend()}
 
 
 SWEEP_ASSETS = build_sweep_assets()

@@ -61,6 +61,7 @@ class RoundState:
     dropped: list[DroppedSuggestion] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     summary: str = ""  # trimmed top-k, the text the agent sees next round
+    spec: TaskSpec | None = None  # the run's snapshot of the spec, read once by baseline_metrics
 
     @property
     def failures(self) -> list[str]:
@@ -69,7 +70,7 @@ class RoundState:
 
 def initial_state(baseline: VariantResult, spec: TaskSpec) -> RoundState:
     val = objective(baseline, spec)
-    state = RoundState(round=0, history=[baseline], objective={}, best_id=baseline.variant_id, best_value=val)
+    state = RoundState(round=0, history=[baseline], objective={}, best_id=baseline.variant_id, best_value=val, spec=spec)
     if val is not None:
         state.objective[baseline.config_hash] = val
     state.summary = summarize(state, spec)
@@ -83,6 +84,7 @@ def advance(prev: RoundState, spec: TaskSpec, round_index: int, rows: list[Varia
         round=round_index, history=list(prev.history) + list(rows), objective=dict(prev.objective),
         best_id=prev.best_id, best_value=prev.best_value, rounds_without_improvement=prev.rounds_without_improvement,
         stopped=prev.stopped or stopped, dropped=list(prev.dropped) + list(dropped), notes=list(prev.notes) + list(notes),
+        spec=prev.spec,
     )
     if prev.stopped or stopped:
         state.summary = summarize(state, spec)

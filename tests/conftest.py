@@ -32,10 +32,9 @@ class InterpreterWorker:
     in interpreter mode, so it cannot share the test process). Jobs are the worker's JSON jobs."""
 
     def __init__(self, cache_dir: Path):
-        from resources.gpu import BenchmarkResource, _Worker
+        from resources.workers import Worker, worker_env
 
-        env = BenchmarkResource(cache_dir=str(cache_dir))._env(interpret=True)
-        self._worker = _Worker(env)
+        self._worker = Worker(worker_env(Path(cache_dir), interpret=True))
         self._worker.wait_ready(180)
 
     def correctness(self, family: str, config: dict, shapes: list[dict], dtype: str = "fp16", tolerance: float = 1e-2,

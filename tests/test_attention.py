@@ -14,7 +14,7 @@ from kernels.measure import compare
 from kregress.core.records import Suggestion
 from kregress.core.family import families, get_family
 from kregress.core.spec import HardwareLimits, load_spec, parse_spec
-from resources.gpu import BenchmarkResource
+from resources.gpu import InterpreterBackend
 
 REPO = Path(__file__).resolve().parent.parent
 ATTN = get_family("attention")
@@ -175,7 +175,7 @@ def test_family_runs_through_the_benchmark_resource(tmp_path):
         "params": {"causal": True, "window": 24, "head_dims": [128]},
         "baseline": BASE, "benchmark": {"timeout_s": 240},
     })
-    bench = BenchmarkResource(backend="interpreter", cache_dir=str(tmp_path), workers=2)
+    bench = InterpreterBackend(cache_dir=str(tmp_path), workers=2)
     sugg = [Suggestion(variant_id="base", config=BASE, patch_summary="x", round=1),
             Suggestion(variant_id="bad", config=dict(BASE, num_warps=2), patch_summary="x", round=1)]
     rows, _ = bench.evaluate(spec, ATTN, sugg, log=lambda m: None)

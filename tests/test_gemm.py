@@ -8,7 +8,8 @@ from kernels.compile import CompileError, compile_units
 from kregress.core.records import Suggestion
 from kregress.core.family import get_family
 from kregress.core.spec import HardwareLimits, parse_spec
-from resources.gpu import BenchmarkResource, WorkerPool
+from resources.gpu import InterpreterBackend
+from resources.workers import WorkerPool, worker_env
 
 GEMM = get_family("gemm")
 RAGGED = [{"M": 257, "N": 193, "K": 131}, {"M": 1, "N": 17, "K": 9}, {"M": 33, "N": 64, "K": 200}]
@@ -87,7 +88,7 @@ SMOKE = {
 
 def test_failures_are_rows_and_the_round_goes_on(tmp_path):
     spec = parse_spec(SMOKE)
-    bench = BenchmarkResource(backend="interpreter", cache_dir=str(tmp_path), workers=2)
+    bench = InterpreterBackend(cache_dir=str(tmp_path), workers=2)
     sugg = [
         Suggestion(variant_id="ok", config=CONFIGS[0], patch_summary="x", round=1),
         Suggestion(variant_id="oom", config=dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_stages=4, num_warps=8),
@@ -110,7 +111,7 @@ def test_failures_are_rows_and_the_round_goes_on(tmp_path):
 
 
 def test_worker_pool_timeout_and_crash_are_values(tmp_path):
-    env = BenchmarkResource(cache_dir=str(tmp_path))._env(interpret=False)
+    env = worker_env(tmp_path, interpret=False)
     pool = WorkerPool(1, env)
     compile_job = {"op": "compile", "family": "gemm", "config": CONFIGS[2], "dtype": "bf16", "arch": "sm_90",
                    "limits": HardwareLimits().model_dump()}
@@ -120,13 +121,15 @@ def test_worker_pool_timeout_and_crash_are_values(tmp_path):
     # the pool goes on with a fresh worker
     res = pool.run([{"op": "ping", "family": "gemm"}, compile_job], timeout=120)
     assert "pong" in res[0] and res[1]["stats"]["regs_per_thread"] > 0
+    assert pool.spawned == 2  # one killed at the timeout, one fresh that served both later jobs
+    pool.close()
 
     import os
     import signal
 
-    from resources.gpu import WorkerDied, _Worker
+    from resources.workers import Worker, WorkerDied
 
-    w = _Worker(env)
+    w = Worker(env)
     w.wait_ready(120)
     pid = w.call({"op": "ping", "family": "gemm"}, 60)["pong"]
     os.kill(pid, signal.SIGKILL)  # what an illegal memory access does to a CUDA process

@@ -8,7 +8,7 @@ import pytest
 from kregress.core.records import Suggestion
 from kregress.core.family import get_family
 from kregress.core.spec import parse_spec
-from resources.gpu import BenchmarkResource
+from resources.gpu import CudaBackend
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +24,7 @@ def test_cuda_backend_measures_and_matches_aot_stats(tmp_path):
     import torch
     import triton
 
-    bench = BenchmarkResource(backend="cuda", cache_dir=str(tmp_path))
+    bench = CudaBackend(cache_dir=str(tmp_path))
     fam = get_family("gemm")
     good = Suggestion(variant_id="b", config=SPEC.baseline, patch_summary="baseline", round=0)
     oom = Suggestion(variant_id="oom", config=dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_stages=4, num_warps=8),

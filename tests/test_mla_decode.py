@@ -18,7 +18,7 @@ from kernels.measure import compare
 from kregress.core.records import Suggestion
 from kregress.core.family import families, get_family
 from kregress.core.spec import HardwareLimits, load_spec, parse_spec
-from resources.gpu import BenchmarkResource
+from resources.gpu import InterpreterBackend
 
 REPO = Path(__file__).resolve().parent.parent
 MLA = get_family("mla_decode")
@@ -232,7 +232,7 @@ def test_family_runs_through_the_benchmark_resource(tmp_path):
         "correctness_shapes": [{"batch": 2, "s_q": 1, "h_q": 16, "seqlen_k": 70}],
         "params": {"page_size": 64}, "baseline": BASE, "benchmark": {"timeout_s": 240},
     })
-    bench = BenchmarkResource(backend="interpreter", cache_dir=str(tmp_path), workers=2)
+    bench = InterpreterBackend(cache_dir=str(tmp_path), workers=2)
     sugg = [Suggestion(variant_id="base", config=BASE, patch_summary="x", round=1),
             Suggestion(variant_id="bad", config=dict(BASE, BLOCK_N=128), patch_summary="x", round=1)]
     rows, _ = bench.evaluate(spec, MLA, sugg, log=lambda m: None)

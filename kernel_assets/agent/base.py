@@ -36,6 +36,7 @@ class Proposal:
     dropped: list[DroppedSuggestion] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # e.g. "BudgetExceeded: ...", "fell back to local"
     tokens: dict[str, int] = field(default_factory=dict)  # prompt/completion/total spent this round
+    spec: TaskSpec | None = None  # the run's spec snapshot, handed on to the round's variants step
 
 
 class Policy(Protocol):
