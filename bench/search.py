@@ -1,63 +1,55 @@
-"""Search-efficiency benchmark on a real, brute-forced search space (recorded GPU runs).
+"""Search-efficiency benchmark on recorded, brute-forced search spaces (Kernel Tuner cache files).
 
-How many evaluations does a search need to get within 5% and within 1% of the best configuration of
-the CLBlast Xgemm SGEMM space measured on an RTX 3090 (``../shared/data/replay/``, read through
-``kregress.core.recorded.ReplayTable``: 17,956 valid configurations out of 82,944 Cartesian points)? Side by
-side, in one run, over the same seeds:
+Every method runs on every file given (``--replay FILE``, repeatable or a comma list; default: every
+``*.json``/``*.json.gz`` in ``../shared/data/replay/`` when that folder holds any, else the files shipped
+under ``data/replay/``), over the same seeds, to the same budget, counted the same way:
 
-* local             our embedded-default policy (``kernel_assets.agent.local.LocalPolicy``) on the
-                    ``replay`` family and ``specs/replay_clblast_rtx3090.yaml``, round after round with
-                    n=8 proposals a round, called as the sweep calls it: an ``AgentContext`` whose history
-                    holds every row measured so far (the start config is the baseline, round 0), each
-                    row built from ``family.replay`` as the replay backend builds it (recorded runs, no
-                    compile stats), and whose objective maps each row to its value;
-* random            uniform sampling without replacement from the valid configurations;
-* random (exact)    the same sampler's distribution computed exactly (no seeds, no cap): the
-                    reference for "at most a fifth of random sampling's";
-* kt:<strategy>     Kernel Tuner's own strategies in its simulation mode (``kernel_tuner.tune_cache``:
-                    tune parameters, problem size and restrictions inferred from the cache file, every
-                    evaluation answered from the recorded cache), budget ``strategy_options
-                    {"max_fevals": cap}``, seeded through ``random.seed``/``numpy.random.seed`` (what its
-                    strategies draw from), ``seed=`` (what its pymoo strategies read) and a seeded
-                    generator for scipy's LatinHypercube, which Kernel Tuner creates unseeded (diff_evo,
-                    bayes_opt): a rerun reproduces every number.
+* local             our embedded-default policy (``kernel_assets.agent.local.LocalPolicy``), round after
+                    round with n=8 proposals, called as the sweep calls it: an ``AgentContext`` whose history
+                    holds every row measured so far (the start config is the baseline, round 0), each row
+                    built as the replay backend builds it (the recorded runs as Measurements, or the
+                    recorded failure as the row's error class), its objective the median of the runs. The
+                    family is built here from the file (``ReplayTable.space``: the recorded configurations,
+                    failures included), so any cache file works;
+* random            uniform sampling without replacement from the recorded configurations (failures too);
+* kt:<strategy>     Kernel Tuner's own strategies in its simulation mode (``kernel_tuner.tune_cache`` on a
+                    plain-JSON copy of the file), budget ``strategy_options {"max_fevals": cap}``, seeded
+                    through ``random.seed``/``numpy.random.seed``, ``seed=`` and a seeded generator for
+                    scipy's LatinHypercube (which Kernel Tuner creates unseeded): a rerun reproduces every
+                    number. Default strategies: genetic_algorithm, pso, dual_annealing, greedy_ils, bayes_opt.
 
 What is counted, the same way for every method:
 
-* Objective: the median of each configuration's 32 recorded runs (``--objective median``, the default:
-  the sweep's objective is latency p50, so this is exactly the number the local policy is given), or
-  the recorded mean ``time`` (``--objective mean``). Kernel Tuner reads ``time`` from its cache, so the
-  temporary copy handed to it carries the chosen value as ``time``: every method optimises and is
-  scored on the same number. The targets are 1.05x and 1.01x of the best value (on this file 6
-  configurations are within 5% and only the optimum itself is within 1%, under either objective).
-* Evaluation 1 is the fixed start config: the baseline of ``specs/replay_clblast_rtx3090.yaml``, the
-  configuration of median recorded time (2.6x slower than the best; with ``--replay``, the config of
-  median value of that file), the same for every seed and method. It
-  is the baseline of the local policy and ``x0`` of the Kernel Tuner strategies that take one; for the
-  methods that cannot (random, kt:random_sample, kt:bayes_opt) it is counted as evaluation 1 before
-  their own choices, as if the baseline had been measured first.
-* An evaluation is a distinct configuration that has a record, i.e. one that would be compiled and run
-  on the GPU. A repeat of an already measured configuration is served from the cache and costs nothing
-  (Kernel Tuner's own ``max_fevals`` accounting); a point outside the space (absent from the cache:
-  ruled out by the kernel's restrictions, which are checked before any compile) is rejected without a
-  run and costs nothing, for every method (the local policy never proposes one). This file has no
-  failed records, so no evaluation fails; one that did would count (it was run).
-* Within a round of the local policy the proposals are counted in the order proposed (a sweep runs
-  all 8; the count stops at the first that reaches the target, as within Kernel Tuner's batches).
-* A run stops once it has evaluated a configuration within 1% (the optimum), or at ``--cap``
-  evaluations. For Kernel Tuner the stop is its own budget, shrunk to the evaluations spent as soon as
-  the simulation runner serves that configuration: what came before is unchanged, the rest would not
-  change the counts. A run that does not reach a target within the cap is censored: it enters the
-  quartiles as "more than cap" (shown ``>cap``), and the "reached" column says how many runs did.
+* The space is every configuration the file records, failures (``RuntimeFailedConfig``,
+  ``CompilationFailedConfig``) included: they were compiled and run, so each costs one evaluation.
+  Kernel Tuner's ``tune_cache`` would build its restrictions from the non-failing entries only (it
+  could never propose a failure); here ``kernel_tuner.util.infer_restrictions_from_cache`` is replaced,
+  for the run, by one that admits every recorded entry, so its strategies can propose failures, its
+  simulation runner serves them (as the errors they were) and counts each in ``max_fevals``, and this
+  benchmark counts them in the evaluation sequence like any other configuration.
+* An evaluation is a distinct recorded configuration, in the order first evaluated. A repeat costs
+  nothing (Kernel Tuner's own ``max_fevals`` accounting); a point with no record (ruled out by the
+  kernel's restrictions, checked before any compile) is rejected without a run and costs nothing.
+* Objective: the median of each configuration's recorded runs (32 in these files; the sweep's objective
+  is latency p50). Kernel Tuner reads ``time`` from its cache, so its copy carries the median as ``time``.
+* Evaluation 1 is the configuration of median objective among those that ran, for every seed and
+  method: the local policy's baseline, ``x0`` of the Kernel Tuner strategies that take one, and counted
+  first for those that cannot (random, kt:random_sample, kt:bayes_opt), as if measured first.
+* Within a round of the local policy the proposals are counted in the order proposed.
+* Runs go to the full budget (``--cap``, default 1000). The one shortcut: a run may end once it has both
+  spent the largest fixed budget reported (400) and evaluated a config within 1%; nothing reported
+  (first-hit counts, best at 50..400) can change after that point.
+* Reported per file and method: evaluations to within 5% and 1% of the optimum (median [q1, q3] and
+  reached/seeds; a run that misses within the cap enters the quartiles as ">cap"), the median over
+  seeds of best/optimum after 50, 100, 200 and 400 evaluations (failures have no value; a run that
+  ended before a budget keeps its best), and policy seconds per round of 8 proposals (local: median
+  wall time of one ``propose()``; kt:*: the strategy's whole ``tune_cache`` wall time per 8 evaluations,
+  its simulation of the cache included; random: its sampling).
 
-Ratios: "ours/x" is the local policy's median divided by method x's (below 1: fewer evaluations;
-``<r`` when x's median is censored, i.e. the ratio is at most r).
+Run (all four shared files, 20 seeds; on 2 cores several minutes, most of it kt:bayes_opt)::
 
-Run (default: 20 seeds, cap 2000, local, random and 9 Kernel Tuner strategies on 2 worker processes;
-about 5 minutes on 2 cores, half of it kt:bayes_opt)::
-
-    .venv/bin/python bench/search.py
-    .venv/bin/python bench/search.py --seeds 40 --cap 4000 --methods local,random,kt:pso
+    .venv/bin/python bench/search.py --seeds 20 --json /tmp/search.json
+    .venv/bin/python bench/search.py --replay ../shared/data/replay/pnpoly_RTX_3090.json.gz --seeds 5 --methods local,kt:pso
 
 The ``kt:`` methods need the ``bench`` extra (``kernel_tuner``); without it they are reported as not run.
 """
@@ -82,7 +74,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -94,13 +86,14 @@ elif str(_ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from kregress.core.recorded import ReplayTable  # noqa: E402
+from kregress.core.recorded import ReplayTable, replay_dir  # noqa: E402
 
 THRESHOLDS = (0.05, 0.01)
+BUDGETS = (50, 100, 200, 400)
 N_PER_ROUND = 8
 SPEC_FILE = _ROOT / "specs" / "replay_clblast_rtx3090.yaml"
-KT_DEFAULT = ("random_sample", "genetic_algorithm", "simulated_annealing", "pso", "greedy_ils",
-              "firefly_algorithm", "diff_evo", "dual_annealing", "bayes_opt")
+SHIPPED_DIR = _ROOT / "data" / "replay"
+KT_DEFAULT = ("genetic_algorithm", "pso", "dual_annealing", "greedy_ils", "bayes_opt")
 # Kernel Tuner strategies that take a start point (strategy_options x0); the others start where they like.
 KT_TAKES_X0 = {"genetic_algorithm", "simulated_annealing", "pso", "greedy_ils", "firefly_algorithm", "diff_evo",
                "dual_annealing", "basinhopping", "mls", "greedy_mls", "ordered_greedy_mls", "minimize", "skopt"}
@@ -109,7 +102,7 @@ SLOW_FIRST = ("kt:bayes_opt", "local")  # scheduled first so the pool stays busy
 
 
 # -------------------------------------------------------------------------------------------------
-# The problem: a value per valid configuration, the start config, the targets.
+# The problem: a value per configuration that ran, the failures, the start config, the targets.
 @dataclass
 class Problem:
     path: str
@@ -118,6 +111,14 @@ class Problem:
     values: dict[tuple[int, ...], float]  # config key -> objective (ms), every config with recorded runs
     start: tuple[int, ...]
     best: float
+    failed: frozenset = field(default_factory=frozenset)  # recorded failures: in the space, no value
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+    def in_space(self, key: tuple[int, ...]) -> bool:
+        return key in self.values or key in self.failed
 
     def target(self, thr: float) -> float:
         return self.best * (1.0 + thr)
@@ -126,18 +127,26 @@ class Problem:
         return dict(zip(self.keys, key))
 
 
-def load_problem(path: str | None, objective: str, start: dict[str, int] | None = None) -> tuple[ReplayTable, Problem]:
+def load_problem(path: str | os.PathLike[str] | None, objective: str = "median",
+                 start: dict[str, int] | None = None) -> tuple[ReplayTable, Problem]:
     """The table and the problem; ``start`` defaults to the configuration of median value."""
     table = ReplayTable.load(path)
     values: dict[tuple[int, ...], float] = {}
-    for rec in table.records():  # configs with recorded runs; a recorded failure has no value
-        v = float(np.median(rec.times)) if objective == "median" else float(rec.time)
-        values[table.key(rec.config)] = v
+    failed: set[tuple[int, ...]] = set()
+    for rec in table.records(include_failed=True):
+        k = table.key(rec.config)
+        if not rec.ok or not rec.times:
+            failed.add(k)
+        else:
+            values[k] = float(np.median(rec.times)) if objective == "median" else float(rec.time)
+    if not values:
+        raise ValueError(f"{table.path}: no configuration has recorded runs")
     order = sorted(values, key=lambda k: (values[k], k))
     start_key = table.key(start) if start is not None else order[len(order) // 2]
     if start_key not in values:
         raise ValueError(f"start config {start} has no recorded runs in {table.path}")
-    return table, Problem(str(table.path), objective, table.tune_params_keys, values, start_key, values[order[0]])
+    return table, Problem(str(table.path), objective, table.tune_params_keys, values, start_key, values[order[0]],
+                          frozenset(failed))
 
 
 def evals_to_targets(problem: Problem, seq: list[tuple[int, ...]]) -> list[int | None]:
@@ -146,22 +155,33 @@ def evals_to_targets(problem: Problem, seq: list[tuple[int, ...]]) -> list[int |
     out: list[int | None] = []
     for thr in THRESHOLDS:
         tgt = problem.target(thr)
-        out.append(next((i for i, k in enumerate(seq, start=1) if k in problem.values and problem.values[k] <= tgt), None))
+        out.append(next((i for i, k in enumerate(seq, start=1) if problem.values.get(k, math.inf) <= tgt), None))
     return out
 
 
-def distinct_with_start(problem: Problem, keys: list[tuple[int, ...]], valid: set | None = None) -> list[tuple[int, ...]]:
+def quality_at(problem: Problem, seq: list[tuple[int, ...]], budgets=BUDGETS) -> dict[int, float]:
+    """best/optimum among the first B evaluations (failures have no value), for each budget B; a run
+    that ended before B keeps its best; inf while nothing has run."""
+    best = np.minimum.accumulate(np.array([problem.values.get(k, math.inf) for k in seq], dtype=float))
+    return {b: float(best[min(b, len(best)) - 1] / problem.best) if len(best) else math.inf for b in budgets}
+
+
+def distinct_with_start(problem: Problem, keys: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     """The start config, then each configuration evaluated for the first time, in order; points with no
-    record (outside the space: rejected before a run) are dropped."""
-    valid = problem.values if valid is None else valid
+    record (outside the space: rejected before a run) are dropped, recorded failures are kept."""
     seen = {problem.start}
     seq = [problem.start]
     for k in keys:
-        if k in seen or k not in valid:
+        if k in seen or not problem.in_space(k):
             continue
         seen.add(k)
         seq.append(k)
     return seq
+
+
+def done(problem: Problem, seq: list[tuple[int, ...]], cap: int, reached_1: bool) -> bool:
+    """The run may end: the cap is spent, or the largest reported budget is and a config within 1% was hit."""
+    return len(seq) >= cap or (reached_1 and len(seq) >= max(BUDGETS))
 
 
 def exact_random(n_valid: int, n_good: int, qs=(0.25, 0.5, 0.75), cap: int | None = None) -> tuple[list[int], float]:
@@ -170,7 +190,6 @@ def exact_random(n_valid: int, n_good: int, qs=(0.25, 0.5, 0.75), cap: int | Non
     exactly, and the probability of a hit within ``cap`` evaluations."""
     n = n_valid - 1
     m = np.arange(n + 1)  # draws after the start config
-    # P(no good one in the first m draws) = prod_{i<m} (n - n_good - i) / (n - i)
     factors = np.clip((n - n_good - m[:-1]) / (n - m[:-1]), 0.0, 1.0)
     survive = np.concatenate(([1.0], np.cumprod(factors)))
     cdf = 1.0 - survive
@@ -180,65 +199,106 @@ def exact_random(n_valid: int, n_good: int, qs=(0.25, 0.5, 0.75), cap: int | Non
 
 
 # -------------------------------------------------------------------------------------------------
-# Methods. Each returns (distinct evaluated configs in order, start first; a note) for one seed.
-_PROBLEM: Problem | None = None  # set in the parent before the workers fork
-_KT_CACHE: str | None = None
+# Methods. Each returns (distinct evaluated configs in order, start first; policy s per round; a note).
+_PROBLEMS: dict[str, Problem] = {}  # set in the parent before the workers fork
+_KT_CACHES: dict[str, str] = {}
 
 
-def run_random(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ...]], str]:
-    rng = np.random.default_rng(seed)
-    pool = sorted(k for k in problem.values if k != problem.start)
-    idx = rng.permutation(len(pool))[: max(0, cap - 1)]
-    return [problem.start] + [pool[i] for i in idx], ""
+def recorded_family(table: ReplayTable):
+    """A family over any cache file: its space is the file's recorded configurations (failures too),
+    its ``replay`` answers with the recorded runs or the recorded failure, as the replay family does."""
+    from kregress.core.family import Family
+    from kregress.core.recorded import to_measurements
+
+    class RecordedFamily(Family):
+        dtypes = ("fp32",)
+        recorded = True
+
+        def check_params(self, params):
+            return None
+
+        def replay(self, config, shape, params):
+            rec = table.lookup(config)
+            if not rec.ok:
+                return [], rec.error, f"recorded failure: {rec.failure}"
+            return to_measurements(table, rec), None, ""
+
+    return RecordedFamily(name="recorded", space=table.space, shape_keys=("M", "N", "K"), headline_metric="tflops")
 
 
-def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ...]], str]:
-    from kernel_assets.agent.base import AgentContext
-    from kernel_assets.agent.local import LocalPolicy
-    from kernel_assets.sweep import objective as sweep_objective
-    from kregress.core.records import VariantResult, config_hash
-    from kregress.core.family import get_family
+_FAMILIES: dict[str, Any] = {}
+
+
+def prepare_local(problem: Problem) -> None:
+    """Family, spec limits and the policy's enumerated valid set, built once (in the parent, before fork)."""
+    from kernel_assets.agent.local import _features, valid_set
     from kregress.core.spec import load_spec
 
-    family = get_family("replay")
+    table = ReplayTable.load(problem.path)
+    fam = _FAMILIES.get(problem.path) or recorded_family(table)
+    _FAMILIES[problem.path] = fam
+    vs = valid_set(fam.space, {}, load_spec(SPEC_FILE).hardware.limits)
+    if vs is not None and len(vs):
+        _features(vs)
+
+
+def run_random(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ...]], float, str]:
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    pool = sorted(k for k in (set(problem.values) | problem.failed) if k != problem.start)
+    idx = rng.permutation(len(pool))[: max(0, cap - 1)]
+    seq = [problem.start] + [pool[i] for i in idx]
+    s = time.perf_counter() - t0
+    return seq, s / max(1, len(seq) - 1) * N_PER_ROUND, ""
+
+
+def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ...]], float, str]:
+    from kernel_assets.agent.base import AgentContext
+    from kernel_assets.agent.local import LocalPolicy
+    from kregress.core.records import VariantResult, config_hash
+    from kregress.core.spec import load_spec
+
+    table = ReplayTable.load(problem.path)
+    family = _FAMILIES.get(problem.path) or recorded_family(table)
+    _FAMILIES[problem.path] = family
     spec = load_spec(SPEC_FILE)
     start_cfg = problem.config(problem.start)
-    spec = spec.model_copy(update={"baseline": start_cfg, "search": spec.search.model_copy(update={"seed": seed})})
+    shape = {"M": 1, "N": 1, "K": 1}
+    spec = spec.model_copy(update={"baseline": start_cfg, "params": {},
+                                   "search": spec.search.model_copy(update={"seed": seed})})
 
     def measure(vid: str, rnd: int, cfg: dict[str, int], parent: str | None) -> VariantResult:
-        """One row as the replay backend builds it (resources/gpu.py): recorded runs, no compile."""
+        """One row as the replay backend builds it: the recorded runs, or the recorded failure."""
         row = VariantResult(variant_id=vid, round=rnd, source="local" if rnd else "baseline", config=cfg,
                             config_hash=config_hash(cfg), parent=parent, backend="replay")
         problem_text = family.space.check(cfg, spec.params, spec.hardware.limits)
         if problem_text:
-            row.error, row.error_detail = "invalid_config", problem_text
+            raise AssertionError(f"local policy proposed a config outside the space: {cfg}: {problem_text}")
+        ms, error, detail = family.replay(cfg, shape, spec.params)
+        if error:
+            row.error, row.error_detail = error, detail
             return row
-        for shape in spec.shape_matrix:
-            ms, error, detail = family.replay(cfg, shape, spec.params)
-            if error:
-                row.error, row.error_detail = error, detail
-                return row
-            row.measurements += ms
+        row.measurements = ms
         row.evidence = "replay"
         return row
 
     def value(row: VariantResult) -> float | None:
-        v = sweep_objective(row, spec)  # what the sweep hands the policy: p50 over the shape matrix
-        if v is not None and problem.objective == "mean":
-            v = problem.values[tuple(row.config[k] for k in problem.keys)]
-        return v
+        if row.error or not row.measurements:
+            return None
+        if problem.objective == "mean":
+            return problem.values[tuple(row.config[k] for k in problem.keys)]
+        return row.measurements[0].p50_ms  # the sweep's objective: p50 of the runs
 
     history = [measure("baseline", 0, start_cfg, None)]
     objective = {history[0].config_hash: value(history[0])}
-    assert problem.objective != "median" or abs(objective[history[0].config_hash] - problem.values[problem.start]) < 1e-9
     seq = [problem.start]
     policy = LocalPolicy(seed=seed)
-    stop_at = problem.target(min(THRESHOLDS))
+    target_1 = problem.target(min(THRESHOLDS))
+    reached = problem.values[problem.start] <= target_1
     rnd = 0
     note = ""
     round_s: list[float] = []
-    reached = False
-    while len(seq) < cap and not reached:
+    while not done(problem, seq, cap, reached):
         rnd += 1
         ctx = AgentContext(spec=spec, family=family, round=rnd, n=N_PER_ROUND, history=history,
                            objective=objective, profile_summary="", failures=[])
@@ -250,44 +310,57 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
             break
         for s in prop.suggestions:
             key = tuple(s.config[k] for k in problem.keys)
-            if key not in problem.values:
-                raise AssertionError(f"local policy proposed a config outside the space: {s.config}")
             row = measure(s.variant_id, rnd, dict(s.config), s.parent)
             history.append(row)
             v = value(row)
             if v is not None:
                 objective[row.config_hash] = v
             seq.append(key)
-            if problem.values[key] <= stop_at:
-                reached = True
-            if reached or len(seq) >= cap:
+            reached = reached or problem.values.get(key, math.inf) <= target_1
+            if done(problem, seq, cap, reached):
                 break
     if len(set(seq)) != len(seq):
         raise AssertionError("local policy proposed an already measured config")
-    ms = 1e3 * np.asarray(round_s)
-    note = note or f"{rnd} rounds, propose() {ms.mean():.0f} ms/round mean, {np.median(ms):.0f} median, {ms.max():.0f} max"
-    return seq, note
+    ms = 1e3 * np.asarray(round_s) if round_s else np.zeros(1)
+    n_fail = sum(k in problem.failed for k in seq)
+    note = note or (f"{rnd} rounds, propose() {np.median(ms):.0f} ms/round median, {ms.max():.0f} max; "
+                    f"{n_fail} failed configs evaluated")
+    return seq, float(np.median(round_s)) if round_s else 0.0, note
 
 
-def run_kt(problem: Problem, strategy: str, seed: int, cap: int) -> tuple[list[tuple[int, ...]], str]:
+def run_kt(problem: Problem, strategy: str, seed: int, cap: int) -> tuple[list[tuple[int, ...]], float, str]:
+    import kernel_tuner.util as ktu
     from kernel_tuner import tune_cache
     from kernel_tuner.runners.simulation import SimulationRunner
 
-    assert _KT_CACHE is not None
-    served: list[tuple[int, ...]] = []  # every result the simulation runner served, in order
-    stop_at = problem.target(min(THRESHOLDS))
+    cache_file = _KT_CACHES[problem.path]
+    served: list[tuple[int, ...]] = []  # every recorded config the simulation runner served, in order
+    seen = {problem.start}
+    reached = [problem.values[problem.start] <= problem.target(min(THRESHOLDS))]
     keys = problem.keys
     orig_run = SimulationRunner.run
+    orig_infer = ktu.infer_restrictions_from_cache
+
+    def infer_all(cache: dict):
+        """Kernel Tuner's inferred restrictions, admitting the recorded failures too (they were run)."""
+        names = cache["tune_params_keys"]
+        recorded = {tuple(r[n] for n in names) for r in cache["cache"].values()}
+        return ktu.FunctionConstraint(lambda *vals: vals in recorded)
 
     def run(self, parameter_space, tuning_options):
         results = orig_run(self, parameter_space, tuning_options)
         for r in results:
-            if r and "__error__" not in r:
-                k = tuple(int(r[p]) for p in keys)
-                served.append(k)
-                if problem.values.get(k, math.inf) <= stop_at:
-                    budget = tuning_options.budget  # end the budget here: the rest cannot change the counts
-                    budget.max_fevals = min(budget.max_fevals or budget.num_fevals, max(1, budget.num_fevals))
+            if not r:
+                continue
+            k = tuple(int(r[p]) for p in keys)
+            if not problem.in_space(k):
+                continue  # an InvalidConfig: outside the recorded space, no run
+            served.append(k)
+            seen.add(k)
+            reached[0] = reached[0] or problem.values.get(k, math.inf) <= problem.target(min(THRESHOLDS))
+            if reached[0] and len(seen) >= max(BUDGETS):
+                budget = tuning_options.budget  # nothing reported can change from here: end the budget
+                budget.max_fevals = min(budget.max_fevals or budget.num_fevals, max(1, budget.num_fevals))
         return results
 
     # Kernel Tuner's strategies draw from `random` and `numpy.random` (seeded here), except scipy's
@@ -305,70 +378,91 @@ def run_kt(problem: Problem, strategy: str, seed: int, cap: int) -> tuple[list[t
             super().__init__(d, **kwargs)
 
     lhs_modules: list[Any] = [qmc]
-    random.seed(seed)
-    np.random.seed(seed)
-    opts: dict[str, Any] = {}
-    if strategy in KT_TAKES_X0:
-        opts["x0"] = list(problem.start)
-        opts["max_fevals"] = cap
-    else:
-        opts["max_fevals"] = cap - 1  # the start config is counted as evaluation 1 in front of it
     error = ""
     SimulationRunner.run = run
+    ktu.infer_restrictions_from_cache = infer_all
     if strategy == "bayes_opt":
         import kernel_tuner.strategies.bayes_opt as bo  # imports LatinHypercube by name
 
         lhs_modules.append(bo)
     for mod in lhs_modules:
         mod.LatinHypercube = SeededLatinHypercube
+    t0 = time.perf_counter()
+    restarts = 0
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tune_cache(_KT_CACHE, strategy=strategy, strategy_options=opts, quiet=True, verbose=False, seed=seed)
+        # A strategy that ends by itself before the budget (its own generation or iteration limit) is
+        # restarted, seeded anew and from its own start point, until the budget is spent: every method
+        # gets the full budget. What an earlier start evaluated is not counted again.
+        while True:
+            run_seed = seed if restarts == 0 else seed * 1000 + restarts
+            random.seed(run_seed)
+            np.random.seed(run_seed)
+            left = cap - len(seen)
+            opts: dict[str, Any] = {"max_fevals": left}
+            if strategy in KT_TAKES_X0 and restarts == 0:
+                opts["x0"] = list(problem.start)
+                opts["max_fevals"] = left + 1  # x0 is the start config, already counted
+            n_before = len(seen)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tune_cache(cache_file, strategy=strategy, strategy_options=opts, quiet=True, verbose=False,
+                           seed=run_seed)
+            if (reached[0] and len(seen) >= max(BUDGETS)) or len(seen) >= cap or len(seen) == n_before:
+                break
+            if restarts >= 50:
+                break
+            restarts += 1
     except Exception as exc:  # counted up to where it failed, and said
         if not served:
             raise
         error = f"raised {type(exc).__name__}: {exc}"[:200]
     finally:
         SimulationRunner.run = orig_run
+        ktu.infer_restrictions_from_cache = orig_infer
         for mod in lhs_modules:
             mod.LatinHypercube = orig_lhs
+    wall = time.perf_counter() - t0
     seq = distinct_with_start(problem, served)[:cap]
     notes = []
     if strategy in KT_TAKES_X0 and served and served[0] != problem.start:
         notes.append("x0 not evaluated first")
-    reached = evals_to_targets(problem, seq)[-1] is not None
-    if not reached and len(set(served)) < opts["max_fevals"]:
+    if restarts:
+        notes.append(f"restarted {restarts}x")
+    if not done(problem, seq, cap, evals_to_targets(problem, seq)[-1] is not None):
         notes.append(f"ended by itself after {len(seq)} evals")
+    n_fail = sum(k in problem.failed for k in seq)
+    if n_fail:
+        notes.append(f"{n_fail} failed configs evaluated")
     if error:
         notes.append(error)
-    return seq, "; ".join(notes)
+    return seq, wall / max(1, len(seq)) * N_PER_ROUND, "; ".join(notes)
 
 
-def run_task(task: tuple[str, int, int]) -> dict[str, Any]:
-    method, seed, cap = task
-    problem = _PROBLEM
-    assert problem is not None
+def run_task(task: tuple[str, str, int, int]) -> dict[str, Any]:
+    path, method, seed, cap = task
+    problem = _PROBLEMS[path]
     t0 = time.perf_counter()
     try:
         if method == "local":
-            seq, note = run_local(problem, seed, cap)
+            seq, per_round, note = run_local(problem, seed, cap)
         elif method == "random":
-            seq, note = run_random(problem, seed, cap)
+            seq, per_round, note = run_random(problem, seed, cap)
         elif method.startswith("kt:"):
-            seq, note = run_kt(problem, method[3:], seed, cap)
+            seq, per_round, note = run_kt(problem, method[3:], seed, cap)
         else:
             raise ValueError(f"unknown method {method!r}")
     except Exception as exc:  # a failed method is reported, not a lost benchmark
-        return {"method": method, "seed": seed, "error": f"{type(exc).__name__}: {exc}"[:300],
+        return {"file": path, "method": method, "seed": seed, "error": f"{type(exc).__name__}: {exc}"[:300],
                 "wall": time.perf_counter() - t0}
-    return {"method": method, "seed": seed, "evals": evals_to_targets(problem, seq), "n": len(seq), "note": note,
+    return {"file": path, "method": method, "seed": seed, "evals": evals_to_targets(problem, seq),
+            "quality": {str(b): q for b, q in quality_at(problem, seq).items()}, "n": len(seq),
+            "n_failed": sum(k in problem.failed for k in seq), "policy_s_per_round": per_round, "note": note,
             "wall": time.perf_counter() - t0}
 
 
 # -------------------------------------------------------------------------------------------------
 # Kernel Tuner's cache: plain JSON in a temp dir (it reads only *.json), only the fields it uses,
-# ``time`` set to the benchmark's objective value.
+# ``time`` set to the benchmark's objective value (failures keep their failure string).
 def write_kt_cache(problem: Problem, dest_dir: str) -> str:
     path = problem.path
     with gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb") as fh:
@@ -382,7 +476,7 @@ def write_kt_cache(problem: Problem, dest_dir: str) -> str:
             slim["time"] = problem.values[k]
         cache[key] = slim
     data["cache"] = cache
-    out = os.path.join(dest_dir, "cache.json")
+    out = os.path.join(dest_dir, f"{len(os.listdir(dest_dir))}.json")
     with open(out, "w") as fh:
         json.dump(data, fh)
     return out
@@ -435,10 +529,6 @@ def ratio(ours: float, theirs: float, cap: int) -> str:
     return f"{ours / theirs:.2f}"
 
 
-def evals_of(rows: list[dict[str, Any]], i: int) -> list[float]:
-    return [math.inf if r["evals"][i] is None else float(r["evals"][i]) for r in rows if "evals" in r]
-
-
 def p_fewer(a: list[float], b: list[float]) -> float:
     """P(X < Y) for X from a and Y from b over all pairs, ties (two misses included) counted half."""
     if not a or not b:
@@ -448,44 +538,96 @@ def p_fewer(a: list[float], b: list[float]) -> float:
     return float(np.mean((x < y) + 0.5 * (x == y)))
 
 
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One method on one file: the figures of the JSON output (medians; a censored median is None)."""
+    ok = [r for r in rows if "evals" in r]
+    out: dict[str, Any] = {"seeds": len(ok), "errors": len(rows) - len(ok)}
+    for i, thr in enumerate(THRESHOLDS):
+        q = quartiles([r["evals"][i] for r in ok])
+        tag = f"{round(thr * 100)}"
+        out[f"evals_to_{tag}"] = None if not math.isfinite(q[1]) else q[1]
+        out[f"evals_to_{tag}_q"] = [None if not math.isfinite(x) else x for x in q]
+        out[f"reached_{tag}"] = sum(r["evals"][i] is not None for r in ok)
+    out["quality"] = {str(b): float(np.median([r["quality"][str(b)] for r in ok])) if ok else None for b in BUDGETS}
+    out["policy_s_per_round"] = float(np.median([r["policy_s_per_round"] for r in ok])) if ok else None
+    out["failed_evals_median"] = float(np.median([r["n_failed"] for r in ok])) if ok else None
+    return out
+
+
+def default_files() -> list[Path]:
+    shared = sorted(p for p in replay_dir().glob("*.json*") if p.suffix in (".json", ".gz"))
+    if shared:
+        return shared
+    return sorted(p for p in SHIPPED_DIR.glob("*.json*") if p.suffix in (".json", ".gz"))
+
+
+def check_targets(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """The issue's targets for the local policy on one file, one line each, read off the medians."""
+    if "local" not in summary:
+        return []
+    ours = summary["local"]
+    kt = {m: s for m, s in summary.items() if m.startswith("kt:") and s["seeds"]}
+    lines = []
+    for b in ("100", "400"):
+        ql = round(ours["quality"][b], 3)
+        wins, ties, losses = [], [], []
+        for m, s in kt.items():
+            qk = round(s["quality"][b], 3)
+            (wins if ql < qk else ties if ql == qk else losses).append(m[3:])
+        lines.append(f"best/optimum at {b}: local {ql:.3f}; lower than: {', '.join(wins) or '-'}; "
+                     f"tie: {', '.join(ties) or '-'}; higher than: {', '.join(losses) or '-'}")
+    q400 = ours["quality"]["400"]
+    lines.append(f"within 2% at 400: local {q400:.3f}: {'yes' if q400 <= 1.02 else 'no'}")
+    reached = {m: s for m, s in kt.items() if s["reached_1"]}
+    if reached:
+        mine = ours["evals_to_1"] if ours["evals_to_1"] is not None else math.inf
+        beats = [m[3:] for m, s in kt.items() if s["evals_to_1"] is None or mine < s["evals_to_1"]]
+        loses = [m[3:] for m in kt if m[3:] not in beats]
+        lines.append(f"evals to 1%: local median {fmt_n(mine, 0) if math.isfinite(mine) else 'censored'}; fewer than "
+                     f"every Kernel Tuner strategy: {'no (not fewer than ' + ', '.join(loses) + ')' if loses else 'yes'}")
+    else:
+        lines.append("evals to 1%: no Kernel Tuner strategy reached it")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
-    global _PROBLEM, _KT_CACHE
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=20, help="seeds per method, 0..N-1 (default 20)")
-    ap.add_argument("--cap", type=int, default=2000, help="evaluation cap per run, start config included (default 2000)")
+    ap.add_argument("--cap", type=int, default=1000, help="evaluation cap per run, start config included (default 1000)")
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                     help="comma list of local, random, kt:<strategy> (default: %(default)s)")
     ap.add_argument("--objective", choices=("median", "mean"), default="median",
-                    help="per-config value: median of the 32 runs (the sweep's p50, default) or recorded mean `time`")
+                    help="per-config value: median of the recorded runs (the sweep's p50, default) or recorded mean `time`")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--replay", default=None, help="Kernel Tuner cache file (default: the RTX 3090 GEMM file)")
+    ap.add_argument("--replay", action="append", default=None, metavar="FILE",
+                    help="Kernel Tuner cache file (repeatable, or a comma list; default: every file in "
+                         f"{replay_dir()}, else those in {SHIPPED_DIR})")
+    ap.add_argument("--json", default=None, metavar="OUT", help="write the per-file, per-method figures as JSON")
     args = ap.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in methods if m not in ("local", "random") and not m.startswith("kt:")]
+    if bad:
+        ap.error(f"unknown method {', '.join(bad)}; use local, random or kt:<strategy>")
     logging.getLogger("kregress.agent").setLevel(logging.WARNING)
     if args.cap < 2:
         ap.error("--cap must be at least 2")
-    if args.replay is not None and "local" in methods:
-        ap.error("local runs on the replay family's default file; drop --replay or local")
+    files = [Path(f.strip()) for a in args.replay for f in a.split(",") if f.strip()] if args.replay else default_files()
+    if not files:
+        ap.error(f"no cache files: none in {replay_dir()} or {SHIPPED_DIR}; pass --replay FILE")
 
     t_all = time.perf_counter()
-    start = None
-    if args.replay is None:  # the replay spec's baseline: the median-time config of the file (mean time)
-        from kregress.core.spec import load_spec
-
-        start = dict(load_spec(SPEC_FILE).baseline)
-    table, problem = load_problem(args.replay, args.objective, start)
-    _PROBLEM = problem
-    best_key = min(problem.values, key=problem.values.get)
-    n_good = {thr: sum(v <= problem.target(thr) for v in problem.values.values()) for thr in THRESHOLDS}
-    print(f"space: {table.kernel_name} {table.shape_label} on {table.device_name}: {len(problem.values):,} configs with "
-          f"recorded runs, {len(table.failures())} recorded failures ({problem.path})")
-    print(f"objective: {'median of the 32 runs' if problem.objective == 'median' else 'recorded mean time'}; "
-          f"best {problem.best:.4f} ms {problem.config(best_key)}")
-    print(f"targets: within 5% <= {problem.target(0.05):.4f} ms ({n_good[0.05]} configs), "
-          f"within 1% <= {problem.target(0.01):.4f} ms ({n_good[0.01]} configs)")
-    print(f"start (evaluation 1, every method): {problem.values[problem.start]:.4f} ms "
-          f"({problem.values[problem.start] / problem.best:.2f}x best) {problem.config(problem.start)}")
+    tables: dict[str, ReplayTable] = {}
+    for f in files:
+        try:
+            table, problem = load_problem(f, args.objective)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        _PROBLEMS[problem.path] = problem
+        tables[problem.path] = table
+        if "local" in methods:
+            prepare_local(problem)
 
     tmp = None
     kt_error = None
@@ -494,14 +636,16 @@ def main(argv: list[str] | None = None) -> int:
         if ver is None:
             kt_error = "kernel_tuner is not installed (the bench extra: pip install 'kernel_tuner>=1.5')"
         else:
-            print(f"kernel_tuner {ver}, simulation mode (tune_cache on a plain-JSON copy of the file, `time` = objective)")
             tmp = tempfile.mkdtemp(prefix="kregress-search-")
-            _KT_CACHE = write_kt_cache(problem, tmp)
+            for path, problem in _PROBLEMS.items():
+                _KT_CACHES[path] = write_kt_cache(problem, tmp)
     print(f"seeds 0..{args.seeds - 1}, cap {args.cap} evaluations, {N_PER_ROUND} proposals/round for local, "
-          f"{args.workers} worker process(es)", flush=True)
+          f"{args.workers} worker process(es); kernel_tuner {kt_version() or 'not installed'} (simulation mode, "
+          f"recorded failures in its space)", flush=True)
 
-    tasks = [(m, s, args.cap) for m in methods for s in range(args.seeds) if not (kt_error and m.startswith("kt:"))]
-    tasks.sort(key=lambda t: SLOW_FIRST.index(t[0]) if t[0] in SLOW_FIRST else len(SLOW_FIRST))
+    tasks = [(p, m, s, args.cap) for p in _PROBLEMS for m in methods for s in range(args.seeds)
+             if not (kt_error and m.startswith("kt:"))]
+    tasks.sort(key=lambda t: SLOW_FIRST.index(t[1]) if t[1] in SLOW_FIRST else len(SLOW_FIRST))
     results: list[dict[str, Any]] = []
     try:
         if args.workers > 1:
@@ -513,82 +657,60 @@ def main(argv: list[str] | None = None) -> int:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    by: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-    for r in results:
-        by[r["method"]].append(r)
-    q: dict[str, list[tuple[float, float, float]]] = {}
-    for m, rows in by.items():
-        ok = [r for r in rows if "evals" in r]
-        if ok:
-            q[m] = [quartiles([r["evals"][i] for r in ok]) for i in range(len(THRESHOLDS))]
-    exact = [exact_random(len(problem.values), n_good[thr], cap=args.cap) for thr in THRESHOLDS]
-    q["random (exact)"] = [(float(e[0][0]), float(e[0][1]), float(e[0][2])) for e in exact]
-    ours = [q["local"][i][1] for i in range(len(THRESHOLDS))] if "local" in q else [math.nan] * len(THRESHOLDS)
-
-    head = (f"{'method':<22} {'evals to 5%: med [q1, q3]':>26} {'evals to 1%: med [q1, q3]':>26} "
-            f"{'reached 5% / 1%':>16} {'ours/x 5%':>9} {'ours/x 1%':>9} {'s/run':>6}")
-    print()
-    print(head)
-    print("-" * len(head))
-    notes = []
-    rows_out = [m for m in methods]
-    if "random" in methods:
-        rows_out.insert(rows_out.index("random") + 1, "random (exact)")
-    for m in rows_out:
-        if m == "random (exact)":
-            cells = [fmt_q(q[m][i], len(problem.values)) for i in range(len(THRESHOLDS))]
-            succ = " / ".join(f"{100 * e[1]:.0f}%" for e in exact)
-            rat = [ratio(ours[i], q[m][i][1], args.cap) for i in range(len(THRESHOLDS))]
-            print(f"{m:<22} {cells[0]:>26} {cells[1]:>26} {succ:>16} {rat[0]:>9} {rat[1]:>9} {'-':>6}")
-            continue
-        rows = by[m]
-        ok = [r for r in rows if "evals" in r]
-        errs = [r for r in rows if "error" in r]
-        if m.startswith("kt:") and kt_error:
-            print(f"{m:<22} not run: {kt_error}")
-            continue
-        if not ok:
-            print(f"{m:<22} failed: {errs[0]['error'] if errs else 'no runs'}")
-            continue
-        cells = [fmt_q(q[m][i], args.cap) for i in range(len(THRESHOLDS))]
-        succ = " / ".join(f"{sum(r['evals'][i] is not None for r in ok)}/{len(ok)}" for i in range(len(THRESHOLDS)))
-        rat = ["" if m == "local" else ratio(ours[i], q[m][i][1], args.cap) for i in range(len(THRESHOLDS))]
-        wall = float(np.mean([r["wall"] for r in rows]))
-        print(f"{m:<22} {cells[0]:>26} {cells[1]:>26} {succ:>16} {rat[0]:>9} {rat[1]:>9} {wall:>6.1f}")
-        if errs:
-            notes.append(f"{m}: {len(errs)} of {len(rows)} runs failed, e.g. {errs[0]['error']}")
-        nn = [r["note"] for r in ok if r.get("note")]
-        if nn and m != "local":
-            kinds = sorted({n.split(" after ")[0] for n in nn})
-            notes.append(f"{m}: {len(nn)} of {len(ok)} runs: " + " | ".join(kinds))
-        if m == "local":
-            notes.append("local: " + "; ".join(f"seed {r['seed']}: {r['note']}" for r in ok[:2]) + "; ...")
-    print("\n(reached: runs that got there within the cap; for random (exact): the probability of it)")
-
-    # The issue's targets, read off the medians above.
-    if "local" in q:
+    out_json: dict[str, dict[str, Any]] = {}
+    for path, problem in _PROBLEMS.items():
+        table = tables[path]
+        n_good = {thr: sum(v <= problem.target(thr) for v in problem.values.values()) for thr in THRESHOLDS}
+        n_space = len(problem.values) + len(problem.failed)
         print()
-        for i, thr in enumerate(THRESHOLDS):
-            kt = {m: q[m][i][1] for m in q if m.startswith("kt:")}
-            if kt:
-                closest = min(kt, key=lambda m: (kt[m], m))
-                p_win = p_fewer(evals_of(by["local"], i), evals_of(by[closest], i))
-                closest_txt = f"; closest: {closest[3:]} (P(a local run needs fewer than a {closest[3:]} run) = {p_win:.2f})"
-            else:
-                closest_txt = ""
-            beats = [m for m, v in kt.items() if ours[i] < v]
-            losses = [m for m in kt if m not in beats]
-            rnd = q["random (exact)"][i][1]
-            verdict = "n/a (none run)" if not kt else "no" if losses else "yes"
-            print(f"target within {thr:.0%}: local median {fmt_n(ours[i], args.cap)} evals; fewer than every Kernel Tuner "
-                  f"strategy run: {verdict}"
-                  + (f" (not fewer than: {', '.join(m[3:] for m in losses)})" if losses else "")
-                  + closest_txt
-                  + f"; at most 1/5 of random sampling's ({rnd:.0f}/5 = {rnd / 5:.0f}): {'yes' if ours[i] <= rnd / 5 else 'no'}")
-    if notes:
-        print()
+        print(f"== {problem.name}: {table.kernel_name} {table.shape_label} on {table.device_name}: {n_space:,} recorded "
+              f"configs, {len(problem.failed)} failures; best {problem.best:.4f} ms; within 5%: {n_good[0.05]}, "
+              f"within 1%: {n_good[0.01]}; start {problem.values[problem.start] / problem.best:.2f}x best")
+        head = (f"{'method':<20} {'evals to 5%: med [q1, q3] r/s':>32} {'evals to 1%: med [q1, q3] r/s':>32} "
+                + " ".join(f"{'q@' + str(b):>6}" for b in BUDGETS) + f" {'fail':>5} {'s/round':>8}")
+        print(head)
+        print("-" * len(head))
+        summary: dict[str, dict[str, Any]] = {}
+        notes = []
+        for m in methods:
+            rows = [r for r in results if r["file"] == path and r["method"] == m]
+            if m.startswith("kt:") and kt_error:
+                print(f"{m:<20} not run: {kt_error}")
+                continue
+            ok = [r for r in rows if "evals" in r]
+            errs = [r for r in rows if "error" in r]
+            if errs:
+                notes.append(f"{m}: {len(errs)} of {len(rows)} runs failed, e.g. {errs[0]['error']}")
+            if not ok:
+                print(f"{m:<20} failed: {errs[0]['error'] if errs else 'no runs'}")
+                continue
+            s = summary[m] = summarize(rows)
+            cells = []
+            for i in range(len(THRESHOLDS)):
+                tag = f"{round(THRESHOLDS[i] * 100)}"
+                q = quartiles([r["evals"][i] for r in ok])
+                cells.append(f"{fmt_q(q, args.cap)} {s['reached_' + tag]}/{s['seeds']}")
+            qual = " ".join(f"{s['quality'][str(b)]:>6.3f}" for b in BUDGETS)
+            print(f"{m:<20} {cells[0]:>32} {cells[1]:>32} {qual} {s['failed_evals_median']:>5.0f} "
+                  f"{s['policy_s_per_round']:>8.4f}")
+            nn = [r["note"] for r in ok if r.get("note")]
+            if nn and m != "local":
+                kinds = sorted({n.split(" after ")[0].split(" failed configs")[0].strip("0123456789 ") for n in nn} - {""})
+                if kinds:
+                    notes.append(f"{m}: " + " | ".join(kinds))
+            if m == "local":
+                notes.append("local: " + "; ".join(f"seed {r['seed']}: {r['note']}" for r in ok[:2]))
+        print(f"(r/s: runs that got there within the cap / seeds; q@B: median best/optimum after B evaluations; "
+              f"fail: median failed configs evaluated per run; random (exact) to 5% / 1%: "
+              + " / ".join(f"{exact_random(n_space, n_good[t], cap=args.cap)[0][1]}" for t in THRESHOLDS) + ")")
+        for line in check_targets(summary):
+            print("target:", line)
         for n in notes:
             print("note:", n)
+        out_json[problem.name] = {m: {k: v for k, v in s.items()} for m, s in summary.items()}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out_json, indent=1, sort_keys=True))
+        print(f"\nwrote {args.json}")
     print(f"\ntotal wall {time.perf_counter() - t_all:.0f} s")
     return 0
 

@@ -156,114 +156,115 @@ def valid_set(space, params: dict, limits=None) -> ValidSet | None:
     return vs
 
 
+# -------------------------------------------------------------------------------------------------
+# The model: a Bayesian second-order model of log(objective) over the enumerated valid set.
+PAIR_LEVELS_MAX = 256  # one-hot interaction blocks up to this many cells (Li * Lj); larger pairs keep z_i * z_j only
+FEATURES_MAX = 2500  # cap on model width (one-hot pair blocks are dropped, largest first, beyond it)
+CANDIDATES_MAX = 30_000  # candidates scored per round (a random subset of larger valid sets, plus the incumbents' neighbours)
+NOISE_VAR = 0.05  # residual variance of standardised log(objective): measurement noise plus model misfit
+FAIL_P_MAX = 0.5  # a candidate whose predicted chance of failing is above this is not proposed while others remain
+N_LOCAL = 2  # proposals per round that are the unmeasured valid configs nearest the incumbent
+
+
+class Features:
+    """Second-order features of every valid config, from its ordinal positions.
+
+    * one-hot main effects: one column per (tunable, value);
+    * ordinal trends: z_j (position scaled to [-1, 1]) and z_j^2, per tunable;
+    * interactions: one-hot per pair of values of two tunables (blocks up to ``PAIR_LEVELS_MAX``
+      cells), and z_i * z_j for every pair.
+
+    ``cat`` holds each valid config's one-hot column ids (rows x blocks), ``cont`` its continuous
+    columns; ``group`` says which prior a column gets (0 main, 1 trend, 2 interaction)."""
+
+    def __init__(self, valid: ValidSet):
+        idx = valid.idx.astype(np.int32)
+        levels = [len(v) for v in valid.values]
+        active = [j for j, n in enumerate(levels) if n > 1]
+        cat_cols: list[np.ndarray] = []
+        group: list[int] = []
+        off = 0
+        for j in active:
+            cat_cols.append(idx[:, j] + off)
+            group += [0] * levels[j]
+            off += levels[j]
+        pairs = sorted(((levels[i] * levels[j], i, j) for a, i in enumerate(active) for j in active[a + 1:]))
+        n_cont = 2 * len(active) + len(active) * (len(active) - 1) // 2
+        for cells, i, j in pairs:
+            if cells > PAIR_LEVELS_MAX or off + cells + n_cont > FEATURES_MAX:
+                continue
+            cat_cols.append(off + idx[:, i] * levels[j] + idx[:, j])
+            group += [2] * cells
+            off += cells
+        self.n_cat = off
+        self.cat = np.stack(cat_cols, axis=1) if cat_cols else np.zeros((len(idx), 0), dtype=np.int32)
+        z = np.stack([2.0 * idx[:, j] / (levels[j] - 1) - 1.0 for j in active], axis=1) if active else np.zeros((len(idx), 0))
+        cont = [z, z * z - np.mean(z * z, axis=0)]
+        cont += [(z[:, a] * z[:, b])[:, None] for a in range(len(active)) for b in range(a + 1, len(active))]
+        self.cont = np.concatenate(cont, axis=1) if active else np.zeros((len(idx), 0))
+        group += [1] * (2 * len(active)) + [2] * (self.cont.shape[1] - 2 * len(active))
+        self.group = np.asarray(group, dtype=np.int8)
+        self.width = self.n_cat + self.cont.shape[1]
+        n_act = max(1, len(active))
+        n_pair_blocks = max(1, len(active) * (len(active) - 1) // 2)
+        # Prior variances (standardised log objective): the main effects explain about one unit of
+        # variance in all, the interactions about half a unit; a column's share falls with its group size.
+        var = np.where(self.group == 0, 1.0 / n_act, np.where(self.group == 1, 0.5 / n_act, 0.5 / n_pair_blocks))
+        self.prior_prec = 1.0 / var
+
+    def design(self, rows: np.ndarray) -> np.ndarray:
+        X = np.zeros((len(rows), self.width))
+        if self.n_cat:
+            np.put_along_axis(X, self.cat[rows], 1.0, axis=1)
+        X[:, self.n_cat:] = self.cont[rows]
+        return X
+
+    def predict(self, rows: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Predictions for ``rows`` under each column of ``w`` (width x S)."""
+        out = self.cont[rows] @ w[self.n_cat:]
+        if self.n_cat:
+            for b in range(self.cat.shape[1]):
+                out += w[self.cat[rows, b]]
+        return out
+
+
+def _features(valid: ValidSet) -> Features:
+    f = getattr(valid, "_features", None)
+    if f is None:
+        f = Features(valid)
+        valid._features = f  # type: ignore[attr-defined]
+    return f
+
+
+def _posterior(X: np.ndarray, y: np.ndarray, prior_prec: np.ndarray, noise: float):
+    """Mean and Cholesky factor of the precision of the Gaussian posterior of a linear model."""
+    A = X.T @ X / noise
+    A[np.diag_indices_from(A)] += prior_prec
+    L = np.linalg.cholesky(A)
+    mean = np.linalg.solve(L.T, np.linalg.solve(L, X.T @ y / noise))
+    return mean, L
+
+
 class LocalPolicy:
+    """Thompson sampling on a second-order model of the measured history, with a failure model,
+    plus the incumbent's nearest neighbours (see the module docstring)."""
+
     name = "local"
 
     def __init__(self, seed: int | None = None):
         self.seed = seed
 
     def propose(self, ctx: AgentContext) -> Proposal:
-        from kregress.core.records import config_hash
-
         spec, fam = ctx.spec, ctx.family
-        seed = (spec.search.seed if self.seed is None else self.seed) * 1009 + ctx.round
-        space_params = dict(fam.space.params)  # read once: a family may compute it on every access
-        distributions = {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in space_params.items()}
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, constant_liar=True)
-        study = optuna.create_study(direction="minimize", sampler=sampler)
-        best: VariantResult | None = None
-        for row in ctx.history:
-            params = {k: row.config[k] for k in distributions if k in row.config}
-            if len(params) != len(distributions) or any(params[k] not in space_params[k] for k in params):
-                continue
-            value = ctx.objective.get(row.config_hash)
-            cons = constraint_values(row, spec)
-            if row.error or value is None:
-                trial = optuna.trial.create_trial(params=params, distributions=distributions,
-                                                  state=optuna.trial.TrialState.FAIL, constraints=cons)
-            else:
-                trial = optuna.trial.create_trial(params=params, distributions=distributions, value=value,
-                                                  constraints=cons)
-                if all(c <= 0 for c in cons.values()) and (best is None or value < ctx.objective[best.config_hash]):
-                    best = row
-            study.add_trial(trial)
+        base_seed = spec.search.seed if self.seed is None else self.seed
+        best, bad = self._incumbent(ctx)
         anchor = best.config if best else spec.baseline
         anchor_id = best.variant_id if best else "baseline"
-
-        rng = random.Random(seed)
-        seen = set(ctx.measured_hashes)
-        n_exploit = max(1, ctx.n // 2)
-        picked: list[dict[str, int]] = []
         valid = valid_set(fam.space, spec.params, spec.hardware.limits)
         if valid is not None and len(valid):
-            # Exploitation: the unmeasured valid configs nearest to the incumbent.
-            taken = np.zeros(len(valid), dtype=bool)
-            for row in ctx.history:
-                pos = valid.position(row.config)
-                i = valid.row_of.get(pos) if pos is not None else None
-                if i is not None:
-                    taken[i] = True
-            anchor_pos = valid.position(anchor)
-            if anchor_pos is not None:
-                for i in valid.nearest(anchor_pos, taken, n_exploit, rng):
-                    taken[i] = True
-                    cand = valid.config(i)
-                    seen.add(config_hash(cand))
-                    picked.append(cand)
-            # Exploration: TPE under the constraints; an invalid or measured point moves to the nearest
-            # unmeasured valid config.
-            while len(picked) < ctx.n and not taken.all():
-                trial = study.ask(distributions)
-                cand = {k: int(trial.params[k]) for k in distributions}
-                pos = valid.position(cand)
-                i = valid.row_of.get(pos) if pos is not None else None
-                if i is None or taken[i]:
-                    near = valid.nearest(pos, taken, 1, rng) if pos is not None else []
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL if i is None else optuna.trial.TrialState.PRUNED)
-                    if not near:
-                        break
-                    i = near[0]
-                    cand = valid.config(i)
-                taken[i] = True
-                seen.add(config_hash(cand))
-                picked.append(cand)
+            picked = self._propose_enumerated(ctx, valid, anchor, bad, base_seed)
         else:
-            # Exploitation: one-step neighbours of the incumbent, in a seeded order.
-            neighbours = []
-            for k, values in space_params.items():
-                pos = values.index(anchor[k]) if anchor.get(k) in values else None
-                if pos is None:
-                    continue
-                for step in (-1, 1):
-                    if 0 <= pos + step < len(values):
-                        cand = dict(anchor)
-                        cand[k] = values[pos + step]
-                        neighbours.append(cand)
-            rng.shuffle(neighbours)
-            for cand in neighbours:
-                if len(picked) >= n_exploit:
-                    break
-                h = config_hash(cand)
-                if h not in seen and fam.space.check(cand, spec.params, spec.hardware.limits) is None:
-                    seen.add(h)
-                    picked.append(cand)
-            # Exploration: TPE under the constraints, until n new valid configs or the attempt cap.
-            attempts = misses = 0
-            while len(picked) < ctx.n and attempts < 60 * ctx.n and misses < 300:
-                attempts += 1
-                misses += 1
-                trial = study.ask(distributions)
-                cand = {k: int(trial.params[k]) for k in distributions}
-                h = config_hash(cand)
-                if fam.space.check(cand, spec.params, spec.hardware.limits) is not None:
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                    continue
-                if h in seen:
-                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                    continue
-                seen.add(h)
-                picked.append(cand)
-                misses = 0
+            picked = self._propose_sampled(ctx, anchor, base_seed * 1009 + ctx.round)
         notes = []
         if len(picked) < ctx.n:
             notes.append(f"local search found {len(picked)} new valid configs of {ctx.n} asked (space nearly exhausted)")
@@ -277,3 +278,159 @@ class LocalPolicy:
         kept, dropped = validate_and_dedupe(ctx, suggestions, "local")
         ctx.log.info(f"local policy: {len(kept)} proposals around {anchor_id} ({config_label(anchor)})")
         return Proposal(suggestions=kept, dropped=dropped, notes=notes)
+
+    @staticmethod
+    def _incumbent(ctx: AgentContext) -> tuple[VariantResult | None, set[str]]:
+        """The best row that ran and met the constraints; the hashes of rows that failed or broke one."""
+        best, best_v, bad = None, math.inf, set()
+        for row in ctx.history:
+            value = ctx.objective.get(row.config_hash)
+            cons = constraint_values(row, ctx.spec)
+            if row.error or value is None or not math.isfinite(value) or value <= 0 or any(c > 0 for c in cons.values()):
+                bad.add(row.config_hash)
+                continue
+            if value < best_v:
+                best, best_v = row, value
+        return best, bad
+
+    def _propose_enumerated(self, ctx: AgentContext, valid: ValidSet, anchor: dict, bad: set[str],
+                            base_seed: int) -> list[dict[str, int]]:
+        rng = np.random.default_rng([abs(int(base_seed)), int(ctx.round), 0x10CA1])
+        tie_rng = random.Random(int(rng.integers(2**31)))
+        taken = np.zeros(len(valid), dtype=bool)
+        ok_rows, ok_y, all_rows, fail = [], [], [], []
+        for row in ctx.history:
+            pos = valid.position(row.config)
+            i = valid.row_of.get(pos) if pos is not None else None
+            if i is None:
+                continue
+            if taken[i]:
+                continue
+            taken[i] = True
+            failed = row.config_hash in bad
+            all_rows.append(i)
+            fail.append(1.0 if failed else 0.0)
+            value = ctx.objective.get(row.config_hash)
+            if value is not None and math.isfinite(value) and value > 0 and not row.error:
+                ok_rows.append(i)
+                ok_y.append(math.log(value))
+        picked: list[int] = []
+
+        def pick(i: int) -> None:
+            taken[i] = True
+            picked.append(int(i))
+
+        n = ctx.n
+        if taken.all():
+            return []
+        feats = _features(valid)
+        free = np.flatnonzero(~taken)
+        if len(free) > CANDIDATES_MAX:
+            free = np.sort(rng.choice(free, CANDIDATES_MAX, replace=False))
+        # Failure model: which candidates look like the failures seen so far.
+        fail_p = np.zeros(len(free))
+        if any(fail) and len(all_rows) >= 2:
+            t = np.asarray(fail)
+            base = float(t.mean())
+            Xa = feats.design(np.asarray(all_rows))
+            w, _ = _posterior(Xa, t - base, feats.prior_prec, 0.1)
+            fail_p = base + feats.predict(free, w[:, None])[:, 0]
+        feasible = fail_p <= FAIL_P_MAX
+        anchor_pos = valid.position(anchor)
+        # 1. The incumbent's nearest unmeasured neighbours that do not look like failures.
+        n_local = max(1, n // 2) if len(ok_rows) <= 1 else min(N_LOCAL, n)
+        if anchor_pos is not None:
+            mask = taken.copy()
+            mask[free[~feasible]] = True
+            for i in valid.nearest(anchor_pos, mask, n_local, tie_rng):
+                pick(i)
+        # 2. Until the model has a few points: space-filling random picks.
+        if len(ok_rows) < max(4, n // 2):
+            cand = free[feasible & ~taken[free]]
+            if not len(cand):
+                cand = free[~taken[free]]
+            k = min(n - len(picked), len(cand))
+            for i in rng.choice(cand, k, replace=False) if k > 0 else []:
+                pick(i)
+            return [valid.config(i) for i in picked]
+        # 3. Thompson sampling: one posterior draw per remaining proposal, its best candidate.
+        y = np.asarray(ok_y)
+        mu, sd = float(y.mean()), float(y.std()) or 1.0
+        X = feats.design(np.asarray(ok_rows))
+        mean, L = _posterior(X, (y - mu) / sd, feats.prior_prec, NOISE_VAR)
+        s = n - len(picked)
+        draws = mean[:, None] + np.linalg.solve(L.T, rng.standard_normal((feats.width, s)))
+        pred = feats.predict(free, draws)
+        pred += 1e-9 * rng.standard_normal(pred.shape)  # seeded tie break
+        pred[~feasible] += 1e6  # failures-to-be last, while anything else remains
+        for c in range(s):
+            col = pred[:, c].copy()
+            col[taken[free]] = np.inf
+            j = int(np.argmin(col))
+            if not math.isfinite(col[j]):
+                break
+            pick(free[j])
+        return [valid.config(i) for i in picked]
+
+    def _propose_sampled(self, ctx: AgentContext, anchor: dict, seed: int) -> list[dict[str, int]]:
+        """Spaces too large to enumerate: one-step neighbours of the incumbent, then constrained TPE
+        (Optuna) with rejection of invalid or measured points, up to an attempt cap."""
+        from kregress.core.records import config_hash
+
+        spec, fam = ctx.spec, ctx.family
+        space_params = dict(fam.space.params)  # read once: a family may compute it on every access
+        distributions = {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in space_params.items()}
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, constant_liar=True)
+        study = optuna.create_study(direction="minimize", sampler=sampler)
+        for row in ctx.history:
+            params = {k: row.config[k] for k in distributions if k in row.config}
+            if len(params) != len(distributions) or any(params[k] not in space_params[k] for k in params):
+                continue
+            value = ctx.objective.get(row.config_hash)
+            cons = constraint_values(row, spec)
+            if row.error or value is None:
+                trial = optuna.trial.create_trial(params=params, distributions=distributions,
+                                                  state=optuna.trial.TrialState.FAIL, constraints=cons)
+            else:
+                trial = optuna.trial.create_trial(params=params, distributions=distributions, value=value,
+                                                  constraints=cons)
+            study.add_trial(trial)
+        rng = random.Random(seed)
+        seen = set(ctx.measured_hashes)
+        n_exploit = max(1, ctx.n // 2)
+        picked: list[dict[str, int]] = []
+        neighbours = []
+        for k, values in space_params.items():
+            pos = values.index(anchor[k]) if anchor.get(k) in values else None
+            if pos is None:
+                continue
+            for step in (-1, 1):
+                if 0 <= pos + step < len(values):
+                    cand = dict(anchor)
+                    cand[k] = values[pos + step]
+                    neighbours.append(cand)
+        rng.shuffle(neighbours)
+        for cand in neighbours:
+            if len(picked) >= n_exploit:
+                break
+            h = config_hash(cand)
+            if h not in seen and fam.space.check(cand, spec.params, spec.hardware.limits) is None:
+                seen.add(h)
+                picked.append(cand)
+        attempts = misses = 0
+        while len(picked) < ctx.n and attempts < 60 * ctx.n and misses < 300:
+            attempts += 1
+            misses += 1
+            trial = study.ask(distributions)
+            cand = {k: int(trial.params[k]) for k in distributions}
+            h = config_hash(cand)
+            if fam.space.check(cand, spec.params, spec.hardware.limits) is not None:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            if h in seen:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                continue
+            seen.add(h)
+            picked.append(cand)
+            misses = 0
+        return picked
