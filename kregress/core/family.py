@@ -6,7 +6,7 @@ formulas, and what the AOT compile needs. The asset graph, the benchmark resourc
 are generated from the registry and never special-case a family.
 
 No Dagster and no Triton import here: a family module imports Triton itself; this module only
-duck-types the jit functions it finds (``cache_key``) to hash what is compiled.
+reads the family's source files (AST) to hash what is compiled.
 
 Families come from three places, all looked up by ``get_family(name)``:
 
@@ -17,9 +17,9 @@ Families come from three places, all looked up by ``get_family(name)``:
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
-import inspect
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -179,56 +179,71 @@ class Family:
         return False
 
     # --- identity ----------------------------------------------------------------------------
-    def jit_functions(self) -> list[Any]:
-        """The Triton jit functions this family compiles: by default every one defined at the top
-        level of its module. Override to narrow or widen what the cache key covers."""
-        if self.module is None:
-            return []
-        return [obj for _, obj in sorted(vars(self.module).items()) if _is_jit(obj)]
+    # True for a family that wraps a compiled extension or a torch op instead of Triton jit functions:
+    # no AOT compile (no compile units), timed by the cuda backend like any other family, checked
+    # against its reference; on a CPU host it needs the cuda backend or a recorded file.
+    external = False
 
     def source_files(self) -> list[Path]:
-        """Files whose content is the kernel (the family's module by default; an external kernel
-        lists its .cu/.cubin/.so here). The spec sensor and ``kregress review`` follow these."""
+        """Files whose content is the kernel: the family's module by default; a plugin or an external
+        kernel adds its own (.py helpers, .cu sources, a shipped .cubin or .so). The compile cache
+        key, the assets' code_version, the spec sensor and ``kregress review`` follow these files."""
         f = getattr(self.module, "__file__", None)
         return [Path(f).resolve()] if f else []
 
     def source_hash(self) -> str:
-        """Hash of what is compiled: the jit functions' own cache keys (Triton hashes their source and
-        every jit function they call), plus the non-Python files in ``source_files()``. Editing a
-        docstring or the latency model of the module changes nothing here. Part of every compile
-        cache key and of the assets' code_version."""
+        """Hash of what is compiled, read from disk (so a long-lived process sees an edit): in each
+        Python source file, the Triton jit functions (``@triton.jit``/``@jit``), the ``compile_units``
+        methods that choose signatures, constexprs and hints, and the module-level UPPER_CASE
+        constants the kernels read; other files (.cu, .cubin, .so) whole. A Python file with no jit
+        function (an external kernel's wrapper) counts whole. Comments, the module docstring, the
+        latency model and the reference change nothing, so editing them recompiles nothing."""
         h = hashlib.sha256(self.name.encode())
-        jits = self.jit_functions()
-        for fn in jits:
-            h.update(_jit_identity(fn).encode())
         for f in self.source_files():
-            if f.suffix != ".py" or not jits:
-                try:
-                    h.update(f.read_bytes())
-                except OSError:
-                    h.update(f"missing:{f}".encode())
+            h.update(str(f.name).encode())
+            try:
+                data = f.read_bytes()
+            except OSError:
+                h.update(b"missing")
+                continue
+            h.update(compiled_parts(data.decode("utf-8", "replace")).encode() if f.suffix == ".py" else data)
         return h.hexdigest()[:16]
+
+
+def _is_jit_decorator(node: ast.expr) -> bool:
+    target = node.func if isinstance(node, ast.Call) else node
+    text = ast.unparse(target)
+    return text == "jit" or text.endswith(".jit")
+
+
+def compiled_parts(source: str) -> str:
+    """The part of a Python kernel module that decides what is compiled (see ``Family.source_hash``)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source  # an unparsable file: every byte counts
+    parts: list[str] = []
+    has_jit = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            jit = any(_is_jit_decorator(d) for d in node.decorator_list)
+            has_jit |= jit
+            if jit or node.name == "compile_units":
+                parts.append(ast.unparse(node))
+    if not has_jit:
+        return ast.unparse(tree)  # no jit function: a wrapper around an external kernel counts whole
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if targets and all(isinstance(t, ast.Name) and t.id.isupper() for t in targets):
+                parts.append(ast.unparse(node))
+    return "\n".join(parts)
 
 
 def _default_limits() -> "HardwareLimits":
     from kregress.core.spec import HardwareLimits
 
     return HardwareLimits()
-
-
-def _is_jit(obj: Any) -> bool:
-    # triton.runtime.JITFunction (compiled) or InterpretedFunction (TRITON_INTERPRET=1), by duck type.
-    return type(obj).__name__ in ("JITFunction", "InterpretedFunction") and hasattr(obj, "fn")
-
-
-def _jit_identity(fn: Any) -> str:
-    key = getattr(fn, "cache_key", None)  # JITFunction: source + dependencies + Triton version
-    if isinstance(key, str):
-        return key
-    try:
-        return inspect.getsource(fn.fn)
-    except (OSError, TypeError):
-        return getattr(fn.fn, "__qualname__", repr(fn))
 
 
 # --- checks shared by the families' check_params ---------------------------------------------
