@@ -111,10 +111,12 @@ class TaskSpec(_Strict):
     @field_validator("kernel_family")
     @classmethod
     def _known_family(cls, v: str) -> str:
-        from kregress.core.family import families
+        from kregress.core.family import UnknownFamily, get_family
 
-        if v not in families():
-            raise ValueError(f"unknown kernel family {v!r}; allowed: {', '.join(sorted(families()))}")
+        try:  # built in, an installed plugin (entry point) or an import path package.module:attribute
+            get_family(v)
+        except UnknownFamily as exc:
+            raise ValueError(str(exc)) from None
         return v
 
     @model_validator(mode="after")
