@@ -83,6 +83,9 @@ def handle(job: dict) -> dict:
         ms = cuda_measurements(family, job["config"], job["shapes"], job["dtype"], job.get("params", {}),
                                job["warmup_ms"], job["rep_ms"], job.get("seed", 0))
         return {"measurements": [m.model_dump() for m in ms]}
+    if op == "describe":  # which files the family was imported from, and the config's space check
+        return {"source_files": [str(f) for f in family.source_files()],
+                "space_check": family.space.check(job["config"], job.get("params", {}), _limits(job["limits"]))}
     if op == "ping":
         return {"pong": os.getpid()}
     return {"error": "runtime_error", "detail": f"unknown op {op!r}"}

@@ -135,7 +135,7 @@ def test_git_problems_say_what_to_do(tmp_path, env, spec, monkeypatch):
     repo = make_repo(tmp_path)
     with pytest.raises(ReviewError, match="base_ref 'no-such-branch' is not a commit.*git fetch"):
         run_review(spec, repo_dir=repo, base_ref="no-such-branch", home=env)
-    monkeypatch.setattr("kernel_assets.review.shutil.which", lambda name: None)
+    monkeypatch.setattr("kernel_assets.review.diff.shutil.which", lambda name: None)
     with pytest.raises(ReviewError, match="git is not installed"):
         run_review(spec, repo_dir=repo, home=env)
 
