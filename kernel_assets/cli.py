@@ -18,7 +18,7 @@ from kregress.core import paths
 from kregress.core.names import STRATEGIES
 
 # Subcommands contributed by other modules: each exposes register(subparsers).
-PLUGINS = ("kernel_assets.cli_usage", "kernel_assets.cli_config")
+PLUGINS = ("kernel_assets.cli_usage", "kregress.clients.cli")
 
 
 def _ensure_home(arg: str | None) -> Path:

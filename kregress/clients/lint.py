@@ -1,23 +1,10 @@
-"""Coding-tool configuration for the TaoToken gateway: export files for Claude Code, Codex and CC Switch,
-and lint such files for the mistakes that cost kernel engineers hours (not kernel bugs).
+"""``kregress lint-config``: the mistakes in Claude Code, Codex and CC Switch files that cost kernel engineers hours.
 
-Formats (looked up for issue 6; see the report of that issue for the sources):
-
-- Claude Code ``settings.json``: ``env`` (ANTHROPIC_BASE_URL, ANTHROPIC_AUTH_TOKEN, ANTHROPIC_MODEL; Claude
-  Code itself appends ``/v1/messages`` to the base URL), ``apiKeyHelper`` (a command run by ``/bin/sh`` whose
-  output is sent as ``X-Api-Key`` and ``Authorization: Bearer``), ``permissions.allow`` / ``permissions.deny``
-  rules ``Tool`` or ``Tool(specifier)``, e.g. ``Bash(git diff:*)`` (prefix) or ``Bash(curl *prod*)`` (glob);
-  deny is evaluated before allow.
-- Codex ``config.toml``: ``model``, ``model_provider`` and a ``[model_providers.<id>]`` table with ``name``,
-  ``base_url`` (Codex appends ``/responses``, so it ends in ``/v1``), ``env_key`` (the NAME of the variable
-  holding the key) and ``wire_api`` (``"responses"``; ``"chat"`` is deprecated and removed in current Codex).
-- CC Switch: its v2 store shape ``{"version": 2, "claude": {"providers": {id: Provider}, "current": id},
-  "codex": {...}}``; a Provider is ``{id, name, settingsConfig, websiteUrl, category, notes}`` where
-  ``settingsConfig`` is the Claude ``settings.json`` object, or ``{"auth": {...}, "config": "<config.toml>"}``
-  for Codex.
-
-No exported file holds a key unless ``include_key`` is asked for; the lint never prints a key (only its
-length and a 4-hex-digit fingerprint).
+Reads ``settings.json`` (Claude Code), ``config.toml`` (Codex), and CC Switch's store in any of its forms:
+the 3.x database ``cc-switch.db`` (opened read-only), an exported ``.sql`` (run into an in-memory database
+that may not touch any file), or the pre-3.0 ``config.json``. Each finding names the file, the key path in
+it, what goes wrong in the real tool, and the fix. A key is never printed (only its length and a
+4-hex-digit fingerprint).
 """
 
 from __future__ import annotations
@@ -25,257 +12,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
-from kregress.core.endpoints import mask_endpoint_url as mask_url  # noqa: F401
-from kregress.core.endpoints import mask_secret  # noqa: F401
-from resources.taotoken import (
-    DEFAULT_ROOT,
-    FALLBACK_KEY_ENV,
-    MODEL_ENV,
-    ROLE_KEY_ENV,
-    KeyPool,
-    RequestError,
-    split_keys,
-    fingerprint,
-    resolve_base_url,
-)
+from kregress.clients.common import ENV_NAME, environment_secrets, is_placeholder, is_secret_name, looks_like_key
+from kregress.clients.export import CODEX_CHAT_REMOVED
+from kregress.core.endpoints import DEFAULT_ROOT, OTHER_TOOLS_ENV, RequestError, fingerprint, resolve_base_url, split_keys
+from kregress.core.endpoints import mask_endpoint_url as mask_url
 
-TOOLS = ("claude-code", "codex", "cc-switch")
-PROVIDER_ID = "taotoken"
-PROVIDER_NAME = "TaoToken (kregress)"
-CLAUDE_SCHEMA = "https://json.schemastore.org/claude-code-settings.json"
-WIRE_APIS = ("responses", "chat")
-
-# What a coding agent may do in a kernel repository without asking, and what it must never do.
-CLAUDE_ALLOW = (
-    "Read",
-    "Grep",
-    "Glob",
-    "Bash(git diff:*)",
-    "Bash(git status:*)",
-    "Bash(git log:*)",
-    "Bash(git show:*)",
-    "Bash(grep:*)",
-    "Bash(rg:*)",
-    "Bash(pytest:*)",
-    "Bash(python -m pytest:*)",
-    "Bash(.venv/bin/python -m pytest:*)",
-    "Bash(kregress:*)",
-)
-CLAUDE_DENY = (
-    "Bash(rm:*)",
-    "Bash(git push:*)",
-    "Bash(kubectl:*)",
-    "Bash(psql:*)",
-    "Bash(mysql:*)",
-    "Bash(docker push:*)",
-    "Read(./.env)",
-    "Read(./.env.*)",
-)
-DEFAULT_PROD_HOSTS = ("*prod*",)
-
-_KEYLIKE = re.compile(r"\b(?:sk|tk|tt|pk|key)[-_][A-Za-z0-9_\-]{12,}|\bBearer\s+\S{8,}", re.IGNORECASE)
-_PLACEHOLDER = re.compile(r"^\s*(?:<[^>]*>|\$\{?[A-Za-z_]\w*\}?|your[-_ ].*|x{3,}|changeme|replace[-_ ]?me.*|todo)\s*$", re.IGNORECASE)
-_SECRET_NAME = re.compile(r"(?:KEY|TOKEN|SECRET|PASSWORD)$", re.IGNORECASE)
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+KINDS = ("claude-code", "codex", "cc-switch")
 _SHELL_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
 _ENDPOINTS = (("chat", "completions"), ("completions",), ("responses",), ("messages",), ("models",))
-
-
-class ExportError(ValueError):
-    """An export that cannot be written as asked; the message says what to set or pass."""
-
-
-# --- small helpers shared with the doctor ----------------------------------------------------------------
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name)) or name.upper().endswith(("_KEYS", "AUTH_TOKEN"))
-
-
-def looks_like_key(value: str) -> bool:
-    return bool(_KEYLIKE.search(value or ""))
-
-
-def is_placeholder(value: str) -> bool:
-    return bool(_PLACEHOLDER.match(value or ""))
-
-
-def environment_secrets(environ: Mapping[str, str]) -> list[str]:
-    """Every key held by a variable whose name says it is a secret (to recognise them pasted into a file)."""
-    out: list[str] = []
-    for name, value in environ.items():
-        if name.startswith(("TAOTOKEN_", "ANTHROPIC_", "OPENAI_")) and is_secret_name(name):
-            out += [k for k in split_keys(value) if len(k) >= 8]
-    return out
-
-
-def first_key(role: str, environ: Mapping[str, str]) -> tuple[str, str | None]:
-    """(variable the role's key comes from, the first key or None) exactly as the gateway would pick it."""
-    pool = KeyPool.from_env(environ)
-    keys = pool.keys(role)
-    if keys:
-        return keys[0].env_var, keys[0].reveal()
-    return ROLE_KEY_ENV[role], None
-
-
-def key_variable(role: str, environ: Mapping[str, str]) -> str:
-    """The variable a coding tool should read the role's key from (its own variable, else the fallback)."""
-    own = ROLE_KEY_ENV[role]
-    if split_keys(environ.get(own, "")):
-        return own
-    if split_keys(environ.get(FALLBACK_KEY_ENV, "")):
-        return FALLBACK_KEY_ENV
-    return own
-
-
-def api_key_helper(role: str) -> str:
-    """A /bin/sh command printing the role's first key from the environment at run time (never stored)."""
-    own = ROLE_KEY_ENV[role]
-    return f"printf '%s' \"${{{own}:-${FALLBACK_KEY_ENV}}}\" | tr ',; ' '\\n\\n\\n' | grep -m1 ."
-
-
-# --- export ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ExportOptions:
-    base_url: str = ""  # the gateway's API root as configured (TAOTOKEN_BASE_URL); empty: env, else default
-    model: str = ""  # empty: TAOTOKEN_MODEL_ID; never guessed
-    role: str = "review"
-    env_key: str = ""  # Codex: variable holding the key; empty: the role's variable (or the fallback)
-    wire_api: str = "responses"
-    include_key: bool = False
-    prod_hosts: tuple[str, ...] = DEFAULT_PROD_HOSTS
-    notes: list[str] = field(default_factory=list)  # filled by the exporters: what the user should know
-
-
-def _resolve(opts: ExportOptions, environ: Mapping[str, str]) -> tuple[str, str, str]:
-    base = (opts.base_url or environ.get("TAOTOKEN_BASE_URL", "") or DEFAULT_ROOT).strip()
-    try:
-        root, sdk = resolve_base_url(base)
-    except RequestError as e:
-        raise ExportError(str(e)) from None
-    model = (opts.model or environ.get(MODEL_ENV, "")).strip()
-    if not model:
-        raise ExportError(f"no model id: set {MODEL_ENV} or pass --model (the exported file never guesses a model)")
-    if opts.role not in ROLE_KEY_ENV:
-        raise ExportError(f"unknown role {opts.role!r}; allowed: {', '.join(ROLE_KEY_ENV)}")
-    if opts.wire_api not in WIRE_APIS:
-        raise ExportError(f"wire_api {opts.wire_api!r} is unknown; allowed: {', '.join(WIRE_APIS)}")
-    return root, sdk, model
-
-
-def _literal_key(opts: ExportOptions, environ: Mapping[str, str]) -> str:
-    var, key = first_key(opts.role, environ)
-    if key is None:
-        raise ExportError(
-            f"--include-key: no key for role {opts.role} in {ROLE_KEY_ENV[opts.role]} or {FALLBACK_KEY_ENV}; export one first"
-        )
-    opts.notes.append(f"the file contains the literal key from {var} (asked for with --include-key): keep it out of git "
-                      "(for Claude Code use .claude/settings.local.json) and readable only by you")
-    return key
-
-
-def claude_settings(opts: ExportOptions, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Claude Code settings.json as a dict."""
-    env_map = dict(os.environ if environ is None else environ)
-    root, _sdk, model = _resolve(opts, env_map)
-    env: dict[str, str] = {"ANTHROPIC_BASE_URL": root, "ANTHROPIC_MODEL": model}
-    settings: dict[str, Any] = {"$schema": CLAUDE_SCHEMA, "env": env}
-    if opts.include_key:
-        env["ANTHROPIC_AUTH_TOKEN"] = _literal_key(opts, env_map)
-    else:
-        settings["apiKeyHelper"] = api_key_helper(opts.role)
-        var = key_variable(opts.role, env_map)
-        opts.notes.append(
-            f"no key in the file: Claude Code runs apiKeyHelper, which prints the first key of ${ROLE_KEY_ENV[opts.role]} "
-            f"(else ${FALLBACK_KEY_ENV}) at run time"
-            + ("" if split_keys(env_map.get(var, "")) else f"; neither is set now: export {ROLE_KEY_ENV[opts.role]}=<key>")
-        )
-    deny = list(CLAUDE_DENY) + [f"Bash(curl {h})" if h.startswith("*") else f"Bash(curl *{h}*)" for h in opts.prod_hosts]
-    deny += [f"WebFetch(domain:{h})" for h in opts.prod_hosts if "*" not in h]
-    settings["permissions"] = {"allow": list(CLAUDE_ALLOW), "deny": deny}
-    return settings
-
-
-def export_claude_code(opts: ExportOptions, environ: Mapping[str, str] | None = None) -> str:
-    return json.dumps(claude_settings(opts, environ), indent=2) + "\n"
-
-
-def _toml_str(s: str) -> str:
-    return json.dumps(s, ensure_ascii=True)  # a JSON string with ASCII escapes is a valid TOML basic string
-
-
-def export_codex(opts: ExportOptions, environ: Mapping[str, str] | None = None) -> str:
-    """Codex config.toml text."""
-    env_map = dict(os.environ if environ is None else environ)
-    _root, sdk, model = _resolve(opts, env_map)
-    lines = [
-        "# Codex CLI configuration for the TaoToken gateway, written by `kregress export-config --tool codex`.",
-    ]
-    table = [f"[model_providers.{PROVIDER_ID}]", f"name = {_toml_str(PROVIDER_NAME)}", f"base_url = {_toml_str(sdk)}"]
-    if opts.include_key:
-        table.append(f"experimental_bearer_token = {_toml_str(_literal_key(opts, env_map))}")
-        lines.append("# This file holds a literal key (--include-key): keep it out of git.")
-    else:
-        var = opts.env_key or key_variable(opts.role, env_map)
-        if not _ENV_NAME.match(var):
-            raise ExportError(f"--env-key {var!r} is not a variable name (env_key names the variable that holds the key)")
-        table.append(f"env_key = {_toml_str(var)}")
-        lines.append(f"# The key is read from ${var} when Codex starts; it is not stored here.")
-        held = split_keys(env_map.get(var, ""))
-        if not held:
-            opts.notes.append(f"{var} is not set now: export {var}=<key> before starting Codex")
-        elif len(held) > 1:
-            opts.notes.append(f"{var} holds {len(held)} keys; Codex sends the whole value as one token: point --env-key at a variable with one key")
-    table.append(f"wire_api = {_toml_str(opts.wire_api)}")
-    if opts.wire_api == "chat":
-        opts.notes.append('wire_api = "chat" is deprecated and removed in current Codex releases; use it only with an old Codex')
-    lines += [f"model = {_toml_str(model)}", f"model_provider = {_toml_str(PROVIDER_ID)}", "", *table]
-    return "\n".join(lines) + "\n"
-
-
-def export_cc_switch(opts: ExportOptions, environ: Mapping[str, str] | None = None) -> str:
-    """A CC Switch store document (v2 shape) with one provider for Claude Code and one for Codex."""
-    env_map = dict(os.environ if environ is None else environ)
-    root, _sdk, _model = _resolve(opts, env_map)
-    p = urlsplit(root)
-    website = f"{p.scheme}://{p.netloc}"
-    claude = claude_settings(opts, env_map)
-    claude.pop("$schema", None)
-    codex_opts = ExportOptions(**{**opts.__dict__, "notes": []})
-    codex_toml = export_codex(codex_opts, env_map)
-    auth: dict[str, str] = {}
-    if opts.include_key:  # already in the TOML as experimental_bearer_token; CC Switch writes auth.json too
-        auth["OPENAI_API_KEY"] = _literal_key(ExportOptions(role=opts.role), env_map)
-    opts.notes += [n for n in codex_opts.notes if n not in opts.notes]
-    note = f"written by kregress export-config; gateway {root}; role {opts.role}"
-
-    def provider(settings: dict[str, Any]) -> dict[str, Any]:
-        return {"id": PROVIDER_ID, "name": PROVIDER_NAME, "settingsConfig": settings, "websiteUrl": website,
-                "category": "third_party", "notes": note}
-
-    doc = {
-        "version": 2,
-        "claude": {"providers": {PROVIDER_ID: provider(claude)}, "current": PROVIDER_ID},
-        "codex": {"providers": {PROVIDER_ID: provider({"auth": auth, "config": codex_toml})}, "current": PROVIDER_ID},
-    }
-    return json.dumps(doc, indent=2) + "\n"
-
-
-EXPORTERS = {"claude-code": export_claude_code, "codex": export_codex, "cc-switch": export_cc_switch}
-DEFAULT_FILENAMES = {"claude-code": "settings.json", "codex": "config.toml", "cc-switch": "cc-switch-taotoken.json"}
-
-
-# --- lint ------------------------------------------------------------------------------------------------
-
-
+_CLAUDE_VARS = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
 @dataclass(frozen=True)
 class Finding:
     file: str
@@ -443,10 +195,16 @@ class _Linter:
         if isinstance(helper, str) and helper.strip():
             names = sorted(set(_SHELL_VAR.findall(helper)))
             if names and not any(split_keys(self.env.get(n, "")) for n in names):
-                self.add(f"{pre}apiKeyHelper", "helper_vars_unset", f"apiKeyHelper reads ${', $'.join(names)}, and none of them is set in this environment",
+                self.add(f"{pre}apiKeyHelper", "helper_vars_unset",
+                         f"apiKeyHelper reads ${', $'.join(names)}, and none of them holds a key in this environment: the helper prints no key "
+                         "and Claude Code still sends its requests, with an empty key (401)",
                          f"export {names[0]}=<key> in the shell that starts Claude Code")
             if looks_like_key(helper) or any(s in helper for s in self.secrets):
                 self.literal(f"{pre}apiKeyHelper", helper, "apiKeyHelper", "make the helper print the key from a variable, e.g. printf '%s' \"$TAOTOKEN_KEY_REVIEW\"")
+        for n in _CLAUDE_VARS:
+            if n in env and isinstance(env[n], str) and not env[n].strip():
+                self.add(f"{pre}env.{n}", "empty_key", f"{n} is an empty string: Claude Code sends an empty key to the gateway (401)",
+                         f"remove {n} and let apiKeyHelper print the key from $TAOTOKEN_KEY_REVIEW (`kregress export-config --tool claude-code`)")
         base = str(env.get("ANTHROPIC_BASE_URL") or "")
         third_party = bool(base) and "anthropic.com" not in base
         shell_auth = any(str(self.env.get(n) or "").strip() for n in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY"))
@@ -456,6 +214,8 @@ class _Linter:
                      "add an apiKeyHelper that prints the key from $TAOTOKEN_KEY_REVIEW (`kregress export-config --tool claude-code` writes one)")
         self.scan_secrets(settings, prefix, "remove the key from the file; use apiKeyHelper reading $TAOTOKEN_KEY_REVIEW (or keep the file out of git)")
         perms = settings.get("permissions") or {}
+        if isinstance(perms, dict) and not prefix:
+            self.trust(perms)
         if isinstance(perms, dict):
             for i, rule in enumerate(perms.get("allow") or []):
                 if isinstance(rule, str) and rule.replace(" ", "") in ("Bash", "Bash(*)", "Bash(:*)"):
@@ -464,6 +224,30 @@ class _Linter:
                 elif isinstance(rule, str) and re.match(r"^[a-z]\w*(\(|$)", rule):
                     self.add(f"{pre}permissions.allow[{i}]", "rule_syntax", f"{rule!r}: tool names are capitalised (Bash, Read, Grep ...), so this rule matches nothing",
                              f"write {rule[:1].upper() + rule[1:]!r}")
+
+    def trust(self, perms: dict[str, Any]) -> None:
+        """A project's .claude/settings.json: its allow rules apply only once Claude Code trusts the workspace."""
+        allow = [r for r in perms.get("allow") or [] if isinstance(r, str)]
+        p = Path(self.name).expanduser()
+        if not allow or p.parent.name != ".claude" or p.name not in ("settings.json", "settings.local.json"):
+            return
+        cfg_dir = self.env.get("CLAUDE_CONFIG_DIR", "").strip()
+        home = Path(self.env.get("HOME") or Path.home())
+        if p.resolve().parent == (Path(cfg_dir).expanduser() if cfg_dir else home / ".claude").resolve():
+            return  # user settings: no trust needed
+        project = p.resolve().parent.parent
+        state_file = (Path(cfg_dir).expanduser() if cfg_dir else home) / ".claude.json"
+        try:
+            state = json.loads(state_file.read_text(encoding="utf-8"))
+            trusted = bool(((state.get("projects") or {}).get(str(project)) or {}).get("hasTrustDialogAccepted"))
+        except (OSError, ValueError, AttributeError):
+            trusted = False
+        if not trusted:
+            self.add("permissions.allow", "workspace_untrusted",
+                     f"{project} is not a trusted Claude Code workspace (per {state_file}): Claude Code ignores these {len(allow)} "
+                     "permissions.allow entries until it is",
+                     f"run `claude` in {project} once and accept \"trust the files in this folder\", or put the rules in the user settings "
+                     "(`kregress export-config --tool claude-code --install` writes ~/.claude/settings.json)")
 
     # -- Codex -----------------------------------------------------------------------------------------
     def codex(self, text: str, prefix: str = "") -> None:
@@ -474,9 +258,14 @@ class _Linter:
             self.add(prefix or "(file)", "parse_error", f"not valid TOML: {e}", "fix the syntax (every string quoted, one [table] header per table)")
             return
         for path, key, value in _walk(cfg):
-            if "ANTHROPIC_" in key or (isinstance(value, str) and "ANTHROPIC_" in value):
-                self.add(f"{pre}{path}", "wrong_tool_vars", "ANTHROPIC_* is Claude Code's variable; Codex does not read it",
-                         "Codex reads the key from the variable named by env_key in [model_providers.<id>], e.g. env_key = \"TAOTOKEN_KEY_REVIEW\"")
+            other = next((n for n in OTHER_TOOLS_ENV if n != "OPENAI_API_KEY" and isinstance(value, str) and n in value), "")
+            if "ANTHROPIC_" in key or other or (isinstance(value, str) and "ANTHROPIC_" in value):
+                var = other or (value if isinstance(value, str) and "ANTHROPIC_" in value else key)
+                whose = "Claude Code's" if "ANTHROPIC_" in var else "another tool's"
+                self.add(f"{pre}{path}", "wrong_tool_vars",
+                         f"{var} is {whose} variable, not the gateway's: Codex reads it and sends its value to this provider "
+                         "(a key for another service: 401 at best, and that key leaves for the wrong host)",
+                         "name the gateway's variable instead, e.g. env_key = \"TAOTOKEN_KEY_REVIEW\" in [model_providers.<id>]")
         if not str(cfg.get("model") or "").strip():
             self.add(f"{pre}model", "model_missing", "no model: Codex would use its own default, which the gateway may not serve",
                      "set model = \"<a model id the gateway serves>\" (the value of TAOTOKEN_MODEL_ID)")
@@ -498,9 +287,9 @@ class _Linter:
             env_key = prov.get("env_key")
             bearer = prov.get("experimental_bearer_token")
             if isinstance(env_key, str) and env_key.strip():
-                if looks_like_key(env_key) or any(s in env_key for s in self.secrets) or not _ENV_NAME.match(env_key.strip()):
+                if looks_like_key(env_key) or any(s in env_key for s in self.secrets) or not ENV_NAME.match(env_key.strip()):
                     self.literal(f"{where}.env_key", env_key, "env_key", "env_key takes the NAME of a variable, e.g. env_key = \"TAOTOKEN_KEY_REVIEW\"; export the key in that variable")
-                elif "ANTHROPIC_" not in env_key:
+                elif not any(n in env_key for n in OTHER_TOOLS_ENV if n != "OPENAI_API_KEY") and "ANTHROPIC_" not in env_key:
                     held = split_keys(self.env.get(env_key, ""))
                     if not held:
                         state = "is set but empty" if env_key in self.env else "is not set"
@@ -513,17 +302,34 @@ class _Linter:
                 self.add(f"{where}.env_key", "no_auth", "no env_key: Codex sends no key to this provider",
                          "add env_key = \"TAOTOKEN_KEY_REVIEW\" (the variable's NAME; the key stays in the environment)")
             wire = prov.get("wire_api")
-            if wire is not None and wire not in WIRE_APIS:
+            if wire == "chat":
+                self.add(f"{where}.wire_api", "wire_api_chat", "current Codex refuses to load this config: " + CODEX_CHAT_REMOVED.replace("\n", " "),
+                         "use wire_api = \"responses\" (`kregress doctor --ping --tool codex` checks the gateway serves /v1/responses)")
+            elif wire is not None and wire != "responses":
                 self.add(f"{where}.wire_api", "wire_api_unknown", f"wire_api = {wire!r} is not a Codex wire API", "use wire_api = \"responses\"")
-            elif wire == "chat":
-                self.add(f"{where}.wire_api", "wire_api_chat", "wire_api = \"chat\" is deprecated and rejected by current Codex releases",
-                         "use wire_api = \"responses\" (the gateway must serve /v1/responses), or pin an older Codex")
         self.scan_secrets(cfg, prefix, "remove the key; set env_key = \"TAOTOKEN_KEY_REVIEW\" and export the key in that variable")
 
     # -- CC Switch -------------------------------------------------------------------------------------
-    def cc_switch(self, doc: dict[str, Any]) -> None:
-        apps = [a for a in ("claude", "codex") if isinstance(doc.get(a), dict)]
-        for app in apps:
+    def cc_provider(self, app: str, settings: Any, where: str) -> None:
+        """One CC Switch provider's settings: the Claude settings object, or Codex's {auth, config}."""
+        if app == "claude":
+            self.claude(settings if settings is not None else {}, where)
+            return
+        if app != "codex":
+            return
+        sc = settings if isinstance(settings, dict) else {}
+        cfg_text = sc.get("config", "")
+        if isinstance(cfg_text, str) and cfg_text.strip():
+            self.codex(cfg_text, f"{where}.config")
+        auth = sc.get("auth") or {}
+        self.scan_secrets(auth, f"{where}.auth", "leave auth empty and let config.toml's env_key name the variable that holds the key")
+        for k in auth if isinstance(auth, dict) else []:
+            if str(k).startswith("ANTHROPIC_"):
+                self.add(f"{where}.auth.{k}", "wrong_tool_vars", f"{k} in Codex auth: Codex reads only OPENAI_API_KEY from auth.json, so this key is never sent",
+                         "Codex takes the key from env_key's variable (or OPENAI_API_KEY in auth)")
+
+    def cc_switch_json(self, doc: dict[str, Any]) -> None:
+        for app in [a for a in ("claude", "codex") if isinstance(doc.get(a), dict)]:
             mgr = doc[app]
             providers = mgr.get("providers") or {}
             if not isinstance(providers, dict):
@@ -534,21 +340,38 @@ class _Linter:
                 self.add(f"{app}.current", "current_missing", f"current = {cur!r} is not one of the providers ({', '.join(providers) or 'none'})",
                          "set current to a provider id that exists")
             for pid, prov in providers.items():
-                where = f"{app}.providers.{pid}.settingsConfig"
-                sc = prov.get("settingsConfig") if isinstance(prov, dict) else None
-                if app == "claude":
-                    self.claude(sc if sc is not None else {}, where)
-                else:
-                    sc = sc if isinstance(sc, dict) else {}
-                    cfg_text = sc.get("config", "")
-                    if isinstance(cfg_text, str) and cfg_text.strip():
-                        self.codex(cfg_text, f"{where}.config")
-                    auth = sc.get("auth") or {}
-                    self.scan_secrets(auth, f"{where}.auth", "leave auth empty and let config.toml's env_key name the variable that holds the key")
-                    for k, v in (auth.items() if isinstance(auth, dict) else []):
-                        if str(k).startswith("ANTHROPIC_"):
-                            self.add(f"{where}.auth.{k}", "wrong_tool_vars", f"{k} in Codex auth: Codex does not read ANTHROPIC_* variables",
-                                     "Codex takes the key from env_key's variable (or OPENAI_API_KEY in auth)")
+                self.cc_provider(app, prov.get("settingsConfig") if isinstance(prov, dict) else None, f"{app}.providers.{pid}.settingsConfig")
+
+    def cc_switch_db(self, conn: sqlite3.Connection) -> None:
+        """CC Switch 3.x providers table (a cc-switch.db, or an exported .sql run into memory)."""
+        try:
+            rows = conn.execute("SELECT app_type, id, settings_config, is_current FROM providers ORDER BY app_type, id").fetchall()
+        except sqlite3.Error as e:
+            self.add("providers", "shape", f"no CC Switch providers table ({e})", "re-export with `kregress export-config --tool cc-switch`")
+            return
+        current: dict[str, int] = {}
+        for app, pid, text, is_current in rows:
+            where = f"providers[{app}/{pid}].settings_config"
+            current[app] = current.get(app, 0) + bool(is_current)
+            try:
+                settings = json.loads(text)
+            except (TypeError, ValueError) as e:
+                self.add(where, "parse_error", f"settings_config is not JSON ({e})", "re-export with `kregress export-config --tool cc-switch`")
+                continue
+            self.cc_provider(app, settings, where)
+        for app, n in current.items():
+            if n > 1:
+                self.add(f"providers[{app}]", "current_many", f"{n} {app} providers are marked is_current", "select one provider in CC Switch")
+
+
+# Only these SQLite actions may run when a .sql file is linted: nothing that reaches another file.
+_SQL_DENY = {sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH}
+
+
+def _sql_authorizer(action: int, arg1: Any, arg2: Any, db: Any, trigger: Any) -> int:
+    if action in _SQL_DENY or (action == sqlite3.SQLITE_PRAGMA and str(arg1).lower() not in ("foreign_keys", "user_version")):
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
 
 
 def lint_text(text: str, name: str = "<config>", environ: Mapping[str, str] | None = None, kind: str | None = None) -> list[Finding]:
@@ -556,9 +379,26 @@ def lint_text(text: str, name: str = "<config>", environ: Mapping[str, str] | No
     env = dict(os.environ if environ is None else environ)
     lint = _Linter(name, env)
     if kind is None:
-        kind = "codex" if name.endswith(".toml") else None
+        kind = "codex" if name.endswith(".toml") else "cc-switch" if name.endswith(".sql") else None
     if kind == "codex":
         lint.codex(text)
+        return lint.findings
+    if kind == "cc-switch" and not text.lstrip().startswith("{"):
+        from kregress.clients.ccswitch import REQUIRED_TABLES_DDL
+
+        conn = sqlite3.connect(":memory:")
+        try:
+            conn.execute(REQUIRED_TABLES_DDL[0])  # a merge file only inserts: give it the table it inserts into
+            conn.set_authorizer(_sql_authorizer)
+            conn.executescript(text)
+            conn.set_authorizer(None)
+        except sqlite3.Error as e:
+            lint.add("(file)", "parse_error", f"the SQL does not run in SQLite ({e})", "re-export with `kregress export-config --tool cc-switch`")
+            return lint.findings
+        try:
+            lint.cc_switch_db(conn)
+        finally:
+            conn.close()
         return lint.findings
     try:
         doc = json.loads(text)
@@ -580,22 +420,27 @@ def lint_text(text: str, name: str = "<config>", environ: Mapping[str, str] | No
         if not isinstance(doc, dict):
             lint.add("(top)", "shape", "a CC Switch document is a JSON object", "re-export with `kregress export-config --tool cc-switch`")
         else:
-            lint.cc_switch(doc)
+            lint.cc_switch_json(doc)
     else:
         lint.claude(doc)
     return lint.findings
 
 
 def lint_file(path: str | Path, environ: Mapping[str, str] | None = None, kind: str | None = None) -> list[Finding]:
-    p = Path(path)
+    p = Path(path).expanduser()
     try:
+        with p.open("rb") as fh:
+            head = fh.read(16)
+        if head.startswith(b"SQLite format 3"):
+            env = dict(os.environ if environ is None else environ)
+            lint = _Linter(str(p), env)
+            conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+            try:
+                lint.cc_switch_db(conn)
+            finally:
+                conn.close()
+            return lint.findings
         text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, sqlite3.Error) as e:
         return [Finding(str(p), "(file)", "unreadable", f"cannot read the file ({type(e).__name__})", "check the path and permissions")]
     return lint_text(text, str(p), environ, kind)
-
-
-__all__ = [
-    "TOOLS", "EXPORTERS", "DEFAULT_FILENAMES", "ExportOptions", "ExportError", "Finding", "check_url", "lint_text", "lint_file",
-    "export_claude_code", "export_codex", "export_cc_switch", "claude_settings", "mask_secret", "mask_url", "api_key_helper",
-]
