@@ -15,20 +15,17 @@ import sys
 from pathlib import Path
 from typing import Sequence, TextIO
 
+from kernel_assets.usage import format_table, totals_row, write_csv
+from resources.ledger import RECONCILE_COLUMNS as COLUMNS
 from resources.ledger import (
     GROUPABLE,
     Ledger,
     LedgerConfigError,
-    format_table,
     is_postgres_url,
     ledger_from_url,
     mask_url,
     sqlite_path_from_url,
-    totals_row,
-    write_csv,
 )
-
-COLUMNS = ("calls", "ok", "errors", "cache_hits", "input", "output", "total")
 
 
 def _group_by(text: str) -> list[str]:

@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable, Sequence
 import dagster as dg
 
 from kregress.core.spec import TaskSpec
-from resources.ledger import Ledger, budget_report, totals_row
-
-NUMERIC = ("calls", "ok", "errors", "cache_hits", "input", "output", "total")
+from kernel_assets.usage import budget_report, totals_row
+from resources.ledger import RECONCILE_COLUMNS as NUMERIC
+from resources.ledger import Ledger
 
 
 def table_metadata(rows: list[dict[str, Any]], group_by: Sequence[str]) -> dg.TableMetadataValue:
@@ -63,6 +63,7 @@ def budget_check_result(ledger: Ledger, spec: TaskSpec, partition: str) -> dg.As
         "max_input_tokens_per_round": dg.MetadataValue.int(spec.budget.max_input_tokens_per_round),
         "max_output_tokens_per_round": dg.MetadataValue.int(spec.budget.max_output_tokens_per_round),
         "refused_calls": dg.MetadataValue.int(len(rep.refusals)),
+        "overshoot_tokens": dg.MetadataValue.int(rep.overshoot.tokens),
         "per_round": dg.MetadataValue.md(rep.markdown()),
     }
     if rep.rounds:
@@ -70,10 +71,9 @@ def budget_check_result(ledger: Ledger, spec: TaskSpec, partition: str) -> dg.As
                                                   ("output_limit", "int"), ("calls", "int"), ("refused", "int"), ("ok", "bool"))]
         meta["spend_vs_budget"] = dg.MetadataValue.table(records=[dg.TableRecord(r) for r in rep.table()], schema=dg.TableSchema(columns=cols))
     over = [r.round for r in rep.rounds if not r.ok]
-    desc = "within budget" if rep.passed else (
-        f"over budget: {'rounds ' + ', '.join(map(str, over)) if over else ''}{' and ' if over and rep.total > rep.total_limit else ''}"
-        f"{'sweep total' if rep.total > rep.total_limit else ''}"
-    )
+    parts = ([f"rounds {', '.join(map(str, over))}"] if over else []) + (["sweep total"] if rep.total > rep.total_limit else []) + (
+        [f"overshoot: {rep.overshoot.tokens} tokens billed beyond reservations"] if rep.overshoot else [])
+    desc = "within budget" if rep.passed else "over budget: " + " and ".join(parts)
     meta["result"] = dg.MetadataValue.text(desc + (f"; {len(rep.refusals)} call(s) refused before sending" if rep.refusals else ""))
     return dg.AssetCheckResult(passed=rep.passed, severity=dg.AssetCheckSeverity.ERROR, metadata=meta)
 
@@ -95,7 +95,6 @@ def build_token_assets(
         required_resource_keys={ledger_resource_key},
         deps=list(deps),
         description="The token ledger of this spec's latest sweep: calls and tokens per role and key alias (never keys).",
-        kinds={"sqlite"},
     )
     def token_usage(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ledger: Ledger = getattr(context.resources, ledger_resource_key).get_ledger()

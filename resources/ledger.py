@@ -1,47 +1,47 @@
-"""The token ledger: one row per model-call attempt, budget reservations, and the response cache.
+"""The token ledger: one row per model-call attempt, budget reservations, key cooldowns and the response cache.
 
-Storage is a SQLite file under DAGSTER_HOME by default (``$DAGSTER_HOME/ledger.sqlite``), opened in
-WAL mode; every reservation runs inside ``BEGIN IMMEDIATE`` so several Dagster runs in parallel
-processes (or hosts sharing the file) serialise their budget checks and can never overshoot.
+Storage goes through SQLAlchemy Core: a SQLite file by default (``paths.ledger_path()``, i.e.
+``$DAGSTER_HOME/ledger.sqlite``, in WAL mode) or PostgreSQL by URL (``postgresql://`` /
+``postgresql+psycopg://``, psycopg 3). The schema is defined once (``METADATA``); SQLAlchemy renders it
+per dialect (identity ids, double precision times, byte-ordered ``COLLATE "C"`` text on PostgreSQL so
+ORDER BY sorts like SQLite's BINARY). URLs are parsed and masked with ``sqlalchemy.engine.make_url``.
 
-Three tables:
+Tables:
 
 - ``usage``: one row per attempt, the fields of ``kregress.core.records.UsageRecord`` (plus the sweep and the
   reservation it belonged to). Cache hits are rows with ``cache_hit`` set and no tokens.
 - ``reservations``: one row per logical call. ``reserved`` rows count their estimate (prompt estimate +
   max_tokens); ``settled`` rows count the usage the server reported; ``released`` rows count nothing;
-  ``refused`` rows are calls that were never sent because the budget would have been exceeded.
+  ``refused`` rows are calls that were never sent because the budget would have been exceeded. A settled
+  row that reports more than it reserved is an *overshoot*: it blocks every further call of its sweep.
+- ``key_cooldowns``: key alias -> wall-clock time until which the key should not be used (rate limits and
+  rejected credentials), shared by every process using this ledger. Aliases only, never keys.
 - ``response_cache``: model text by request hash (model, messages, parameters). Keys are never stored.
 
-The SQL is plain and portable (no SQLite-only syntax) and goes through a small backend object that
-provides ``write(lock=...)`` (a transaction), ``read()`` and ``insert()`` (returns the new row id):
-
-- ``_SqliteBackend``: ``write()`` is ``BEGIN IMMEDIATE`` (one writer at a time, whole file).
-- ``_PostgresBackend`` (``postgresql://`` or ``postgresql+psycopg://`` URLs, psycopg 3): ``write(lock=sweep)``
-  takes ``pg_advisory_xact_lock`` on the sweep inside the transaction, so reservations of one sweep (its
-  budget scope) are serialised across processes and hosts while other sweeps proceed; READ COMMITTED
-  then shows each holder every reservation committed before it. ``?`` placeholders become ``%s``, the
-  schema is the SQLite one with identity ids, DOUBLE PRECISION timestamps and ``COLLATE "C"`` text
-  (so ORDER BY sorts like SQLite's BINARY). The password may be in the URL or in PGPASSWORD (libpq's
-  own rules, ``~/.pgpass`` included); it never appears in reprs or error messages (``mask_url``).
+Reservations are atomic across processes: on SQLite every write is one ``BEGIN IMMEDIATE`` transaction
+(one writer at a time, whole file); on PostgreSQL a reservation takes ``pg_advisory_xact_lock`` on its
+sweep inside the transaction, so reservations of one sweep are serialised across processes and hosts
+while other sweeps proceed. The password may be in the URL or in PGPASSWORD (libpq's own rules,
+``~/.pgpass`` included); it never appears in reprs or error messages (``mask_url``).
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import os
-import re
 import sqlite3
 import threading
 import time
+import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import dagster as dg
+import sqlalchemy as sa
 from pydantic import Field
+from sqlalchemy.engine import URL, make_url
 
 from kregress.core import paths
 from kregress.core.records import UsageRecord
@@ -49,42 +49,75 @@ from kregress.core.spec import Budget
 
 USAGE_FIELDS = tuple(UsageRecord.model_fields)
 GROUPABLE = ("role", "key_alias", "task", "model", "round", "partition", "run_id", "status")
+# The reconciliation table's numeric columns, in order: every table of usage (CLI, assets, reports) uses these.
+RECONCILE_COLUMNS = ("calls", "ok", "errors", "cache_hits", "input", "output", "total")
 CACHE_ALIAS = "(cache)"
 
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS usage (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        ts REAL NOT NULL, run_id TEXT NOT NULL DEFAULT '', partition TEXT NOT NULL DEFAULT '',
-        round INTEGER NOT NULL DEFAULT 0, role TEXT NOT NULL, task TEXT NOT NULL DEFAULT '',
-        key_alias TEXT NOT NULL DEFAULT '', model TEXT NOT NULL DEFAULT '', request_id TEXT NOT NULL DEFAULT '',
-        prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
-        total_tokens INTEGER NOT NULL DEFAULT 0, latency_ms REAL NOT NULL DEFAULT 0,
-        attempt INTEGER NOT NULL DEFAULT 1, status TEXT NOT NULL DEFAULT '', error_class TEXT NOT NULL DEFAULT '',
-        cache_hit INTEGER NOT NULL DEFAULT 0,
-        sweep TEXT NOT NULL DEFAULT '', reservation_id INTEGER
-    )""",
-    "CREATE INDEX IF NOT EXISTS usage_by_partition ON usage (partition, round)",
-    "CREATE INDEX IF NOT EXISTS usage_by_sweep ON usage (sweep, round)",
-    """CREATE TABLE IF NOT EXISTS reservations (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        ts REAL NOT NULL, sweep TEXT NOT NULL, run_id TEXT NOT NULL DEFAULT '', partition TEXT NOT NULL DEFAULT '',
-        round INTEGER NOT NULL DEFAULT 0, role TEXT NOT NULL DEFAULT '', task TEXT NOT NULL DEFAULT '',
-        est_input INTEGER NOT NULL, est_output INTEGER NOT NULL,
-        input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,
-        state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', settled_ts REAL
-    )""",
-    "CREATE INDEX IF NOT EXISTS reservations_by_sweep ON reservations (sweep, round)",
-    "CREATE INDEX IF NOT EXISTS reservations_by_partition ON reservations (partition, ts)",
-    """CREATE TABLE IF NOT EXISTS response_cache (
-        request_hash TEXT PRIMARY KEY, ts REAL NOT NULL, model TEXT NOT NULL, role TEXT NOT NULL DEFAULT '',
-        content TEXT NOT NULL, finish_reason TEXT NOT NULL DEFAULT '', request_id TEXT NOT NULL DEFAULT '',
-        prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0
-    )""",
+# --- the schema (defined once; SQLAlchemy renders it for SQLite and PostgreSQL) ---------------------
+
+_TEXT = sa.Text().with_variant(sa.Text(collation="C"), "postgresql")
+_ID = sa.Integer().with_variant(sa.BigInteger(), "postgresql")
+METADATA = sa.MetaData()
+
+
+def _text(name: str, **kw: Any) -> sa.Column:
+    return sa.Column(name, _TEXT, nullable=False, server_default="", **kw)
+
+
+def _int(name: str) -> sa.Column:
+    return sa.Column(name, sa.Integer, nullable=False, server_default="0")
+
+
+usage_t = sa.Table(
+    "usage", METADATA,
+    sa.Column("id", _ID, sa.Identity(), primary_key=True),
+    sa.Column("ts", sa.Double, nullable=False),
+    _text("run_id"), _text("partition"), _int("round"), sa.Column("role", _TEXT, nullable=False), _text("task"),
+    _text("key_alias"), _text("model"), _text("request_id"),
+    _int("prompt_tokens"), _int("completion_tokens"), _int("total_tokens"),
+    sa.Column("latency_ms", sa.Double, nullable=False, server_default="0"),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="1"),
+    _text("status"), _text("error_class"), _int("cache_hit"),
+    _text("sweep"), sa.Column("reservation_id", sa.Integer),
+    sa.Index("usage_by_partition", "partition", "round"),
+    sa.Index("usage_by_sweep", "sweep", "round"),
+    sqlite_autoincrement=True,
+)
+reservations_t = sa.Table(
+    "reservations", METADATA,
+    sa.Column("id", _ID, sa.Identity(), primary_key=True),
+    sa.Column("ts", sa.Double, nullable=False),
+    sa.Column("sweep", _TEXT, nullable=False), _text("run_id"), _text("partition"), _int("round"), _text("role"), _text("task"),
+    sa.Column("est_input", sa.Integer, nullable=False), sa.Column("est_output", sa.Integer, nullable=False),
+    _int("input_tokens"), _int("output_tokens"),
+    sa.Column("state", _TEXT, nullable=False), _text("reason"), sa.Column("settled_ts", sa.Double),
+    sa.Index("reservations_by_sweep", "sweep", "round"),
+    sa.Index("reservations_by_partition", "partition", "ts"),
+    sqlite_autoincrement=True,
+)
+cache_t = sa.Table(
+    "response_cache", METADATA,
+    sa.Column("request_hash", _TEXT, primary_key=True),
+    sa.Column("ts", sa.Double, nullable=False), sa.Column("model", _TEXT, nullable=False), _text("role"),
+    sa.Column("content", _TEXT, nullable=False), _text("finish_reason"), _text("request_id"),
+    _int("prompt_tokens"), _int("completion_tokens"),
+)
+cooldowns_t = sa.Table(
+    "key_cooldowns", METADATA,
+    sa.Column("key_alias", _TEXT, primary_key=True),
+    sa.Column("cool_until", sa.Double, nullable=False),  # wall clock (time.time())
+    _text("reason"),  # rate_limited, server_error, credentials, ...
+    _text("owner"),  # the gateway that wrote it (it keeps its own cooldowns in memory)
+    sa.Column("ts", sa.Double, nullable=False),
 )
 
+_r = reservations_t.c
 # Tokens a reservation counts, by state: the estimate while in flight, the reported usage once settled.
-_CHARGED_IN = "CASE state WHEN 'reserved' THEN est_input WHEN 'settled' THEN input_tokens ELSE 0 END"
-_CHARGED_OUT = "CASE state WHEN 'reserved' THEN est_output WHEN 'settled' THEN output_tokens ELSE 0 END"
+_CHARGED_IN = sa.case((_r.state == "reserved", _r.est_input), (_r.state == "settled", _r.input_tokens), else_=0)
+_CHARGED_OUT = sa.case((_r.state == "reserved", _r.est_output), (_r.state == "settled", _r.output_tokens), else_=0)
+_OVER_IN = sa.case((sa.and_(_r.state == "settled", _r.input_tokens > _r.est_input), _r.input_tokens - _r.est_input), else_=0)
+_OVER_OUT = sa.case((sa.and_(_r.state == "settled", _r.output_tokens > _r.est_output), _r.output_tokens - _r.est_output), else_=0)
+_OVERSHOT = sa.and_(_r.state == "settled", sa.or_(_r.input_tokens > _r.est_input, _r.output_tokens > _r.est_output))
 
 
 class LedgerConfigError(ValueError):
@@ -111,10 +144,27 @@ class Reservation:
     sweep: str
     round: int
     est_input: int
-    est_output: int
+    est_output: int  # the max_tokens the call may use (possibly lowered to what the budget has left)
 
 
-# --- URL -> backend -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Overshoot:
+    """Usage the server reported beyond what was reserved, for one sweep."""
+
+    calls: int = 0
+    input: int = 0
+    output: int = 0
+    first_round: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.input + self.output
+
+    def __bool__(self) -> bool:
+        return self.calls > 0
+
+
+# --- URLs ------------------------------------------------------------------------------------------
 
 
 def default_ledger_path(dagster_home: str | os.PathLike | None = None) -> Path:
@@ -122,160 +172,109 @@ def default_ledger_path(dagster_home: str | os.PathLike | None = None) -> Path:
     return Path(dagster_home) / "ledger.sqlite" if dagster_home else paths.ledger_path()
 
 
-_PG_DRIVERS = ("", "psycopg")  # postgresql://, postgresql+psycopg:// (postgres:// is libpq's alias)
+def _parse(url: str) -> URL | None:
+    try:
+        return make_url(url.strip())
+    except Exception:  # noqa: BLE001 - not a URL: a plain path, or garbage the caller reports
+        return None
+
+
+def _backend(u: URL) -> str:
+    return u.drivername.partition("+")[0].lower()
 
 
 def is_postgres_url(url: str | os.PathLike | None) -> bool:
-    return isinstance(url, str) and re.match(r"\s*postgres(ql)?(\+[^:/]*)?://", url, re.I) is not None
+    if not isinstance(url, str) or "://" not in url:
+        return False
+    u = _parse(url)
+    return u is not None and _backend(u) in ("postgres", "postgresql")
 
 
-def mask_url(url: str) -> str:
+def mask_url(url: str | URL) -> str:
     """The URL with any password replaced by ``***`` (in the user info and in a ``password=`` parameter)."""
-    m = re.match(r"(?P<head>[^:/?#]+://)(?P<netloc>[^/?#]*)(?P<tail>.*)\Z", url, re.S)
-    if not m:
-        return url
-    netloc = m["netloc"]
-    user, at, hosts = netloc.rpartition("@")
-    if at and ":" in user:
-        netloc = f"{user.split(':', 1)[0]}:***@{hosts}"
-    tail = re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", m["tail"])
-    return m["head"] + netloc + tail
+    u = url if isinstance(url, URL) else _parse(str(url))
+    if u is None:
+        return "(not a URL)"
+    hidden_query = "password" in u.query
+    text = u.difference_update_query(["password"]).render_as_string(hide_password=True)
+    return text + (("&" if "?" in text else "?") + "password=***" if hidden_query else "")
 
 
-def postgres_conninfo(url: str) -> str:
-    """A libpq URI from a ledger URL: ``postgresql+psycopg://`` loses its driver suffix; other drivers are refused."""
-    url = url.strip()
-    m = re.match(r"(?i)(postgres(?:ql)?)(?:\+([^:/]*))?://", url)
-    if not m:
+def postgres_url(url: str) -> URL:
+    """The SQLAlchemy URL (psycopg 3 driver) for a ledger URL; other drivers are refused with the fix."""
+    u = _parse(url)
+    if u is None or _backend(u) not in ("postgres", "postgresql"):
         raise LedgerConfigError(f"ledger url: {mask_url(url)!r} is not a postgresql:// URL")
-    driver = (m.group(2) or "").lower()
-    if driver not in _PG_DRIVERS:
+    driver = u.drivername.partition("+")[2].lower()
+    if driver not in ("", "psycopg"):
         raise LedgerConfigError(
             f"ledger url: driver {driver!r} is not supported (the ledger uses psycopg 3); "
             "write postgresql://user@host:5432/db or postgresql+psycopg://user@host:5432/db"
         )
-    return "postgresql://" + url[m.end():]
+    return u.set(drivername="postgresql+psycopg")
 
 
 def sqlite_path_from_url(url: str, dagster_home: str | os.PathLike | None = None) -> Path:
+    """The SQLite file of a ledger URL: ``sqlite:///PATH``, a plain path, or empty for the default file."""
     url = (url or "").strip()
     if not url:
         return default_ledger_path(dagster_home)
-    low = url.lower()
-    if is_postgres_url(url) or low.startswith("postgresql+"):
+    if "://" not in url:
+        return Path(url)  # a plain file path
+    u = _parse(url)
+    if u is None:
+        raise LedgerConfigError(f"ledger url: {mask_url(url)} is not a URL; use sqlite:///PATH or leave it empty")
+    if _backend(u) in ("postgres", "postgresql"):
         raise LedgerConfigError(
-            f"ledger url: {mask_url(url)} names a PostgreSQL ledger, not a SQLite file; open it with "
+            f"ledger url: {mask_url(u)} names a PostgreSQL ledger, not a SQLite file; open it with "
             "ledger_from_url() or LedgerResource(url=...).get_ledger() (postgresql ledgers are not supported yet "
             "where a SQLite file path is required, e.g. `kregress usage --ledger-url`)"
         )
-    if low.startswith("sqlite:///"):
-        rest = url[len("sqlite:///"):]
-        if not rest:
-            raise LedgerConfigError("ledger url: sqlite:/// needs a file path, e.g. sqlite:////tmp/ledger.sqlite")
-        if rest == ":memory:":
-            raise LedgerConfigError("ledger url: an in-memory ledger cannot be shared across processes; give a file path")
-        return Path(rest)  # sqlite:////abs -> /abs ; sqlite:///rel -> rel (SQLAlchemy's convention)
-    if "://" in url:
-        raise LedgerConfigError(f"ledger url: unsupported scheme {url.split('://', 1)[0]!r}; use sqlite:///PATH or leave it empty")
-    return Path(url)  # a plain file path
+    if _backend(u) != "sqlite":
+        raise LedgerConfigError(f"ledger url: unsupported scheme {u.drivername!r}; use sqlite:///PATH or leave it empty")
+    if not u.database:
+        raise LedgerConfigError("ledger url: sqlite:/// needs a file path, e.g. sqlite:////tmp/ledger.sqlite")
+    if u.database == ":memory:":
+        raise LedgerConfigError("ledger url: an in-memory ledger cannot be shared across processes; give a file path")
+    return Path(u.database)  # sqlite:////abs -> /abs ; sqlite:///rel -> rel
 
 
-_INHERITED: list[sqlite3.Connection] = []
+# --- engines ---------------------------------------------------------------------------------------
+
+_INHERITED: list[Any] = []  # engines inherited across fork: never used or closed in the child
+_READY: set[str] = set()  # databases whose schema this process has created
 
 
-class _SqliteBackend:
-    """One connection per process and thread (opened lazily; a forked child opens its own)."""
+def _sqlite_engine(path: Path) -> sa.Engine:
+    eng = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 60.0, "check_same_thread": False},
+                           poolclass=sa.pool.NullPool)
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._ready = False
-        self._local = threading.local()
+    @sa.event.listens_for(eng, "connect")
+    def _on_connect(dbapi_con: Any, _rec: Any) -> None:
+        dbapi_con.isolation_level = None  # SQLAlchemy's begin event below says how a transaction starts
+        cur = dbapi_con.cursor()
+        cur.execute("PRAGMA busy_timeout = 60000")
+        for _ in range(100):
+            try:
+                cur.execute("PRAGMA journal_mode = WAL")  # persistent; a no-op once the file is in WAL mode
+                break
+            except sqlite3.OperationalError:  # another process is switching it right now
+                time.sleep(0.05)
+        cur.execute("PRAGMA synchronous = NORMAL")  # WAL: durable at checkpoints, never corrupt
+        cur.close()
 
-    def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None, check_same_thread=False)
-        con.row_factory = sqlite3.Row
-        con.execute("PRAGMA busy_timeout = 60000")
-        con.execute("PRAGMA synchronous = NORMAL")  # WAL: durable at checkpoints, never corrupt
-        return con
+    @sa.event.listens_for(eng, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        # Writes take the file's write lock up front, so their checks and inserts are one atomic step.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("kregress_write") else "BEGIN")
 
-    def _conn(self) -> sqlite3.Connection:
-        con = getattr(self._local, "con", None)
-        if con is None or getattr(self._local, "pid", None) != os.getpid():
-            if con is not None:
-                # Inherited across fork: never use or close it here (closing could checkpoint the parent's WAL).
-                _INHERITED.append(con)
-            self._init()
-            con = self._connect()
-            self._local.con, self._local.pid = con, os.getpid()
-        return con
-
-    def _init(self) -> None:
-        if self._ready:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = self._connect()
-        try:
-            for _ in range(100):
-                try:
-                    con.execute("PRAGMA journal_mode = WAL")
-                    break
-                except sqlite3.OperationalError:  # another process is switching it right now
-                    time.sleep(0.05)
-            con.execute("BEGIN IMMEDIATE")
-            for stmt in _SCHEMA:
-                con.execute(stmt)
-            con.execute("COMMIT")
-        finally:
-            con.close()
-        self._ready = True
-
-    @contextmanager
-    def write(self, lock: str | None = None) -> Iterator[sqlite3.Connection]:
-        """An exclusive write transaction (BEGIN IMMEDIATE): checks and inserts inside it are atomic.
-
-        ``lock`` (the scope a check reads) needs nothing more here: the whole file is locked.
-        """
-        con = self._conn()
-        con.execute("BEGIN IMMEDIATE")
-        try:
-            yield con
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        con.execute("COMMIT")
-
-    @contextmanager
-    def read(self) -> Iterator[sqlite3.Connection]:
-        yield self._conn()
-
-    @staticmethod
-    def insert(con: sqlite3.Connection, sql: str, params: Sequence[Any]) -> int:
-        return int(con.execute(sql, params).lastrowid)
-
-    def close(self) -> None:
-        con = getattr(self._local, "con", None)
-        if con is not None and getattr(self._local, "pid", None) == os.getpid():
-            con.close()
-        self._local.con = None
-
-
-def _pg_schema() -> list[str]:
-    """The SQLite schema in PostgreSQL types: identity ids, float8 times, byte-ordered ("C") text."""
-    out = []
-    for stmt in _SCHEMA:
-        stmt = stmt.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY")
-        stmt = re.sub(r"\bREAL\b", "DOUBLE PRECISION", stmt)
-        out.append(re.sub(r"\bTEXT\b", 'TEXT COLLATE "C"', stmt))
-    return out
-
-
-_PG_LOCK_NS = 0x6B72  # first key of every advisory lock the ledger takes ("kr")
+    return eng
 
 
 def _import_psycopg() -> Any:
     try:
         import psycopg
-        import psycopg.rows
+        import psycopg.conninfo
     except ImportError as e:
         raise LedgerConfigError(
             f"ledger url: a postgresql ledger needs the psycopg 3 driver ({e}); install it with: pip install 'psycopg[binary]>=3.2'"
@@ -283,108 +282,8 @@ def _import_psycopg() -> Any:
     return psycopg
 
 
-class _PgConn:
-    """A psycopg connection that takes the ledger's ``?`` placeholders and binds booleans as integers."""
-
-    def __init__(self, con: Any) -> None:
-        self._con = con
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self._con.execute(sql.replace("?", "%s"), [int(v) if isinstance(v, bool) else v for v in params])
-
-
-class _PostgresBackend:
-    """One psycopg connection per process and thread, in autocommit; ``write()`` opens a transaction."""
-
-    def __init__(self, url: str) -> None:
-        self.display = mask_url(url.strip())
-        self._conninfo = postgres_conninfo(url)
-        self._psycopg = _import_psycopg()
-        try:
-            params = self._psycopg.conninfo.conninfo_to_dict(self._conninfo)
-        except self._psycopg.Error as e:
-            raise LedgerConfigError(f"ledger url: {self.display} is not a valid libpq URI: {self._scrub(e)}") from None
-        self._password = str(params.get("password") or "")
-        self._connect_kw = {} if "connect_timeout" in params else {"connect_timeout": 10}
-        self._ready = False
-        self._local = threading.local()
-
-    def _scrub(self, err: BaseException) -> str:
-        msg = str(err).strip()
-        return msg.replace(self._password, "***") if getattr(self, "_password", "") else msg
-
-    def _connect(self) -> Any:
-        pg = self._psycopg
-        try:
-            return pg.connect(self._conninfo, autocommit=True, row_factory=pg.rows.dict_row,
-                              application_name="kregress-ledger", **self._connect_kw)
-        except pg.Error as e:
-            raise LedgerConnectionError(f"ledger: cannot connect to {self.display}: {self._scrub(e)}") from None
-
-    def _conn(self) -> Any:
-        con = getattr(self._local, "con", None)
-        if con is not None and getattr(self._local, "pid", None) != os.getpid():
-            # Inherited across fork: the socket is the parent's; never use it, and keep it referenced so that
-            # garbage collection never sends a Terminate message down it.
-            _INHERITED.append(con)
-            con = None
-        if con is None or con.closed or con.broken:
-            con = self._connect()
-            self._local.con, self._local.pid = con, os.getpid()
-            self._init(con)
-        return con
-
-    def _init(self, con: Any) -> None:
-        if self._ready:
-            return
-        with con.transaction():
-            con.execute(f"SELECT pg_advisory_xact_lock({_PG_LOCK_NS}, 0)")  # concurrent CREATE IF NOT EXISTS can race
-            for stmt in _pg_schema():
-                con.execute(stmt)
-        self._ready = True
-
-    @contextmanager
-    def write(self, lock: str | None = None) -> Iterator[_PgConn]:
-        """A transaction; with ``lock``, first an advisory lock on that scope (held until commit or rollback)."""
-        con = self._conn()
-        with con.transaction():
-            if lock is not None:
-                con.execute(f"SELECT pg_advisory_xact_lock({_PG_LOCK_NS}, hashtext(%s))", (lock,))
-            yield _PgConn(con)
-
-    @contextmanager
-    def read(self) -> Iterator[_PgConn]:
-        yield _PgConn(self._conn())
-
-    @staticmethod
-    def insert(con: _PgConn, sql: str, params: Sequence[Any]) -> int:
-        return int(con.execute(sql + " RETURNING id", params).fetchone()["id"])
-
-    def close(self) -> None:
-        con = getattr(self._local, "con", None)
-        if con is not None and getattr(self._local, "pid", None) == os.getpid():
-            con.close()
-        self._local.con = None
-
-
-# --- the ledger ----------------------------------------------------------------------------------
-
-
-def _where(filters: dict[str, Any], allowed: Iterable[str]) -> tuple[str, list[Any]]:
-    allowed = set(allowed)
-    clauses, params = [], []
-    for k, v in filters.items():
-        if v is None:
-            continue
-        if k not in allowed:
-            raise ValueError(f"cannot filter on {k!r}; allowed: {', '.join(sorted(allowed))}")
-        clauses.append(f"{k} = ?")
-        params.append(v)
-    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
-
-
 class Ledger:
-    """Append-only usage rows, atomic budget reservations and the response cache.
+    """Append-only usage rows, atomic budget reservations, shared key cooldowns and the response cache.
 
     ``Ledger(path)`` opens a SQLite file; ``Ledger("postgresql://user@host:5432/db")`` (or
     ``postgresql+psycopg://``) a PostgreSQL database. ``path`` is None for PostgreSQL; ``location`` is the
@@ -392,41 +291,133 @@ class Ledger:
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self._db: _SqliteBackend | _PostgresBackend
+        self._lock = threading.Lock()
+        self._engine: sa.Engine | None = None
+        self._pid = 0
         if is_postgres_url(path):
             self.path: Path | None = None
             self.backend = "postgresql"
-            self._db = _PostgresBackend(str(path))
-            self.location = self._db.display
+            self._url = postgres_url(str(path))
+            self.location = mask_url(self._url)
+            pg = _import_psycopg()
+            libpq = self._url.set(drivername="postgresql").render_as_string(hide_password=False)
+            try:
+                params = pg.conninfo.conninfo_to_dict(libpq)
+            except pg.Error as e:
+                raise LedgerConfigError(f"ledger url: {self.location} is not a valid libpq URI: {self._scrub(e)}") from None
+            self._connect_args = {} if "connect_timeout" in params else {"connect_timeout": 10}
+            self._key = self.location
         else:
             self.path = Path(path)
             self.backend = "sqlite"
-            self._db = _SqliteBackend(self.path)
             self.location = str(self.path)
+            self._key = str(self.path.resolve())
 
     def __repr__(self) -> str:
         return f"Ledger({self.location!r})"
 
+    def __getstate__(self) -> dict[str, Any]:  # a ledger travels to child processes as its location only
+        state = dict(self.__dict__)
+        state.update(_engine=None, _pid=0, _lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _scrub(self, err: BaseException) -> str:
+        msg = " ".join(str(getattr(err, "orig", None) or err).split())
+        pw = self._url.password if self.backend == "postgresql" else None
+        return msg.replace(str(pw), "***") if pw else msg
+
+    # -- connections -------------------------------------------------------------------------
+    def _eng(self) -> sa.Engine:
+        if self._engine is not None and self._pid == os.getpid():
+            return self._engine
+        with self._lock:
+            if self._engine is not None and self._pid != os.getpid():
+                # Inherited across fork: its pooled sockets are the parent's; never use or close them here.
+                self._engine.dispose(close=False)
+                _INHERITED.append(self._engine)
+                self._engine = None
+            if self._engine is None:
+                if self.backend == "sqlite":
+                    assert self.path is not None
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    eng = _sqlite_engine(self.path)
+                else:
+                    eng = sa.create_engine(self._url, connect_args={"application_name": "kregress-ledger", **self._connect_args},
+                                           pool_pre_ping=True)
+                self._init(eng)
+                self._engine, self._pid = eng, os.getpid()
+        return self._engine
+
+    def _init(self, eng: sa.Engine) -> None:
+        if (self._key, os.getpid()) in _READY:  # type: ignore[comparison-overlap]
+            return
+        try:
+            if self.backend == "sqlite":
+                with eng.connect().execution_options(kregress_write=True) as con, con.begin():
+                    METADATA.create_all(con)
+            else:
+                with eng.begin() as con:  # concurrent CREATE IF NOT EXISTS can race: serialise it
+                    con.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_NS, 0)))
+                    METADATA.create_all(con)
+        except sa.exc.OperationalError as e:
+            raise LedgerConnectionError(f"ledger: cannot connect to {self.location}: {self._scrub(e)}") from None
+        _READY.add((self._key, os.getpid()))  # type: ignore[arg-type]
+
+    @contextmanager
+    def _write(self, lock: str | None = None) -> Iterator[sa.Connection]:
+        """One atomic write transaction (SQLite: BEGIN IMMEDIATE; PostgreSQL: with ``lock``, an advisory lock on that scope)."""
+        try:
+            with self._eng().connect().execution_options(kregress_write=True) as con, con.begin():
+                if lock is not None and self.backend == "postgresql":
+                    con.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_NS, sa.func.hashtext(lock))))
+                yield con
+        except sa.exc.OperationalError as e:
+            raise LedgerConnectionError(f"ledger: cannot use {self.location}: {self._scrub(e)}") from None
+
+    @contextmanager
+    def _read(self) -> Iterator[sa.Connection]:
+        try:
+            with self._eng().connect() as con:
+                yield con
+        except sa.exc.OperationalError as e:
+            raise LedgerConnectionError(f"ledger: cannot use {self.location}: {self._scrub(e)}") from None
+
     def close(self) -> None:
-        """Close this thread's connection (the next call reopens it)."""
-        self._db.close()
+        """Close this process's connections (the next call reopens them)."""
+        if self._engine is not None and self._pid == os.getpid():
+            self._engine.dispose()
+        self._engine = None
 
     # -- usage rows --------------------------------------------------------------------------
     def record(self, rec: UsageRecord, *, sweep: str = "", reservation_id: int | None = None) -> int:
         """Append one attempt; returns its row id."""
         data = rec.model_dump()
         data["cache_hit"] = int(bool(data["cache_hit"]))
-        cols = list(USAGE_FIELDS) + ["sweep", "reservation_id"]
-        vals = [data[c] for c in USAGE_FIELDS] + [sweep, reservation_id]
-        with self._db.write() as con:
-            return self._db.insert(con, f"INSERT INTO usage ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", vals)
+        with self._write() as con:
+            res = con.execute(sa.insert(usage_t).values(**data, sweep=sweep, reservation_id=reservation_id).returning(usage_t.c.id))
+            return int(res.scalar_one())
+
+    @staticmethod
+    def _where(table: sa.Table, filters: dict[str, Any], allowed: Sequence[str]) -> list[Any]:
+        out = []
+        for k, v in filters.items():
+            if v is None:
+                continue
+            if k not in allowed:
+                raise ValueError(f"cannot filter on {k!r}; allowed: {', '.join(sorted(allowed))}")
+            out.append(table.c[k] == (int(v) if isinstance(v, bool) else v))
+        return out
 
     def rows(self, **filters: Any) -> list[UsageRecord]:
         """Usage rows in insertion order, filtered by equality on run_id, partition, round, role, task, sweep, ..."""
-        where, params = _where(filters, list(USAGE_FIELDS) + ["sweep", "reservation_id"])
-        with self._db.read() as con:
-            cur = con.execute(f"SELECT {', '.join(USAGE_FIELDS)} FROM usage{where} ORDER BY id", params)
-            return [UsageRecord(**{**dict(r), "cache_hit": bool(r["cache_hit"])}) for r in cur.fetchall()]
+        cond = self._where(usage_t, filters, [*USAGE_FIELDS, "sweep", "reservation_id"])
+        q = sa.select(*(usage_t.c[f] for f in USAGE_FIELDS)).where(*cond).order_by(usage_t.c.id)
+        with self._read() as con:
+            return [UsageRecord(**{**r._asdict(), "cache_hit": bool(r.cache_hit)}) for r in con.execute(q)]
 
     def reconcile(self, group_by: Sequence[str] = ("role", "key_alias"), **filters: Any) -> list[dict[str, Any]]:
         """The reconciliation table: calls (attempts), ok, errors, cache hits, input, output, total per group."""
@@ -434,16 +425,16 @@ class Ledger:
         bad = [g for g in group_by if g not in GROUPABLE]
         if bad or not group_by:
             raise ValueError(f"cannot group by {', '.join(bad) or '(nothing)'}; allowed: {', '.join(GROUPABLE)}")
-        where, params = _where(filters, list(USAGE_FIELDS) + ["sweep"])
-        cols = ", ".join(group_by)
-        sql = (
-            f"SELECT {cols}, COUNT(*) AS calls, SUM(CASE WHEN status = 'ok' THEN 1 ELSE 0 END) AS ok, "
-            "SUM(CASE WHEN status != 'ok' THEN 1 ELSE 0 END) AS errors, "
-            "SUM(cache_hit) AS cache_hits, SUM(prompt_tokens) AS input, SUM(completion_tokens) AS output, "
-            f"SUM(total_tokens) AS total FROM usage{where} GROUP BY {cols} ORDER BY {cols}"
-        )
-        with self._db.read() as con:
-            return [{k: (int(v) if k in ("calls", "ok", "errors", "cache_hits", "input", "output", "total") else v) for k, v in dict(r).items()} for r in con.execute(sql, params)]
+        c = usage_t.c
+        cond = self._where(usage_t, filters, [*USAGE_FIELDS, "sweep"])
+        sums = dict(zip(RECONCILE_COLUMNS, (
+            sa.func.count(), sa.func.sum(sa.case((c.status == "ok", 1), else_=0)), sa.func.sum(sa.case((c.status != "ok", 1), else_=0)),
+            sa.func.sum(c.cache_hit), sa.func.sum(c.prompt_tokens), sa.func.sum(c.completion_tokens), sa.func.sum(c.total_tokens),
+        )))
+        keys = [c[g] for g in group_by]
+        q = sa.select(*keys, *(v.label(k) for k, v in sums.items())).where(*cond).group_by(*keys).order_by(*keys)
+        with self._read() as con:
+            return [{**{g: r._mapping[g] for g in group_by}, **{k: int(r._mapping[k] or 0) for k in RECONCILE_COLUMNS}} for r in con.execute(q)]
 
     def export_jsonl(self, path: str | os.PathLike, **filters: Any) -> int:
         """usage.jsonl: one UsageRecord per line. Returns the number of rows written."""
@@ -458,7 +449,12 @@ class Ledger:
     def export_usage_csv(self, path: str | os.PathLike, **filters: Any) -> int:
         """Every attempt as CSV (the same columns as usage.jsonl)."""
         rows = self.rows(**filters)
-        write_csv(path, [r.model_dump() for r in rows], list(USAGE_FIELDS))
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with p.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(USAGE_FIELDS))
+            w.writeheader()
+            w.writerows(r.model_dump() for r in rows)
         return len(rows)
 
     # -- budgets -----------------------------------------------------------------------------
@@ -475,113 +471,171 @@ class Ledger:
         role: str = "",
         task: str = "",
         record_refusal: bool = True,
+        min_output: int | None = None,
     ) -> Reservation:
         """Atomically check the budget and reserve ``est_input + est_output``; raise BudgetExceeded if it does not fit.
 
-        Per-round limits apply to rounds >= 1; the sweep total applies to every call of the sweep
-        (the report and review calls included). ``budget=None`` reserves without limits.
+        Per-round limits apply to rounds >= 1; the sweep total applies to every call of the sweep (the
+        report and review calls included). ``min_output`` (<= est_output) lets the reservation lower
+        ``est_output`` (the call's max_tokens) to what the round and the sweep have left, down to
+        ``min_output``; the returned reservation says what was granted. After any call of the sweep was
+        billed more than it reserved (an overshoot) nothing more is reserved for that sweep.
+        ``budget=None`` reserves without limits.
         """
         est_input, est_output = int(est_input), int(est_output)
+        floor = est_output if min_output is None else min(max(1, int(min_output)), est_output)
         now = time.time()
         reason = ""
-        with self._db.write(lock=sweep) as con:  # every check below reads this sweep's reservations only
+        with self._write(lock=sweep) as con:  # every check below reads this sweep's reservations only
             if budget is not None:
-                if round >= 1:
-                    r = con.execute(
-                        f"SELECT COALESCE(SUM({_CHARGED_IN}), 0) AS used_in, COALESCE(SUM({_CHARGED_OUT}), 0) AS used_out "
-                        "FROM reservations WHERE sweep = ? AND round = ?",
-                        (sweep, round),
-                    ).fetchone()
-                    used_in, used_out = int(r["used_in"]), int(r["used_out"])
+                over = self._overshoot(con, sweep)
+                if over:
+                    reason = (
+                        f"sweep blocked: {over.calls} call(s) from round {over.first_round} on were billed {over.tokens} tokens more "
+                        "than they reserved (the server reported more usage than estimated); no further calls in this sweep"
+                    )
+                if not reason and round >= 1:
+                    used_in, used_out = (int(v) for v in con.execute(
+                        sa.select(sa.func.coalesce(sa.func.sum(_CHARGED_IN), 0), sa.func.coalesce(sa.func.sum(_CHARGED_OUT), 0))
+                        .where(_r.sweep == sweep, _r.round == round)
+                    ).one())
+                    left_out = budget.max_output_tokens_per_round - used_out
                     if used_in + est_input > budget.max_input_tokens_per_round:
                         reason = (
                             f"round {round} input: {used_in} used + {est_input} estimated > max_input_tokens_per_round "
                             f"{budget.max_input_tokens_per_round}"
                         )
-                    elif used_out + est_output > budget.max_output_tokens_per_round:
+                    elif left_out < floor:
                         reason = (
-                            f"round {round} output: {used_out} used + {est_output} (max_tokens) > max_output_tokens_per_round "
-                            f"{budget.max_output_tokens_per_round}"
+                            f"round {round} output: {used_out} used + {floor} (max_tokens{' at least' if floor < est_output else ''}) "
+                            f"> max_output_tokens_per_round {budget.max_output_tokens_per_round}"
                         )
+                    else:
+                        est_output = min(est_output, left_out)
                 if not reason:
                     used_total = int(con.execute(
-                        f"SELECT COALESCE(SUM({_CHARGED_IN} + {_CHARGED_OUT}), 0) AS used FROM reservations WHERE sweep = ?", (sweep,)
-                    ).fetchone()["used"])
-                    if used_total + est_input + est_output > budget.max_total_tokens:
+                        sa.select(sa.func.coalesce(sa.func.sum(_CHARGED_IN + _CHARGED_OUT), 0)).where(_r.sweep == sweep)
+                    ).scalar_one())
+                    left = budget.max_total_tokens - used_total - est_input
+                    if left < floor:
                         reason = (
-                            f"sweep total: {used_total} used + {est_input + est_output} estimated > max_total_tokens "
+                            f"sweep total: {used_total} used + {est_input + floor} estimated > max_total_tokens "
                             f"{budget.max_total_tokens}"
                         )
-            if reason and not record_refusal:
-                state = None
-            else:
-                state = "refused" if reason else "reserved"
+                    else:
+                        est_output = min(est_output, left)
+            state = "refused" if reason else "reserved"
             rid = 0
-            if state is not None:
-                rid = self._db.insert(
-                    con,
-                    "INSERT INTO reservations (ts, sweep, run_id, partition, round, role, task, est_input, est_output, state, reason) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (now, sweep, run_id, partition, round, role, task, est_input, est_output, state, reason),
-                )
+            if not (reason and not record_refusal):
+                rid = int(con.execute(sa.insert(reservations_t).values(
+                    ts=now, sweep=sweep, run_id=run_id, partition=partition, round=round, role=role, task=task,
+                    est_input=est_input, est_output=est_output, state=state, reason=reason,
+                ).returning(_r.id)).scalar_one())
         if reason:
             raise BudgetExceeded(reason, scope=sweep, round=round)
         return Reservation(rid, sweep, round, est_input, est_output)
 
     def settle(self, reservation: Reservation | int, input_tokens: int, output_tokens: int) -> None:
-        """Replace the estimate with the usage the server reported (zero for both releases it)."""
+        """Replace the estimate with the usage the server reported (zero for both releases it).
+
+        Usage above the reservation is recorded as reported: that is what was billed, and it blocks the sweep.
+        """
         rid = reservation.id if isinstance(reservation, Reservation) else int(reservation)
         state = "settled" if (input_tokens or output_tokens) else "released"
-        with self._db.write() as con:
-            con.execute(
-                "UPDATE reservations SET state = ?, input_tokens = ?, output_tokens = ?, settled_ts = ? WHERE id = ? AND state = 'reserved'",
-                (state, int(input_tokens), int(output_tokens), time.time(), rid),
-            )
+        with self._write() as con:
+            con.execute(sa.update(reservations_t).where(_r.id == rid, _r.state == "reserved").values(
+                state=state, input_tokens=int(input_tokens), output_tokens=int(output_tokens), settled_ts=time.time()))
+
+    @staticmethod
+    def _overshoot(con: sa.Connection, sweep: str) -> Overshoot:
+        calls, over_in, over_out, first = con.execute(
+            sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_OVER_IN), 0), sa.func.coalesce(sa.func.sum(_OVER_OUT), 0),
+                      sa.func.min(_r.round)).where(_r.sweep == sweep, _OVERSHOT)
+        ).one()
+        return Overshoot(int(calls), int(over_in), int(over_out), None if first is None else int(first))
+
+    def overshoot(self, sweep: str) -> Overshoot:
+        """How much the server billed beyond the reservations of ``sweep`` (falsy when it never did)."""
+        with self._read() as con:
+            return self._overshoot(con, sweep)
+
+    def exceeded(self, sweep: str, budget: Budget) -> list[str]:
+        """Why ``sweep`` is over ``budget`` (settled usage + in-flight estimates; overshoots), one reason a line; [] if within."""
+        out = []
+        spend = self.spend(sweep)
+        for rnd, s in sorted(spend.items()):
+            if rnd >= 1 and s["input"] > budget.max_input_tokens_per_round:
+                out.append(f"round {rnd} input {s['input']} > max_input_tokens_per_round {budget.max_input_tokens_per_round}")
+            if rnd >= 1 and s["output"] > budget.max_output_tokens_per_round:
+                out.append(f"round {rnd} output {s['output']} > max_output_tokens_per_round {budget.max_output_tokens_per_round}")
+        total = sum(s["total"] for s in spend.values())
+        if total > budget.max_total_tokens:
+            out.append(f"sweep total {total} > max_total_tokens {budget.max_total_tokens}")
+        over = self.overshoot(sweep)
+        if over:
+            out.append(f"{over.calls} call(s) billed {over.tokens} tokens beyond their reservation (from round {over.first_round})")
+        return out
 
     def spend(self, sweep: str) -> dict[int, dict[str, int]]:
-        """round -> {input, output, total, reserved_in_flight, refused, calls} for one sweep."""
-        sql = (
-            f"SELECT round, COALESCE(SUM({_CHARGED_IN}), 0) AS input, COALESCE(SUM({_CHARGED_OUT}), 0) AS output, "
-            "SUM(CASE WHEN state = 'reserved' THEN 1 ELSE 0 END) AS in_flight, "
-            "SUM(CASE WHEN state = 'refused' THEN 1 ELSE 0 END) AS refused, "
-            "SUM(CASE WHEN state IN ('settled', 'released', 'reserved') THEN 1 ELSE 0 END) AS calls "
-            "FROM reservations WHERE sweep = ? GROUP BY round ORDER BY round"
+        """round -> {input, output, total, in_flight, refused, calls} for one sweep."""
+        q = (
+            sa.select(
+                _r.round, sa.func.coalesce(sa.func.sum(_CHARGED_IN), 0).label("input"),
+                sa.func.coalesce(sa.func.sum(_CHARGED_OUT), 0).label("output"),
+                sa.func.sum(sa.case((_r.state == "reserved", 1), else_=0)).label("in_flight"),
+                sa.func.sum(sa.case((_r.state == "refused", 1), else_=0)).label("refused"),
+                sa.func.sum(sa.case((_r.state.in_(("settled", "released", "reserved")), 1), else_=0)).label("calls"),
+            ).where(_r.sweep == sweep).group_by(_r.round).order_by(_r.round)
         )
-        with self._db.read() as con:
-            out = {}
-            for r in con.execute(sql, (sweep,)):
-                out[int(r["round"])] = {
-                    "input": int(r["input"]),
-                    "output": int(r["output"]),
-                    "total": int(r["input"]) + int(r["output"]),
-                    "in_flight": int(r["in_flight"] or 0),
-                    "refused": int(r["refused"] or 0),
-                    "calls": int(r["calls"] or 0),
-                }
-            return out
+        with self._read() as con:
+            return {
+                int(r.round): {"input": int(r.input), "output": int(r.output), "total": int(r.input) + int(r.output),
+                               "in_flight": int(r.in_flight or 0), "refused": int(r.refused or 0), "calls": int(r.calls or 0)}
+                for r in con.execute(q)
+            }
 
     def refusals(self, sweep: str) -> list[dict[str, Any]]:
-        with self._db.read() as con:
-            return [dict(r) for r in con.execute(
-                "SELECT round, role, task, est_input, est_output, reason FROM reservations WHERE sweep = ? AND state = 'refused' ORDER BY id",
-                (sweep,),
-            )]
+        q = sa.select(_r.round, _r.role, _r.task, _r.est_input, _r.est_output, _r.reason).where(
+            _r.sweep == sweep, _r.state == "refused").order_by(_r.id)
+        with self._read() as con:
+            return [dict(r._mapping) for r in con.execute(q)]
 
     def latest_sweep(self, partition: str) -> str | None:
         """The sweep (budget scope) of the most recent call for a partition (a reservation or a cache hit)."""
-        with self._db.read() as con:
-            r = con.execute(
-                "SELECT sweep FROM (SELECT sweep, ts FROM reservations WHERE partition = ? "
-                "UNION ALL SELECT sweep, ts FROM usage WHERE partition = ? AND sweep != '') AS calls ORDER BY ts DESC LIMIT 1",
-                (partition, partition),
-            ).fetchone()
-            return r["sweep"] if r else None
+        u = usage_t.c
+        calls = sa.union_all(
+            sa.select(_r.sweep, _r.ts).where(_r.partition == partition),
+            sa.select(u.sweep, u.ts).where(u.partition == partition, u.sweep != ""),
+        ).subquery("calls")
+        with self._read() as con:
+            r = con.execute(sa.select(calls.c.sweep).order_by(calls.c.ts.desc()).limit(1)).first()
+            return r[0] if r else None
+
+    # -- key cooldowns (shared by every process on this ledger) -------------------------------
+    def cool_key(self, alias: str, until_wall: float, *, reason: str = "", owner: str = "") -> None:
+        """Record that ``alias`` should not be used before ``until_wall`` (time.time()); a later time wins."""
+        with self._write() as con:
+            c = cooldowns_t.c
+            old = con.execute(sa.select(c.cool_until).where(c.key_alias == alias)).scalar_one_or_none()
+            if old is None:
+                con.execute(sa.insert(cooldowns_t).values(key_alias=alias, cool_until=until_wall, reason=reason, owner=owner, ts=time.time()))
+            elif until_wall > old:
+                con.execute(sa.update(cooldowns_t).where(c.key_alias == alias).values(
+                    cool_until=until_wall, reason=reason, owner=owner, ts=time.time()))
+
+    def cooldowns(self, aliases: Sequence[str], *, now_wall: float | None = None) -> dict[str, tuple[float, str, str]]:
+        """alias -> (cool_until wall time, reason, owner) for the given aliases still cooling down."""
+        now_wall = time.time() if now_wall is None else now_wall
+        c = cooldowns_t.c
+        with self._read() as con:
+            q = sa.select(c.key_alias, c.cool_until, c.reason, c.owner).where(c.key_alias.in_(list(aliases)), c.cool_until > now_wall)
+            return {r.key_alias: (float(r.cool_until), r.reason, r.owner) for r in con.execute(q)}
 
     # -- response cache ----------------------------------------------------------------------
     def cache_get(self, request_hash: str) -> dict[str, Any] | None:
-        with self._db.read() as con:
-            r = con.execute("SELECT * FROM response_cache WHERE request_hash = ?", (request_hash,)).fetchone()
-            return dict(r) if r else None
+        with self._read() as con:
+            r = con.execute(sa.select(cache_t).where(cache_t.c.request_hash == request_hash)).first()
+            return dict(r._mapping) if r else None
 
     def cache_put(
         self,
@@ -595,148 +649,21 @@ class Ledger:
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
     ) -> None:
-        with self._db.write() as con:
-            con.execute(
-                "INSERT INTO response_cache (request_hash, ts, model, role, content, finish_reason, request_id, "
-                "prompt_tokens, completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_hash) DO UPDATE SET "
-                "ts = excluded.ts, model = excluded.model, role = excluded.role, content = excluded.content, "
-                "finish_reason = excluded.finish_reason, request_id = excluded.request_id, "
-                "prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens",
-                (request_hash, time.time(), model, role, content, finish_reason, request_id, prompt_tokens, completion_tokens),
-            )
+        values = dict(ts=time.time(), model=model, role=role, content=content, finish_reason=finish_reason, request_id=request_id,
+                      prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        with self._write() as con:
+            if con.execute(sa.select(cache_t.c.request_hash).where(cache_t.c.request_hash == request_hash)).first():
+                con.execute(sa.update(cache_t).where(cache_t.c.request_hash == request_hash).values(**values))
+            else:
+                con.execute(sa.insert(cache_t).values(request_hash=request_hash, **values))
 
 
-# --- reports ---------------------------------------------------------------------------------------
+_PG_LOCK_NS = 0x6B72  # first key of every advisory lock the ledger takes ("kr")
 
 
-@dataclass
-class RoundSpend:
-    round: int
-    input: int
-    output: int
-    input_limit: int | None  # None: no per-round limit (round 0: the report/review calls)
-    output_limit: int | None
-    in_flight: int = 0
-    refused: int = 0
-    calls: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return (self.input_limit is None or self.input <= self.input_limit) and (
-            self.output_limit is None or self.output <= self.output_limit
-        )
-
-
-@dataclass
-class BudgetReport:
-    sweep: str | None
-    rounds: list[RoundSpend] = field(default_factory=list)
-    total: int = 0
-    total_limit: int = 0
-    refusals: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return self.total <= self.total_limit and all(r.ok for r in self.rounds)
-
-    def table(self) -> list[dict[str, Any]]:
-        out = []
-        for r in self.rounds:
-            out.append(
-                {
-                    "round": r.round,
-                    "input": r.input,
-                    "input_limit": r.input_limit if r.input_limit is not None else -1,
-                    "output": r.output,
-                    "output_limit": r.output_limit if r.output_limit is not None else -1,
-                    "calls": r.calls,
-                    "refused": r.refused,
-                    "ok": r.ok,
-                }
-            )
-        return out
-
-    def markdown(self) -> str:
-        lines = [
-            f"Sweep `{self.sweep}`: {self.total} / {self.total_limit} tokens ({'within' if self.total <= self.total_limit else 'OVER'} budget)",
-            "",
-            "| round | input | input limit | output | output limit | calls | refused | ok |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for r in self.rounds:
-            lim_in = "-" if r.input_limit is None else str(r.input_limit)
-            lim_out = "-" if r.output_limit is None else str(r.output_limit)
-            lines.append(f"| {r.round} | {r.input} | {lim_in} | {r.output} | {lim_out} | {r.calls} | {r.refused} | {'yes' if r.ok else 'NO'} |")
-        for ref in self.refusals:
-            lines.append(f"- refused (round {ref['round']}, {ref['role']}): {ref['reason']}")
-        return "\n".join(lines)
-
-
-def budget_report(ledger: Ledger, budget: Budget, *, sweep: str | None = None, partition: str | None = None) -> BudgetReport:
-    """Spend against budget per round for one sweep (by default the latest sweep of ``partition``).
-
-    Spend counts settled usage plus in-flight reservations at their estimate. A sweep with no calls
-    reports zero spend and passes.
-    """
-    if sweep is None:
-        if partition is None:
-            raise ValueError("budget_report needs a sweep or a partition")
-        sweep = ledger.latest_sweep(partition)
-    rep = BudgetReport(sweep=sweep, total_limit=budget.max_total_tokens)
-    if sweep is None:
-        return rep
-    for rnd, s in sorted(ledger.spend(sweep).items()):
-        per_round = rnd >= 1
-        rep.rounds.append(
-            RoundSpend(
-                round=rnd,
-                input=s["input"],
-                output=s["output"],
-                input_limit=budget.max_input_tokens_per_round if per_round else None,
-                output_limit=budget.max_output_tokens_per_round if per_round else None,
-                in_flight=s["in_flight"],
-                refused=s["refused"],
-                calls=s["calls"],
-            )
-        )
-        rep.total += s["total"]
-    rep.refusals = ledger.refusals(sweep)
-    return rep
-
-
-def write_csv(path: str | os.PathLike, rows: list[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    cols = list(columns or (rows[0].keys() if rows else []))
-    with p.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: r.get(c) for c in cols})
-
-
-def totals_row(table: list[dict[str, Any]], group_by: Sequence[str]) -> dict[str, Any]:
-    row: dict[str, Any] = {g: "" for g in group_by}
-    if group_by:
-        row[group_by[0]] = "TOTAL"
-    for k in ("calls", "ok", "errors", "cache_hits", "input", "output", "total"):
-        row[k] = sum(int(r.get(k) or 0) for r in table)
-    return row
-
-
-def format_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """Plain-text table (right-aligned numbers), for the CLI and logs."""
-    if not rows:
-        return "(no model calls recorded)"
-    cols = list(columns or rows[0].keys())
-    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    numeric = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool) or r.get(c) in ("", None) for r in rows) for c in cols]
-    def fmt(vals: list[str]) -> str:
-        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
-    out = [fmt(cols), "  ".join("-" * w for w in widths)]
-    out += [fmt(r) for r in cells]
-    return "\n".join(out)
+def new_owner() -> str:
+    """A tag for the cooldowns one gateway writes (it reads back only the others')."""
+    return uuid.uuid4().hex[:12]
 
 
 # --- the Dagster resource ------------------------------------------------------------------------
@@ -750,7 +677,7 @@ def ledger_from_url(url: str | None, dagster_home: str | os.PathLike | None = No
 
 
 class LedgerResource(dg.ConfigurableResource):
-    """Where the token ledger lives. Empty ``url``: ``$DAGSTER_HOME/ledger.sqlite``."""
+    """Where the token ledger lives. Empty ``url``: ``paths.ledger_path()`` ($DAGSTER_HOME/ledger.sqlite)."""
 
     url: str = Field(
         default="",

@@ -8,7 +8,8 @@ import pytest
 from fake_openai import budget_race_worker, make_gateway, prompt_tokens_of
 
 from kregress.core.spec import Budget
-from resources.ledger import BudgetExceeded, Ledger, budget_report
+from kernel_assets.usage import budget_report
+from resources.ledger import BudgetExceeded, Ledger
 from resources.taotoken import CallContext, estimate_messages_tokens, estimate_tokens
 
 KEY = "sk" "-budget-test-key-000000000000"

@@ -15,13 +15,12 @@ from kernel_assets.cli_usage import register, run_usage
 from kernel_assets.tokens import build_token_assets
 from kregress.core.records import UsageRecord
 from kregress.core.spec import Budget, TaskSpec
+from kernel_assets.usage import budget_report, format_table
 from resources.ledger import (
     Ledger,
     LedgerConfigError,
     LedgerResource,
-    budget_report,
     default_ledger_path,
-    format_table,
     sqlite_path_from_url,
 )
 

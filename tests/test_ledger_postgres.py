@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from kregress.core.records import UsageRecord
+from kernel_assets.usage import budget_report
 from kregress.core.spec import Budget
 from resources.ledger import (
     BudgetExceeded,
@@ -37,11 +38,10 @@ from resources.ledger import (
     LedgerConfigError,
     LedgerConnectionError,
     LedgerResource,
-    budget_report,
     is_postgres_url,
     ledger_from_url,
     mask_url,
-    postgres_conninfo,
+    postgres_url,
     sqlite_path_from_url,
 )
 
@@ -202,15 +202,17 @@ def pg_db(pg_server):
 def test_urls_are_recognised_and_passwords_masked():
     assert is_postgres_url("postgresql://u@h/db") and is_postgres_url("postgresql+psycopg://u@h/db")
     assert is_postgres_url("postgres://u@h/db") and not is_postgres_url("sqlite:///x") and not is_postgres_url("/tmp/postgresql.sqlite")
-    assert mask_url("postgresql://ledger:p%40ss:w0rd@db1:5432,db2/ledger?sslmode=require") == \
-        "postgresql://ledger:***@db1:5432,db2/ledger?sslmode=require"
+    assert mask_url("postgresql://ledger:p%40ss:w0rd@db1:5432/ledger?sslmode=require") == \
+        "postgresql://ledger:***@db1:5432/ledger?sslmode=require"
     assert mask_url("postgresql+psycopg://u@h/db?application_name=x&password=hunter2") == \
         "postgresql+psycopg://u@h/db?application_name=x&password=***"
     assert mask_url("postgresql://u@h/db") == "postgresql://u@h/db"
-    assert postgres_conninfo("postgresql+psycopg://u:pw@h:5/db") == "postgresql://u:pw@h:5/db"
-    assert postgres_conninfo("postgres://u@h/db") == "postgresql://u@h/db"
+    # several hosts: SQLAlchemy's form (repeated host= parameters)
+    assert mask_url("postgresql://u:pw@/db?host=db1:5432&host=db2") == "postgresql://u:***@/db?host=db1%3A5432&host=db2"
+    assert postgres_url("postgresql+psycopg://u:pw@h:5/db").drivername == "postgresql+psycopg"
+    assert postgres_url("postgres://u@h/db").render_as_string() == "postgresql+psycopg://u@h/db"
     with pytest.raises(LedgerConfigError, match="driver 'psycopg2' is not supported"):
-        postgres_conninfo("postgresql+psycopg2://u:pw@h/db")
+        postgres_url("postgresql+psycopg2://u:pw@h/db")
     with pytest.raises(LedgerConfigError, match="ledger_from_url") as ei:
         sqlite_path_from_url("postgresql://u:topsecret@h/db")
     assert "topsecret" not in str(ei.value)
