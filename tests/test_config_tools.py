@@ -1,8 +1,9 @@
 """kregress export-config / lint-config / doctor: the gateway from Claude Code, Codex and CC Switch.
 
-Exported files must parse (json, tomllib), hold no key unless asked, and lint clean; every classic mistake
-planted in such a file must be found with its fix; the doctor must classify each answer of the scripted
-server (401, 403, 404, unknown model, 429, timeout) and list problems credentials first, then request.
+Exported files must parse (json, tomllib, sqlite3), hold no key unless asked, and lint clean; every classic
+mistake planted in such a file must be found with its fix; the doctor must classify each answer of the
+scripted server (401, 403, 404, unknown model, 429, timeout), list problems credentials first, then config,
+endpoint, transient, and exit with that class's code (3, 2, 4, 5).
 """
 
 from __future__ import annotations
@@ -20,17 +21,11 @@ import pytest
 from fake_openai import FakeOpenAI, Reply
 
 from kernel_assets.cli import main as kregress
-from kernel_assets.cli_config import run_doctor, run_lint
-from kernel_assets.config_lint import (
-    CLAUDE_DENY,
-    ExportError,
-    ExportOptions,
-    api_key_helper,
-    export_cc_switch,
-    export_claude_code,
-    export_codex,
-    lint_text,
-)
+from kregress.clients.ccswitch import export_json, export_sql
+from kregress.clients.cli import run_lint
+from kregress.clients.doctor import run_doctor
+from kregress.clients.export import ExportError, ExportOptions, api_key_helper, export_claude_code, export_codex
+from kregress.clients.lint import lint_text
 
 KEY = "sk" "-CFGCANARY-review-0123456789abcdef"
 KEY2 = "sk" "-CFGCANARY-second-fedcba9876543210"
@@ -39,7 +34,7 @@ ENV = {"TAOTOKEN_KEY_REVIEW": KEY, "TAOTOKEN_MODEL_ID": "kregress-test-model", "
 
 def export(tool: str, env: dict | None = None, **kw) -> tuple[str, ExportOptions]:
     opts = ExportOptions(**kw)
-    fn = {"claude-code": export_claude_code, "codex": export_codex, "cc-switch": export_cc_switch}[tool]
+    fn = {"claude-code": export_claude_code, "codex": export_codex, "cc-switch": export_json, "cc-switch-sql": export_sql}[tool]
     return fn(opts, dict(ENV if env is None else env)), opts
 
 
@@ -50,7 +45,8 @@ def test_exported_files_parse_hold_no_key_and_lint_clean(tmp_path):
     claude_text, claude_opts = export("claude-code")
     codex_text, _ = export("codex")
     ccs_text, _ = export("cc-switch")
-    for text in (claude_text, codex_text, ccs_text):
+    sql_text, _ = export("cc-switch-sql")
+    for text in (claude_text, codex_text, ccs_text, sql_text):
         assert KEY not in text and "CFGCANARY" not in text
 
     s = json.loads(claude_text)
@@ -79,21 +75,24 @@ def test_exported_files_parse_hold_no_key_and_lint_clean(tmp_path):
     assert claude_p["websiteUrl"] == "https://taotoken.net"
 
     files = []
-    for name, text in (("settings.json", claude_text), ("config.toml", codex_text), ("ccswitch.json", ccs_text)):
+    for name, text in (("settings.json", claude_text), ("config.toml", codex_text), ("ccswitch.json", ccs_text), ("taotoken.sql", sql_text)):
         (tmp_path / name).write_text(text)
         files.append(str(tmp_path / name))
     out = io.StringIO()
     assert run_lint(files, environ=ENV, out=out) == 0, out.getvalue()
-    assert "3 file(s) clean" in out.getvalue()
+    assert "4 file(s) clean" in out.getvalue()
 
 
-def test_api_key_helper_prints_the_first_key_at_run_time():
-    def run(env: dict) -> str:
+def test_api_key_helper_prints_the_first_key_at_run_time_and_fails_loudly_without_one():
+    def run(env: dict) -> subprocess.CompletedProcess:
         return subprocess.run(["/bin/sh", "-c", api_key_helper("review")], env={"PATH": os.environ["PATH"], **env},
-                              capture_output=True, text=True).stdout
+                              capture_output=True, text=True)
 
-    assert run({"TAOTOKEN_KEY_REVIEW": f"{KEY},{KEY2}"}) == KEY + "\n"
-    assert run({"TAOTOKEN_KEY_REVIEW": "", "TAOTOKEN_API_KEY": f"{KEY2} {KEY}"}) == KEY2 + "\n"  # empty -> the fallback, like the gateway
+    assert run({"TAOTOKEN_KEY_REVIEW": f"{KEY},{KEY2}"}).stdout == KEY + "\n"
+    assert run({"TAOTOKEN_KEY_REVIEW": "", "TAOTOKEN_API_KEY": f"{KEY2} {KEY}"}).stdout == KEY2 + "\n"  # empty -> the fallback, like the gateway
+    for env in ({}, {"TAOTOKEN_KEY_REVIEW": "", "TAOTOKEN_API_KEY": " , "}):
+        r = run(env)
+        assert r.returncode != 0 and r.stdout == "" and "no key: export TAOTOKEN_KEY_REVIEW=<key>" in r.stderr
 
 
 def test_include_key_writes_it_only_when_asked_and_lint_flags_it(tmp_path, capsys, monkeypatch):
@@ -158,6 +157,7 @@ CASES = [
     ("codex", codex(url='base_url = "https://taotoken.net/api/v1?utm_source=newsletter"'), "url_query", "https://taotoken.net/api/v1"),
     ("codex", codex(url='base_url = "https://taotoken.net/api/v1/chat/completions"'), "url_endpoint", "https://taotoken.net/api/v1"),
     ("codex", codex(wire='wire_api = "chat"'), "wire_api_chat", 'wire_api = "responses"'),
+    ("codex", codex(env_key='env_key = "DEEPSEEK_API_KEY"'), "wrong_tool_vars", "TAOTOKEN_KEY_REVIEW"),
     ("claude-code", claude({"ANTHROPIC_AUTH_TOKEN": KEY}), "literal_key", "apiKeyHelper"),
     ("claude-code", claude({"ANTHROPIC_AUTH_TOKEN": "${TAOTOKEN_KEY_REVIEW}"}), "placeholder", "environment"),
     ("claude-code", claude({"ANTHROPIC_BASE_URL": "https://taotoken.net/api?utm_source=blog&utm_medium=csdn"}), "url_query", "use https://taotoken.net/api"),
@@ -166,6 +166,9 @@ CASES = [
     ("claude-code", claude({"OPENAI_BASE_URL": "https://taotoken.net/api/v1"}), "wrong_tool_vars", "ANTHROPIC_"),
     ("claude-code", claude({}, permissions={"allow": ["Bash"], "deny": []}), "allow_all_bash", "Bash(git diff:*)"),
     ("claude-code", json.dumps({"env": {"ANTHROPIC_BASE_URL": "https://taotoken.net/api"}}), "no_auth", "apiKeyHelper"),
+    ("claude-code", claude({"ANTHROPIC_AUTH_TOKEN": ""}), "empty_key", "apiKeyHelper"),
+    ("claude-code", json.dumps({"env": {"ANTHROPIC_BASE_URL": "https://taotoken.net/api"}, "apiKeyHelper": api_key_helper("suggest")}),
+     "helper_vars_unset", "export TAOTOKEN_KEY_SUGGEST=<key>"),
 ]
 
 
@@ -177,6 +180,25 @@ def test_each_planted_mistake_is_found_with_its_fix(kind, text, code, fix):
     assert fix in hits[0].fix
     rendered = "\n".join(f.render() for f in findings)
     assert KEY not in rendered and "newsletter" not in rendered.replace("parameters: utm_source", "")
+
+
+def test_codex_findings_say_what_codex_does():
+    [hit] = [f for f in lint_text(codex(env_key='env_key = "ANTHROPIC_AUTH_TOKEN"'), "c.toml", dict(ENV)) if f.code == "wrong_tool_vars"]
+    assert "Codex reads it and sends its value to this provider" in hit.problem and "does not read" not in hit.problem
+    [chat] = [f for f in lint_text(codex(wire='wire_api = "chat"'), "c.toml", dict(ENV)) if f.code == "wire_api_chat"]
+    assert '`wire_api = "chat"` is no longer supported' in chat.problem
+
+
+def test_codex_chat_wire_api_is_refused_with_codex_s_own_message(tmp_path, capsys, monkeypatch):
+    for var, val in ENV.items():
+        monkeypatch.setenv(var, val)
+    out = tmp_path / "config.toml"
+    assert kregress(["export-config", "--tool", "codex", "--wire-api", "chat", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert '`wire_api = "chat"` is no longer supported' in err and 'set `wire_api = "responses"`' in err and not out.exists()
+    assert len(err.strip().splitlines()) == 1  # one line, no traceback
+    with pytest.raises(ExportError, match="no longer supported"):
+        export("codex", wire_api="chat")
 
 
 def test_env_key_holding_several_keys_and_cc_switch_nesting():
@@ -207,32 +229,32 @@ def test_clean_files_stay_clean_and_cli_exit_codes(tmp_path, capsys, monkeypatch
 
 
 def doctor(srv: FakeOpenAI, tmp_path: Path, env: dict | None = None, **kw) -> tuple[int, str]:
-    e = {"TAOTOKEN_BASE_URL": srv.root, "TAOTOKEN_MODEL_ID": "kregress-test-model", "TAOTOKEN_API_KEY": KEY}
+    e = {"TAOTOKEN_BASE_URL": srv.root, "TAOTOKEN_MODEL_ID": "kregress-test-model", "TAOTOKEN_API_KEY": KEY, "HOME": str(tmp_path)}
     e.update(env or {})
     e = {k: v for k, v in e.items() if v is not None}
     out = io.StringIO()
-    rc = run_doctor(environ=e, ledger_url=str(tmp_path / "ledger.sqlite"), out=out, **{"ping": True, "timeout_s": 5.0, **kw})
+    rc = run_doctor(environ=e, out=out, **{"ping": True, "timeout_s": 5.0, **kw})
     text = out.getvalue()
     assert KEY not in text and "CFGCANARY" not in text
     return rc, text
 
 
 @pytest.mark.parametrize(
-    "reply,models,category,needle",
+    "reply,models,category,needle,code",
     [
-        (Reply(status=401), None, "credentials", "was rejected"),
-        (Reply(status=403), None, "credentials", "not allowed"),
-        (Reply(status=404), None, "request", "the path was not found"),
-        (Reply(), ("another-model",), "request", "is not served"),
-        (Reply(status=429, headers={"Retry-After": "1"}), None, "transient", "rate limited (HTTP 429)"),
+        (Reply(status=401), None, "credentials", "was rejected", 3),
+        (Reply(status=403), None, "credentials", "not allowed", 3),
+        (Reply(status=404), None, "endpoint", "the path was not found", 4),
+        (Reply(), ("another-model",), "config", "is not served", 2),
+        (Reply(status=429, headers={"Retry-After": "1"}), None, "transient", "rate limited (HTTP 429)", 5),
     ],
     ids=["401", "403", "404", "unknown-model", "429"],
 )
-def test_doctor_ping_classifies_each_status(tmp_path, reply, models, category, needle):
+def test_doctor_ping_classifies_each_status(tmp_path, reply, models, category, needle, code):
     with FakeOpenAI(models=models or ("kregress-test-model",)) as srv:
         srv.default = reply
         rc, text = doctor(srv, tmp_path)
-    assert rc == 1
+    assert rc == code
     assert text.count(f"FAIL ({category})") == 3  # one ping per role, the same outcome
     assert needle in text and "fix:" in text
 
@@ -241,15 +263,13 @@ def test_doctor_ping_timeout_and_success(tmp_path):
     with FakeOpenAI() as srv:
         srv.default = Reply(content="pong", delay_s=1.6)
         rc, text = doctor(srv, tmp_path, roles=["review"], timeout_s=1.0)
-        assert rc == 1 and "FAIL (transient): timed out" in text and "larger --timeout" in text
+        assert rc == 5 and "FAIL (transient): timed out" in text and "larger --timeout" in text
         time.sleep(0.8)  # let the server finish the abandoned answer before it is reused
         srv.default = Reply(content="pong")
         rc, text = doctor(srv, tmp_path)
+        chats = srv.chat_requests()[-3:]
     assert rc == 0 and text.count(" ok in ") == 3 and "Everything looks right." in text
-    from resources.ledger import Ledger
-
-    rows = Ledger(tmp_path / "ledger.sqlite").rows()
-    assert {r.task for r in rows} == {"doctor_ping"} and {r.role for r in rows} == {"suggest", "report", "review"}
+    assert [s.token for s in chats] == [KEY] * 3 and all(s.body["max_tokens"] == 8 for s in chats)
 
 
 def test_doctor_orders_problems_credentials_then_request_and_masks_values(tmp_path):
@@ -258,11 +278,11 @@ def test_doctor_orders_problems_credentials_then_request_and_masks_values(tmp_pa
         env = {"TAOTOKEN_API_KEY": None, "TAOTOKEN_KEY_REVIEW": KEY, "OPENAI_API_KEY": KEY2,
                "ANTHROPIC_BASE_URL": "https://taotoken.net/api/v1?utm_source=csdnblog"}
         rc, text = doctor(srv, tmp_path, env=env)
-    assert rc == 1
+    assert rc == 3
     problems = text.split("Problems, in the order to fix them")[1]
     cats = [line.split("]")[0].split("[")[1] for line in problems.splitlines() if line.strip()[:1].isdigit()]
-    assert cats == sorted(cats, key=["credentials", "request", "content", "transient"].index)
-    assert cats[:2] == ["credentials", "credentials"] and "request" in cats  # suggest + report keys missing, then the 404
+    assert cats == sorted(cats, key=["credentials", "config", "endpoint", "transient"].index)
+    assert cats[:2] == ["credentials", "credentials"] and "endpoint" in cats  # suggest + report keys missing, then the 404
     assert "ANTHROPIC_BASE_URL: [url_query]" in text and "ANTHROPIC_BASE_URL: [url_duplicate_v1]" in text
     assert "csdnblog" not in text and "utm_source=..." in text
     assert KEY2 not in text and "OPENAI_API_KEY is set, but that is another tool's variable" in text
@@ -271,9 +291,11 @@ def test_doctor_orders_problems_credentials_then_request_and_masks_values(tmp_pa
 
 def test_doctor_without_ping_catches_the_configuration(tmp_path):
     out = io.StringIO()
-    rc = run_doctor(environ={"TAOTOKEN_BASE_URL": "https://taotoken.net/?utm_source=x", "TAOTOKEN_KEY_REVEIW": KEY}, out=out)
+    env = {"TAOTOKEN_BASE_URL": "https://taotoken.net/?utm_source=x", "TAOTOKEN_KEY_REVEIW": KEY, "HOME": str(tmp_path)}
+    rc = run_doctor(environ=env, out=out)
     text = out.getvalue()
-    assert rc == 1 and KEY not in text
-    for needle in ("[request] TAOTOKEN_BASE_URL", "query string", "[request] TAOTOKEN_MODEL_ID", "TAOTOKEN_KEY_REVEIW: is set but the gateway does not read it",
+    assert rc == 3 and KEY not in text
+    for needle in ("[config] TAOTOKEN_BASE_URL: ", "query string", "[config] TAOTOKEN_MODEL_ID", "TAOTOKEN_KEY_REVEIW: is set but the gateway does not read it",
                    "[credentials] role review"):
         assert needle in text
+    assert "TAOTOKEN_BASE_URL: TAOTOKEN_BASE_URL" not in text and text.count("TAOTOKEN_BASE_URL:") == 1

@@ -89,11 +89,16 @@ class Target:
     """What one tool would send: to which URL, with which key and model (from its config, else the export defaults)."""
 
     tool: str
-    url: str  # the full endpoint URL
+    base: str  # what the tool appends its endpoint path to (the SDK base, ending in /v1)
+    path: str  # /chat/completions, /responses or /messages
     key: str | None
     key_source: str
     model: str
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.base.rstrip("/") + self.path
 
 
 def split_fix(text: str, subject: str = "") -> tuple[str, str]:
@@ -128,7 +133,7 @@ def _body_message(body: Any) -> str:
 
 def classify(exc: BaseException, tool: str, target: Target) -> tuple[str, str, str]:
     """(class, what happened, fix) for a failed ping of ``tool``."""
-    path = "/v1/" + target.url.split("/v1/", 1)[1] if "/v1/" in target.url else (urlsplit(target.url).path or target.url)
+    path = urlsplit(target.url).path
     who = {"kregress": "kregress", "codex": "Codex", "claude-code": "Claude Code"}[tool]
     if isinstance(exc, openai.APITimeoutError):
         return ("transient", f"timed out: no answer from {path} within --timeout",
@@ -160,7 +165,7 @@ def classify(exc: BaseException, tool: str, target: Target) -> tuple[str, str, s
                 return ("endpoint", f"{head}; the gateway has no {path}, the Anthropic Messages API that Claude Code calls",
                         "use a gateway that serves /v1/messages for Claude Code")
             return ("endpoint", f"{head}; the path was not found",
-                    f"{BASE_URL_ENV} must be the API root (e.g. {DEFAULT_ROOT}); kregress appends {path}")
+                    f"{BASE_URL_ENV} must be the API root (e.g. {DEFAULT_ROOT}); kregress appends /v1{target.path}")
         if re.search(r"model", low):
             return "config", f"{head}; model id {target.model!r} is not served here", f"set {MODEL_ENV} to a model the gateway lists at /v1/models"
         return "config", f"{head}; the server refused the request as {who} sends it", f"check {BASE_URL_ENV} and {MODEL_ENV} ({target.model!r})"
@@ -177,7 +182,7 @@ def _client(base: str, key: str, timeout_s: float, headers: Mapping[str, str] | 
 def send_ping(target: Target, timeout_s: float) -> str:
     """One tiny request as ``target.tool`` sends it; returns what came back (raises the SDK's errors)."""
     assert target.key is not None
-    base, _, path = target.url.rpartition("/")
+    base, path = target.base, target.path
     if target.tool == "codex":
         with _client(base, target.key, timeout_s) as c:
             r = c.responses.create(model=target.model, input=PING_TEXT, max_output_tokens=16)
@@ -185,7 +190,7 @@ def send_ping(target: Target, timeout_s: float) -> str:
     if target.tool == "claude-code":
         headers = {"x-api-key": target.key, "anthropic-version": ANTHROPIC_VERSION}
         with _client(base, target.key, timeout_s, headers) as c:
-            body = c.post(f"/{path}", cast_to=object, body={"model": target.model, "max_tokens": 8,
+            body = c.post(path, cast_to=object, body={"model": target.model, "max_tokens": 8,
                                                              "messages": [{"role": "user", "content": PING_TEXT}]})
         if not (isinstance(body, dict) and body.get("type") == "message" and isinstance(body.get("content"), list)):
             raise openai.APIResponseValidationError(response=None, body=body, message="not an Anthropic Messages reply")  # type: ignore[arg-type]
@@ -208,7 +213,7 @@ def _mentions_gateway(text: str, root: str) -> bool:
 def codex_target(env: Mapping[str, str], root: str, sdk: str, model: str, role: str) -> Target:
     """Codex's active provider from its config when there is one, else what `export-config --tool codex` writes."""
     var, keys = role_keys(role, env)
-    t = Target("codex", sdk + "/responses", keys[0] if keys else None, f"{key_alias(role, keys[0])} from {var}" if keys else var, model)
+    t = Target("codex", sdk, "/responses", keys[0] if keys else None, f"{key_alias(role, keys[0])} from {var}" if keys else var, model)
     path = codex_user_config(env)
     try:
         cfg = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -219,7 +224,7 @@ def codex_target(env: Mapping[str, str], root: str, sdk: str, model: str, role: 
         return t
     t.notes.append(f"from {path}: provider {cfg.get('model_provider')!r}")
     if isinstance(prov.get("base_url"), str):
-        t.url = prov["base_url"].rstrip("/") + "/responses"
+        t.base = prov["base_url"]
     t.model = str(cfg.get("model") or model)
     if isinstance(prov.get("experimental_bearer_token"), str):
         t.key, t.key_source = prov["experimental_bearer_token"], f"experimental_bearer_token in {path.name}"
@@ -233,7 +238,7 @@ def codex_target(env: Mapping[str, str], root: str, sdk: str, model: str, role: 
 def claude_target(env: Mapping[str, str], root: str, model: str, role: str) -> Target:
     """What Claude Code sends: its user settings' env when present, else what `export-config --tool claude-code` writes."""
     var, keys = role_keys(role, env)
-    t = Target("claude-code", root + "/v1/messages", keys[0] if keys else None, f"{key_alias(role, keys[0])} from {var}" if keys else var, model)
+    t = Target("claude-code", root + "/v1", "/messages", keys[0] if keys else None, f"{key_alias(role, keys[0])} from {var}" if keys else var, model)
     path = claude_user_settings(env)
     try:
         settings = json.loads(path.read_text(encoding="utf-8"))
@@ -242,7 +247,7 @@ def claude_target(env: Mapping[str, str], root: str, model: str, role: str) -> T
     senv = settings.get("env") if isinstance(settings, dict) and isinstance(settings.get("env"), dict) else {}
     base = str(senv.get("ANTHROPIC_BASE_URL") or env.get("ANTHROPIC_BASE_URL") or "").strip()
     if base:
-        t.url = base.rstrip("/") + "/v1/messages"
+        t.base = base.rstrip("/") + "/v1"
     t.model = str(senv.get("ANTHROPIC_MODEL") or env.get("ANTHROPIC_MODEL") or model)
     helper = settings.get("apiKeyHelper") if isinstance(settings, dict) else None
     token = next((str(src[n]) for src in (senv, env) for n in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY") if n in src), None)
@@ -356,8 +361,6 @@ def run_doctor(
         except (OSError, UnicodeDecodeError):
             pass
         auto = bool(text) and _mentions_gateway(text, root)
-        if tool == "claude-code" and env.get("ANTHROPIC_BASE_URL", "").strip() and _mentions_gateway(env["ANTHROPIC_BASE_URL"], root):
-            auto = True
         if not explicit and auto:
             checked.append(tool)
         if tool in checked and text:
@@ -388,7 +391,7 @@ def _pings(checked: list[str], roles: list[str], tool_role: str, env: Mapping[st
         served = _served_models(env, roles, sdk, timeout_s)
         if served is not None and model not in served:
             sample = ", ".join(sorted(served)[:12]) + (" ..." if len(served) > 12 else "")
-            say(f"  models   FAIL (config): {model!r} is not served at {sdk} ({len(served)} models)")
+            say(f"  models   {model!r} is not served at {sdk} ({len(served)} models)")
             problems.append(Problem("config", MODEL_ENV, f"model id {model!r} is not served at {sdk} ({len(served)} models are: {sample or 'none'})",
                                     f"set {MODEL_ENV} to one of them (the gateway never guesses a model)"))
             for role in roles:
@@ -396,7 +399,7 @@ def _pings(checked: list[str], roles: list[str], tool_role: str, env: Mapping[st
         else:
             for role in roles:
                 var, keys = role_keys(role, env)
-                targets.append((role, Target("kregress", sdk + "/chat/completions", keys[0] if keys else None,
+                targets.append((role, Target("kregress", sdk, "/chat/completions", keys[0] if keys else None,
                                              f"{key_alias(role, keys[0])} from {var}" if keys else var, model)))
     if "codex" in checked:
         targets.append(("codex", codex_target(env, root, sdk, model, tool_role)))

@@ -116,7 +116,7 @@ def resolve(opts: ExportOptions, environ: Mapping[str, str]) -> tuple[str, str, 
     if opts.role not in ROLE_KEY_ENV:
         raise ExportError(f"unknown role {opts.role!r}; allowed: {', '.join(ROLE_KEY_ENV)}")
     if opts.wire_api == "chat":
-        raise ExportError(f"--wire-api chat: current Codex refuses to load such a config: {CODEX_CHAT_REMOVED.replace(chr(10), " ")} (drop --wire-api)")
+        raise ExportError(f"--wire-api chat: current Codex refuses to load such a config: {CODEX_CHAT_REMOVED.replace(chr(10), chr(32))} (drop --wire-api)")
     if opts.wire_api not in WIRE_APIS:
         raise ExportError(f"wire_api {opts.wire_api!r} is unknown; Codex loads only: {', '.join(WIRE_APIS)}")
     return root, sdk, model

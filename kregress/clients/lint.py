@@ -193,7 +193,7 @@ class _Linter:
         helper = settings.get("apiKeyHelper")
         token_names = [n for n in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY") if str(env.get(n) or "").strip()]
         if isinstance(helper, str) and helper.strip():
-            names = sorted(set(_SHELL_VAR.findall(helper)))
+            names = list(dict.fromkeys(_SHELL_VAR.findall(helper)))
             if names and not any(split_keys(self.env.get(n, "")) for n in names):
                 self.add(f"{pre}apiKeyHelper", "helper_vars_unset",
                          f"apiKeyHelper reads ${', $'.join(names)}, and none of them holds a key in this environment: the helper prints no key "
