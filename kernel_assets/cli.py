@@ -18,7 +18,7 @@ from kregress.core import paths
 from kregress.core.names import STRATEGIES
 
 # Subcommands contributed by other modules: each exposes register(subparsers).
-PLUGINS = ("kernel_assets.cli_usage", "kregress.clients.cli")
+PLUGINS = ("kernel_assets.cli_usage", "kregress.clients.cli", "kernel_assets.cli_family")
 
 
 def _ensure_home(arg: str | None) -> Path:
@@ -173,15 +173,19 @@ def cmd_review(args: argparse.Namespace) -> int:
 
 
 def cmd_specs_validate(args: argparse.Namespace) -> int:
-    from kregress.core.spec import SpecError, load_spec
+    from kregress.core import spec as spec_mod
 
     bad = 0
     for f in args.files:
         try:
-            spec = load_spec(f)
-        except SpecError as exc:
+            spec = spec_mod.load_spec(f)
+        except spec_mod.SpecError as exc:
             bad += 1
             print(str(exc), file=sys.stderr)
+            continue
+        except Exception as exc:  # noqa: BLE001 - one line per file, never a traceback
+            bad += 1
+            print(f"{f}: could not be validated: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
             continue
         print(f"{f}: ok ({spec.task_id}, {spec.kernel_family}, {len(spec.shape_matrix)} shapes, hash {spec.content_hash()})")
     return 1 if bad else 0

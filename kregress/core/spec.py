@@ -1,13 +1,19 @@
 """Task specs: one YAML file per sweep, validated strictly, content-hashed.
 
 A bad spec never runs: ``load_spec`` raises ``SpecError`` whose message names the file, the field,
-the value and what is allowed, one line per problem.
+the value and what is allowed, one line per problem, every problem in one pass (schema and family
+checks together). Strict means: no type coercion (``true`` is not a count, ``"128"`` is not an
+integer), a key given twice in one mapping is refused, numbers have bounds with a reason, the
+architecture is one the toolchain knows, and a misspelt key or value gets a "did you mean".
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import math
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,29 +22,46 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from kregress.core.names import MAX_GRAPH_ROUNDS, Strategy
 
+# Compute capabilities Triton 3.x / ptxas target ("a" = the arch-specific feature set).
+KNOWN_ARCHS = ("sm_70", "sm_72", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a",
+               "sm_100", "sm_100a", "sm_101", "sm_101a", "sm_103", "sm_103a", "sm_120", "sm_120a",
+               "sm_121", "sm_121a")
+Arch = Literal[KNOWN_ARCHS]  # type: ignore[valid-type]
+
+# Bounds, each with the reason a user reads when a value is outside it.
+MAX_DIM = 2**24  # one tensor dimension: 16,777,216 elements
+MAX_SHAPE_PRODUCT = 2**48  # product of a shape's dims (the work of one launch): ~2.8e14
+MAX_TOKENS = 10**9  # per budget line: far above any real sweep, below what a typo produces
+MAX_BASELINE_VALUE = 2**16  # a tunable (tile size, warps, stages) is small
+BOUND_REASONS = {
+    "shape": f"each dimension <= {MAX_DIM:,} (2^24) and the product of a shape's dimensions <= 2^48: "
+             "larger tensors do not fit one GPU",
+    "tokens": f"<= {MAX_TOKENS:,} tokens per budget line: a larger value is almost always a typo",
+}
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class HardwareLimits(_Strict):
     """Per-SM limits of the target; defaults are an H100 SXM (sm_90)."""
 
-    sm_count: int = Field(default=132, gt=0)
-    max_registers_per_thread: int = Field(default=255, gt=0)
-    registers_per_sm: int = Field(default=65536, gt=0)
-    max_shared_memory_per_block: int = Field(default=232448, gt=0)
-    shared_memory_per_sm: int = Field(default=233472, gt=0)
-    max_threads_per_sm: int = Field(default=2048, gt=0)
-    max_blocks_per_sm: int = Field(default=32, gt=0)
-    peak_tflops: float = Field(default=989.0, gt=0, description="dense bf16/fp16 tensor-core peak")
-    hbm_gbps: float = Field(default=3350.0, gt=0)
-    l2_bytes: int = Field(default=50 * 1024 * 1024, gt=0)
+    sm_count: int = Field(default=132, gt=0, le=4096)
+    max_registers_per_thread: int = Field(default=255, gt=0, le=1024)
+    registers_per_sm: int = Field(default=65536, gt=0, le=2**20)
+    max_shared_memory_per_block: int = Field(default=232448, gt=0, le=2**24)
+    shared_memory_per_sm: int = Field(default=233472, gt=0, le=2**24)
+    max_threads_per_sm: int = Field(default=2048, gt=0, le=8192)
+    max_blocks_per_sm: int = Field(default=32, gt=0, le=1024)
+    peak_tflops: float = Field(default=989.0, gt=0, le=1e5, description="dense bf16/fp16 tensor-core peak")
+    hbm_gbps: float = Field(default=3350.0, gt=0, le=1e6)
+    l2_bytes: int = Field(default=50 * 1024 * 1024, gt=0, le=2**34)
 
 
 class Hardware(_Strict):
-    device: str = "NVIDIA H100 80GB HBM3"
-    arch: str = Field(default="sm_90", pattern=r"^sm_\d{2,3}a?$")
+    device: str = Field(default="NVIDIA H100 80GB HBM3", max_length=200)
+    arch: Arch = "sm_90"
     limits: HardwareLimits = HardwareLimits()
 
     @property
@@ -47,35 +70,35 @@ class Hardware(_Strict):
 
 
 class Constraints(_Strict):
-    max_registers_per_thread: int = Field(default=255, gt=0)
-    max_shared_memory_bytes: int = Field(default=232448, gt=0)
-    numeric_tolerance: float = Field(default=1e-2, gt=0)
-    max_spill_bytes: int = Field(default=0, ge=0)
+    max_registers_per_thread: int = Field(default=255, gt=0, le=1024)
+    max_shared_memory_bytes: int = Field(default=232448, gt=0, le=2**24)
+    numeric_tolerance: float = Field(default=1e-2, gt=0, le=1.0)
+    max_spill_bytes: int = Field(default=0, ge=0, le=2**30)
 
 
 class RegressionGuard(_Strict):
     metric: Literal["latency_p50"] = "latency_p50"
-    not_worse_than_baseline_ratio: float = Field(default=1.03, ge=1.0)
+    not_worse_than_baseline_ratio: float = Field(default=1.03, ge=1.0, le=100.0)
     # 0.90 two-sided = a one-sided 95% claim per verdict; chosen on the recorded RTX 3090 runs
     # (bench/stats.py: no A/A false alarm, >=95% detection of a 6% slowdown even on the noisiest configs).
     confidence: float = Field(default=0.90, gt=0.5, lt=1.0)
-    min_samples: int = Field(default=10, ge=3)
+    min_samples: int = Field(default=10, ge=3, le=100000)
 
 
 class Search(_Strict):
     strategy: Strategy = "local"
     variants_per_round: int = Field(default=8, ge=1, le=64)
     max_rounds: int = Field(default=3, ge=1, le=MAX_GRAPH_ROUNDS)
-    no_improve_rounds: int = Field(default=2, ge=1)
-    min_improvement: float = Field(default=0.01, ge=0, description="relative p50 gain that counts")
-    seed: int = 0
+    no_improve_rounds: int = Field(default=2, ge=1, le=MAX_GRAPH_ROUNDS)
+    min_improvement: float = Field(default=0.01, ge=0, le=1.0, description="relative p50 gain that counts")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
     top_k: int = Field(default=5, ge=1, le=50, description="rows of history the agent sees")
 
 
 class Budget(_Strict):
-    max_input_tokens_per_round: int = Field(default=20000, ge=0)
-    max_output_tokens_per_round: int = Field(default=8000, ge=0)
-    max_total_tokens: int = Field(default=100000, ge=0)
+    max_input_tokens_per_round: int = Field(default=20000, ge=0, le=MAX_TOKENS)
+    max_output_tokens_per_round: int = Field(default=8000, ge=0, le=MAX_TOKENS)
+    max_total_tokens: int = Field(default=100000, ge=0, le=MAX_TOKENS)
 
 
 class Objective(_Strict):
@@ -86,19 +109,19 @@ class Objective(_Strict):
 
 class Benchmark(_Strict):
     backend: Literal["auto", "cuda", "interpreter"] = "auto"
-    warmup_ms: int = Field(default=25, gt=0)
-    rep_ms: int = Field(default=100, gt=0)
-    timeout_s: float = Field(default=300.0, gt=0, description="per variant, child process killed after")
+    warmup_ms: int = Field(default=25, gt=0, le=600_000)
+    rep_ms: int = Field(default=100, gt=0, le=600_000)
+    timeout_s: float = Field(default=300.0, gt=0, le=86400.0, description="per variant, child process killed after")
 
 
 class TaskSpec(_Strict):
     task_id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
-    description: str = ""
+    description: str = Field(default="", max_length=2000)
     kernel_family: str
     dtype: Literal["fp16", "bf16", "fp32"] = "bf16"
     hardware: Hardware = Hardware()
-    shape_matrix: list[dict[str, Any]] = Field(min_length=1)
-    correctness_shapes: list[dict[str, Any]] = Field(min_length=1)
+    shape_matrix: list[dict[str, Any]] = Field(min_length=1, max_length=256)
+    correctness_shapes: list[dict[str, Any]] = Field(min_length=1, max_length=256)
     objective: Objective = Objective()
     constraints: Constraints = Constraints()
     regression_guard: RegressionGuard = RegressionGuard()
@@ -116,7 +139,7 @@ class TaskSpec(_Strict):
         try:  # built in, an installed plugin (entry point) or an import path package.module:attribute
             get_family(v)
         except UnknownFamily as exc:
-            raise ValueError(str(exc)) from None
+            raise ValueError(str(exc) + _did_you_mean(v, _family_names())) from None
         return v
 
     @model_validator(mode="after")
@@ -133,26 +156,106 @@ class TaskSpec(_Strict):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def family_problems(spec: TaskSpec) -> list[tuple[str, Any, str]]:
-    """(field, value, message) for every shape, baseline or params problem the family finds."""
-    from kregress.core.family import get_family
+def _family_names() -> list[str]:
+    from kregress.core.family import BUILTIN
 
-    fam = get_family(spec.kernel_family)
-    out = []
-    if spec.dtype not in fam.dtypes:
-        out.append(("dtype", spec.dtype, f"family {fam.name} takes {', '.join(fam.dtypes)}"))
+    return sorted(BUILTIN)
+
+
+def _did_you_mean(value: Any, choices: list[str] | tuple[str, ...]) -> str:
+    if not isinstance(value, str) or not choices:
+        return ""
+    close = difflib.get_close_matches(value, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close and close[0] != value else ""
+
+
+def shape_bound_problems(shape: Any) -> list[tuple[str | None, Any, str]]:
+    """(dimension or None for the whole shape, value, message): the family-independent bounds on a
+    shape (see BOUND_REASONS['shape'])."""
+    if not isinstance(shape, dict):
+        return []
+    dims = {k: v for k, v in shape.items() if isinstance(v, int) and not isinstance(v, bool)}
+    big = [(str(k), v, f"{k}={v:,} is out of bounds; allowed: {BOUND_REASONS['shape']}")
+           for k, v in dims.items() if v > MAX_DIM]
+    if big:
+        return big
+    if dims and math.prod(dims.values()) > MAX_SHAPE_PRODUCT:
+        return [(None, shape, f"the product of the dimensions ({math.prod(dims.values()):.3g}) is out of bounds; "
+                              f"allowed: {BOUND_REASONS['shape']}")]
+    return []
+
+
+def _baseline_hint(fam: Any, baseline: dict) -> str:
+    tunables = list(fam.space.params)
+    hints = [f"{k!r} -> did you mean {m[0]!r}?" for k in baseline if k not in tunables
+             for m in [difflib.get_close_matches(k, tunables, n=1, cutoff=0.6)] if m]
+    return f" ({'; '.join(hints)})" if hints else ""
+
+
+def family_problems(spec: TaskSpec | dict, skip: frozenset[str] = frozenset()) -> list[tuple[str, Any, str]]:
+    """(field, value, message) for every dtype, shape, baseline or params problem the family finds.
+
+    Takes a TaskSpec or the raw mapping (so family checks run beside schema errors); fields named in
+    ``skip`` (they already failed the schema) are not checked again. A family check that raises (say, a
+    recorded data folder that is missing) is reported as a problem of that field, never a traceback."""
+    from kregress.core.family import UnknownFamily, get_family
+
+    raw = spec.model_dump() if isinstance(spec, TaskSpec) else spec
+    out: list[tuple[str, Any, str]] = []
+    for field in ("shape_matrix", "correctness_shapes"):  # family-independent bounds
+        shapes = raw.get(field)
+        if field not in skip and isinstance(shapes, list):
+            for i, shape in enumerate(shapes):
+                for dim, value, problem in shape_bound_problems(shape):
+                    out.append((f"{field}.{i}" + (f".{dim}" if dim else ""), value, problem))
+    name = raw.get("kernel_family")
+    if "kernel_family" in skip or not isinstance(name, str):
+        return out
+    try:
+        fam = get_family(name)
+    except UnknownFamily:
+        return out
+
+    def guarded(field: str, value: Any, check) -> None:
+        try:
+            problem = check()
+        except Exception as exc:  # noqa: BLE001 - a family check must never end in a traceback
+            problem = f"could not be checked: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        if problem:
+            out.append((field, value, problem))
+
+    dtype = raw.get("dtype", "bf16")
+    if "dtype" not in skip and isinstance(dtype, str) and dtype not in fam.dtypes:
+        out.append(("dtype", dtype, f"family {fam.name} takes {', '.join(fam.dtypes)}"))
+    bad_shape_fields = {".".join(f.split(".")[:2]) for f, _, _ in out}
     for field in ("shape_matrix", "correctness_shapes"):
-        for i, shape in enumerate(getattr(spec, field)):
-            problem = fam.check_shape(shape)
-            if problem:
-                out.append((f"{field}.{i}", shape, problem))
-    problem = fam.space.check(spec.baseline, spec.params, spec.hardware.limits)
-    if problem:
-        out.append(("baseline", spec.baseline, problem))
-    problem = fam.check_params(spec.params)
-    if problem:
-        out.append(("params", spec.params, problem))
+        shapes = raw.get(field)
+        if field in skip or not isinstance(shapes, list):
+            continue
+        for i, shape in enumerate(shapes):
+            if f"{field}.{i}" not in bad_shape_fields:
+                guarded(f"{field}.{i}", shape, lambda s=shape: fam.check_shape(s))
+    params = raw.get("params", {})
+    params = params if isinstance(params, dict) else {}
+    baseline = raw.get("baseline")
+    if "baseline" not in skip and isinstance(baseline, dict):
+        limits = _limits_or_default(raw)
+        guarded("baseline", baseline,
+                lambda: (lambda p: p and p + _baseline_hint(fam, baseline))(fam.space.check(baseline, params, limits)))
+    if "params" not in skip:
+        guarded("params", params, lambda: fam.check_params(params))
     return out
+
+
+def _limits_or_default(raw: dict) -> HardwareLimits:
+    hw = raw.get("hardware")
+    lim = hw.get("limits") if isinstance(hw, dict) else None
+    if isinstance(lim, HardwareLimits):
+        return lim
+    try:
+        return HardwareLimits.model_validate(lim or {})
+    except ValidationError:
+        return HardwareLimits()
 
 
 class SpecError(ValueError):
@@ -174,26 +277,76 @@ def _allowed_for(err: dict[str, Any]) -> str:
         return "add it"
     if "min_length" in ctx:
         return f"allowed: at least {ctx['min_length']} item(s)"
+    if "max_length" in ctx:
+        return f"allowed: at most {ctx['max_length']} item(s)"
+    return ""
+
+
+def _type_hint(err: dict[str, Any]) -> str:
+    """Why a strict type error is an error, in the user's terms."""
+    value, kind = err.get("input"), err["type"]
+    if kind.startswith(("int_", "float_")) and isinstance(value, bool):
+        return "a boolean is not a number: write the number itself (for example 1)"
+    if kind.startswith(("int_", "float_")) and isinstance(value, str):
+        return "a quoted string is not a number: remove the quotes"
+    if kind == "int_type" and isinstance(value, float):
+        return "needs a whole number, not a decimal"
+    if kind == "string_type":
+        return "needs text"
+    return ""
+
+
+def _bound_reason(loc: tuple, err: dict[str, Any]) -> str:
+    if err["type"] == "less_than_equal" and loc and loc[0] == "budget":
+        return "; " + BOUND_REASONS["tokens"]
     return ""
 
 
 def format_validation_error(path: str | Path, exc: ValidationError, model: type[BaseModel]) -> str:
+    return "\n".join(_error_lines(path, exc, model))
+
+
+def _error_lines(path: str | Path, exc: ValidationError, model: type[BaseModel]) -> list[str]:
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in loc) or "(top level)"
         value = err.get("input")
         if err["type"] == "extra_forbidden":
-            parent_fields = _fields_at(model, err["loc"][:-1])
+            parent_fields = _fields_at(model, loc[:-1])
             msg = f"unknown key; allowed keys here: {', '.join(parent_fields)}" if parent_fields else "unknown key"
+            msg += _did_you_mean(str(loc[-1]), parent_fields)
         else:
             msg = err["msg"].removeprefix("Value error, ")
+            hint = _type_hint(err)
+            if hint:
+                msg += f" ({hint})"
+            if err["type"] == "literal_error":
+                msg += _did_you_mean(value, _literal_choices(model, loc))
+            msg += _bound_reason(loc, err)
         shown = json.dumps(value, default=str)[:120] if err["type"] != "missing" else "(missing)"
         allowed = _allowed_for(err)
-        line = f"{path}: field '{loc}': value {shown}: {msg}"
-        if allowed and allowed not in msg and "allowed" not in msg:
+        line = f"{path}: field '{where}': value {shown}: {msg}"
+        expected = str((err.get("ctx") or {}).get("expected", "\0"))
+        if allowed and allowed not in msg and "allowed" not in msg and expected not in msg:
             line += f" ({allowed})"
         lines.append(line)
-    return "\n".join(lines)
+    return lines
+
+
+def _annotation_at(model: type[BaseModel], loc: tuple) -> Any:
+    cur: Any = model
+    for part in loc:
+        field = getattr(cur, "model_fields", {}).get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        cur = field.annotation
+    return cur
+
+
+def _literal_choices(model: type[BaseModel], loc: tuple) -> list[str]:
+    ann = _annotation_at(model, loc)
+    return [str(a) for a in typing.get_args(ann)] if typing.get_origin(ann) is Literal else []
 
 
 def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
@@ -213,16 +366,52 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
 def parse_spec(data: Any, path: str | Path = "<spec>") -> TaskSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{path}: the file must hold a YAML mapping (task_id: ..., kernel_family: ...), got {type(data).__name__}")
+    lines: list[str] = []
+    spec = None
+    skip: set[str] = set()
     try:
         spec = TaskSpec.model_validate(data, context={"defer_family_checks": True})
     except ValidationError as exc:
-        raise SpecError(format_validation_error(path, exc, TaskSpec)) from None
-    problems = family_problems(spec)
-    if problems:
-        raise SpecError("\n".join(
-            f"{path}: field '{field}': value {json.dumps(value, default=str)[:160]}: {msg}" for field, value, msg in problems
-        ))
+        lines += _error_lines(path, exc, TaskSpec)
+        skip = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+        # a bad hardware.limits falls back to the defaults for the baseline rules: still report them
+    problems = family_problems(spec if spec is not None else data, frozenset(skip))
+    lines += [f"{path}: field '{field}': value {json.dumps(value, default=str)[:160]}: {msg}" for field, value, msg in problems]
+    if lines:
+        raise SpecError("\n".join(lines))
     return spec
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    pass
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+
+def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)
+    seen: dict[Any, yaml.Mark] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # SafeLoader reports unhashable keys itself
+        if key in seen:
+            raise DuplicateKeyError(
+                None, None, f"key {key!r} appears twice in one mapping (lines {seen[key].line + 1} and "
+                f"{key_node.start_mark.line + 1}); keep one", key_node.start_mark)
+        seen[key] = key_node.start_mark
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
 
 
 def load_spec(path: str | Path) -> TaskSpec:
@@ -230,9 +419,15 @@ def load_spec(path: str | Path) -> TaskSpec:
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read the file: {exc}") from None
+    try:
+        data = read_yaml(text)
+    except DuplicateKeyError as exc:
+        raise SpecError(f"{path}: line {exc.problem_mark.line + 1}: {exc.problem}") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+        raise SpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     return parse_spec(data, path)
 
 
@@ -242,7 +437,7 @@ def discover_specs(specs_dir: str | Path) -> dict[str, Path]:
     for p in sorted(Path(specs_dir).glob("*.y*ml")):
         try:
             data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError:
+        except (yaml.YAMLError, OSError, UnicodeDecodeError):
             continue
         tid = data.get("task_id") if isinstance(data, dict) else None
         if not tid:
