@@ -180,14 +180,18 @@ class CompiledBackend(BenchmarkBackend):
         src_hash = family.source_hash()
         hw = spec.hardware
         rows = [base_row(s, self.kind) for s in suggestions]
-        compiled: dict[int, CompileStats] = {}
+        compiled: dict[int, CompileStats | None] = {}
 
-        # 1. validity, then compile (cached per entry, written as each compile finishes)
+        # 1. validity, then compile (cached per entry, written as each compile finishes); an external
+        #    kernel has nothing to compile ahead of time and goes straight to the checks
         jobs, idx = [], []
         for i, s in enumerate(suggestions):
             problem = family.space.check(s.config, spec.params, hw.limits)
             if problem:
                 rows[i].error, rows[i].error_detail = "invalid_config", problem
+                continue
+            if family.external:
+                compiled[i] = None
                 continue
             key = cache_key(family.name, src_hash, s.config_hash, spec.dtype, hw.arch, spec.params)
             hit = cache_get(root / "compile" / f"{key}.json")
@@ -195,7 +199,7 @@ class CompiledBackend(BenchmarkBackend):
                 stats.compile_cache_hits += 1
                 _apply_compile(rows[i], hit, compiled, i, cache_hit=True)
                 continue
-            jobs.append({"op": "compile", "family": family.name, "config": s.config, "dtype": spec.dtype,
+            jobs.append({"op": "compile", "family": family.lookup or family.name, "config": s.config, "dtype": spec.dtype,
                          "arch": hw.arch, "limits": hw.limits.model_dump(), "params": spec.params, "_key": key})
             idx.append(i)
         if stats.compile_cache_hits:
@@ -244,7 +248,7 @@ class CompiledBackend(BenchmarkBackend):
                 stats.correctness_cache_hits += 1
                 rows[i].correctness = Correctness(**hit["correctness"])
                 continue
-            cjobs.append({"op": "correctness", "family": family.name, "config": s.config, "dtype": spec.dtype,
+            cjobs.append({"op": "correctness", "family": family.lookup or family.name, "config": s.config, "dtype": spec.dtype,
                           "shapes": spec.correctness_shapes, "tolerance": spec.constraints.numeric_tolerance,
                           "params": spec.params, "device": "cpu" if interpret else "cuda", "interpret": interpret,
                           "_key": ckey})
@@ -283,6 +287,13 @@ class InterpreterBackend(CompiledBackend):
     kind: ClassVar[str] = "interpreter"
     interpret: ClassVar[bool] = True
 
+    def check_spec(self, spec: TaskSpec, family: Family) -> str | None:
+        if family.external:
+            return (f"family {family.name} wraps an external kernel (no Triton source to interpret, no AOT compile): "
+                    "it needs the cuda backend on a GPU host (kregress sweep --backend cuda) or a recorded file "
+                    "(kregress replay import); its reference and shapes are checked by `kregress family check`")
+        return super().check_spec(spec, family)
+
     def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
         for i in timed:
             rows[i].measurements = model_measurements(family, rows[i].config, spec.shape_matrix, spec.dtype,
@@ -296,7 +307,7 @@ class CudaBackend(CompiledBackend):
     kind: ClassVar[str] = "cuda"
 
     def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
-        mjobs = [{"op": "measure_cuda", "family": family.name, "config": rows[i].config, "dtype": spec.dtype,
+        mjobs = [{"op": "measure_cuda", "family": family.lookup or family.name, "config": rows[i].config, "dtype": spec.dtype,
                   "shapes": spec.shape_matrix, "params": spec.params, "warmup_ms": spec.benchmark.warmup_ms,
                   "rep_ms": spec.benchmark.rep_ms} for i in timed]
         log(f"timing {len(mjobs)} variant(s) on the GPU, one at a time")

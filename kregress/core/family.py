@@ -109,13 +109,17 @@ class CompileUnit:
 
 @dataclass
 class Family:
-    """Base class; a family module subclasses it and calls ``register``."""
+    """Base class; a built-in family module subclasses it and calls ``register``; a plugin exposes an
+    instance through its entry point (or an import path) and need not register."""
 
     name: str
     space: Space
     shape_keys: tuple[str, ...]
     headline_metric: str  # "tflops" or "gbps"
     module: Any = field(repr=False, default=None)
+    # How get_family found it (its name, or the spec's package.module:attribute): what a child
+    # process passes to get_family to load the same family.
+    lookup: str = field(repr=False, default="")
 
     dtypes = ("fp16", "bf16")  # input dtypes the family's kernels take
     # True for families that serve recorded runs (replay): nothing to compile or check, the runs
@@ -138,6 +142,22 @@ class Family:
 
     def check_params(self, params: dict[str, Any]) -> str | None:
         return None if not params else f"family {self.name} takes no params (got {', '.join(params)})"
+
+    def for_params(self, params: dict[str, Any]) -> "Family":
+        """The family as a spec's ``params`` configure it (call after ``check_params`` passes). Most
+        families return themselves; one whose space, shapes or identity come from its params (replay:
+        the recorded file ``cache_file`` names) returns a family bound to them. Callers use
+        ``get_family(spec.kernel_family).for_params(spec.params)`` for space, check_shape, source_hash."""
+        return self
+
+    def space_for(self, params: dict[str, Any]) -> Space:
+        """``for_params(params).space``: the search space under these params."""
+        return self.for_params(params).space
+
+    def resolve_params(self, params: dict[str, Any], spec_dir: Path) -> dict[str, Any]:
+        """``params`` with paths relative to the spec's folder made absolute; ``load_spec`` calls it
+        before validation. Default: unchanged."""
+        return params
 
     def shape_label(self, shape: dict[str, Any]) -> str:
         return "x".join(str(shape[k]) for k in self.shape_keys)
@@ -282,6 +302,7 @@ BUILTIN: dict[str, str] = {
     "mla_decode": "kernels.mla_decode:FAMILY",
     "attention": "kernels.attention:FAMILY",
     "replay": "kernels.replay_family:FAMILY",
+    "torch_sdpa": "kernels.torch_sdpa:FAMILY",
 }
 
 FAMILIES: dict[str, Family] = {}
@@ -296,6 +317,7 @@ class UnknownFamily(KeyError):
 
 def register(family: Family) -> Family:
     """Add a family under its name (built-in modules call this at import; plugins need not)."""
+    family.lookup = family.lookup or family.name
     FAMILIES[family.name] = family
     return family
 
@@ -344,6 +366,7 @@ def get_family(name: str) -> Family:
                 "scaffolds one), or name an import path package.module:attribute"
             )
         fam = _load_target(eps[name].value, f"plugin family {name!r} (entry point {eps[name].value})")
+    fam.lookup = fam.lookup or name
     FAMILIES[name] = fam
     return fam
 
