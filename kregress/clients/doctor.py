@@ -37,8 +37,8 @@ import sys
 import time
 import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
-from urllib.parse import urlsplit
 
 import openai
 
@@ -133,7 +133,7 @@ def _body_message(body: Any) -> str:
 
 def classify(exc: BaseException, tool: str, target: Target) -> tuple[str, str, str]:
     """(class, what happened, fix) for a failed ping of ``tool``."""
-    path = urlsplit(target.url).path
+    path = ("/v1" if target.base.rstrip("/").endswith("/v1") else "") + target.path
     who = {"kregress": "kregress", "codex": "Codex", "claude-code": "Claude Code"}[tool]
     if isinstance(exc, openai.APITimeoutError):
         return ("transient", f"timed out: no answer from {path} within --timeout",
@@ -203,6 +203,13 @@ def send_ping(target: Target, timeout_s: float) -> str:
 
 
 # --- what each tool is configured to send -------------------------------------------------------------
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def _mentions_gateway(text: str, root: str) -> bool:
@@ -297,8 +304,10 @@ def run_doctor(
     for n in names:
         note = "   (read by Claude Code)" if n.startswith("ANTHROPIC_") else "   (read by Codex / OpenAI tools)" if n.startswith("OPENAI_") else ""
         say(f"  {n:<{width}} {_show_value(n, env[n])}{note}")
-    for n in names:
-        if n.startswith("TAOTOKEN_") and n not in KNOWN_ENV:
+    tool_files = {"codex": codex_user_config(env), "claude-code": claude_user_settings(env)}
+    tool_texts = {t: _read(p) for t, p in tool_files.items()}
+    for n in names:  # a variable a tool config names (env_key, apiKeyHelper) is read by that tool, not a typo
+        if n.startswith("TAOTOKEN_") and n not in KNOWN_ENV and not any(re.search(rf"\b{n}\b", t) for t in tool_texts.values()):
             problems.append(Problem("credentials" if "KEY" in n else "config", n, "is set but the gateway does not read it (a typo?)",
                                     f"rename it to one of: {', '.join(sorted(KNOWN_ENV))}"))
     for n, tool in (("ANTHROPIC_BASE_URL", "claude"), ("OPENAI_BASE_URL", "openai"), ("OPENAI_API_BASE", "openai")):
@@ -332,10 +341,14 @@ def run_doctor(
         problems.append(Problem("config", MODEL_ENV, "no model id is configured (the gateway never guesses one)",
                                 f"export {MODEL_ENV}=<a model id served at the gateway's /v1/models>"))
 
+    checked = list(explicit) if explicit else ["kregress"]
+    if not explicit:
+        checked += [t for t, text in tool_texts.items() if text and _mentions_gateway(text, root)]
+
     # 3. keys per role (kregress itself)
     say()
-    say("Keys per role")
-    for role in roles:
+    say("Keys per role" + ("" if "kregress" in checked else " (not checked: kregress is not among --tool)"))
+    for role in roles if "kregress" in checked else []:
         var, keys = role_keys(role, env)
         if keys:
             fallback = " (fallback for every role)" if var != ROLE_KEY_ENV[role] else ""
@@ -353,16 +366,8 @@ def run_doctor(
     # 4. the coding tools: which are checked, and their config files
     say()
     say("Tools")
-    checked = list(explicit) if explicit else ["kregress"]
-    for tool, path in (("codex", codex_user_config(env)), ("claude-code", claude_user_settings(env))):
-        text = ""
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            pass
-        auto = bool(text) and _mentions_gateway(text, root)
-        if not explicit and auto:
-            checked.append(tool)
+    for tool, path in tool_files.items():
+        text = tool_texts[tool]
         if tool in checked and text:
             findings: list[Finding] = lint_file(path, env, "codex" if tool == "codex" else "claude-code")
             say(f"  {tool:<12} {path}: {len(findings)} finding(s)" if findings else f"  {tool:<12} {path}: lint clean")
