@@ -46,3 +46,19 @@ def test_cuda_backend_measures_and_matches_aot_stats(tmp_path):
     assert compiled[-1].n_regs == row.compile.regs_per_thread
     assert compiled[-1].metadata.shared == row.compile.smem_bytes
     assert triton.__version__ == m.triton_version
+
+
+def test_external_kernel_family_timed_like_a_triton_variant(tmp_path):
+    """torch_sdpa (PyTorch's fused attention kernels) on the cuda backend: no compile stats, real timings."""
+    from kregress.core.spec import load_spec
+    from pathlib import Path
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "specs" / "torch_sdpa_h100.yaml")
+    fam = get_family("torch_sdpa")
+    sugg = [Suggestion(variant_id=f"b{i}", config={"backend": i}, patch_summary="sdpa backend", round=1) for i in range(4)]
+    rows, stats = CudaBackend(cache_dir=str(tmp_path)).evaluate(spec, fam, sugg, log=print)
+    assert stats.compiles == 0 and all(r.compile is None for r in rows)
+    ran = [r for r in rows if r.error is None]
+    assert ran and all(r.evidence == "cuda" and r.correctness.ok and r.measurements[0].p50_ms > 0 for r in ran)
+    # a backend PyTorch cannot run for this shape/dtype is a row with its error, not a crash
+    assert all(r.error in (None, "runtime_error") for r in rows)
