@@ -127,10 +127,38 @@ class Problem:
         return dict(zip(self.keys, key))
 
 
-def load_problem(path: str | os.PathLike[str] | None, objective: str = "median",
+_TABLES: dict[str, ReplayTable] = {}
+
+
+def load_table(path: str | os.PathLike[str]) -> ReplayTable:
+    """``ReplayTable.load(path)``; a file whose ``problem_size`` is one integer (Kernel Tuner writes that
+    for 1-D problems, e.g. pnpoly) is read through a copy that holds it as a one-element list."""
+    key = str(path)
+    if key in _TABLES:
+        return _TABLES[key]
+    try:
+        table = ReplayTable.load(path)
+    except ValueError as exc:
+        if "'problem_size' must be a list" not in str(exc):
+            raise
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        data["problem_size"] = [data["problem_size"]]
+        tmp = Path(tempfile.mkdtemp(prefix="kregress-table-")) / Path(path).name.removesuffix(".gz")
+        tmp.write_text(json.dumps(data))
+        try:
+            table = ReplayTable.load(tmp)  # parsed whole: the copy is not read again
+        finally:
+            shutil.rmtree(tmp.parent, ignore_errors=True)
+    _TABLES[key] = table
+    return table
+
+
+def load_problem(path: str | os.PathLike[str], objective: str = "median",
                  start: dict[str, int] | None = None) -> tuple[ReplayTable, Problem]:
     """The table and the problem; ``start`` defaults to the configuration of median value."""
-    table = ReplayTable.load(path)
+    table = load_table(path)
     values: dict[tuple[int, ...], float] = {}
     failed: set[tuple[int, ...]] = set()
     for rec in table.records(include_failed=True):
@@ -145,7 +173,7 @@ def load_problem(path: str | os.PathLike[str] | None, objective: str = "median",
     start_key = table.key(start) if start is not None else order[len(order) // 2]
     if start_key not in values:
         raise ValueError(f"start config {start} has no recorded runs in {table.path}")
-    return table, Problem(str(table.path), objective, table.tune_params_keys, values, start_key, values[order[0]],
+    return table, Problem(str(path), objective, table.tune_params_keys, values, start_key, values[order[0]],
                           frozenset(failed))
 
 
@@ -234,7 +262,7 @@ def prepare_local(problem: Problem) -> None:
     from kernel_assets.agent.local import _features, valid_set
     from kregress.core.spec import load_spec
 
-    table = ReplayTable.load(problem.path)
+    table = load_table(problem.path)
     fam = _FAMILIES.get(problem.path) or recorded_family(table)
     _FAMILIES[problem.path] = fam
     vs = valid_set(fam.space, {}, load_spec(SPEC_FILE).hardware.limits)
@@ -258,7 +286,7 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
     from kregress.core.records import VariantResult, config_hash
     from kregress.core.spec import load_spec
 
-    table = ReplayTable.load(problem.path)
+    table = load_table(problem.path)
     family = _FAMILIES.get(problem.path) or recorded_family(table)
     _FAMILIES[problem.path] = family
     spec = load_spec(SPEC_FILE)
@@ -465,8 +493,9 @@ def run_task(task: tuple[str, str, int, int]) -> dict[str, Any]:
 # ``time`` set to the benchmark's objective value (failures keep their failure string).
 def write_kt_cache(problem: Problem, dest_dir: str) -> str:
     path = problem.path
-    with gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb") as fh:
-        data = json.load(fh)
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
     keep = set(data["tune_params_keys"]) | {"time", "compile_time", "verification_time", "benchmark_time"}
     cache = {}
     for key, rec in data["cache"].items():
@@ -617,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"no cache files: none in {replay_dir()} or {SHIPPED_DIR}; pass --replay FILE")
 
     t_all = time.perf_counter()
+    _PROBLEMS.clear()
+    _KT_CACHES.clear()
     tables: dict[str, ReplayTable] = {}
     for f in files:
         try:

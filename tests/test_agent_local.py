@@ -94,3 +94,67 @@ def test_exhausted_space_says_so():
     p = LocalPolicy().propose(ctx)
     assert sorted(tuple(s.config.values()) for s in p.suggestions) == [(16, 4), (32, 2), (32, 4)]
     assert p.notes and "exhausted" in p.notes[0]
+
+
+# --- a space with failures (a region of configs that compile and run but fail, as recorded spaces have)
+def _fail_space():
+    from kregress.core.family import Family, Rule, Space
+
+    vals = tuple(range(10))
+    space = Space(params={"X": vals, "Y": vals, "Z": (0, 1, 2)},
+                  rules=(Rule("odd_sum", "X + Y must not be 7", lambda c, p, lim: c["X"] + c["Y"] != 7),))
+    fam = Family(name="failspace", space=space, shape_keys=("M",), headline_metric="tflops")
+    return space, fam
+
+
+def _fails(c) -> bool:
+    return c["X"] + c["Y"] >= 13  # the feasible region ends at a diagonal; the optimum sits next to it
+
+
+def _lat(c) -> float:
+    return 1.0 + 0.3 * abs(c["X"] - 7) + 0.2 * abs(c["Y"] - 5) + 0.1 * c["Z"]
+
+
+def _row(vid, cfg, rnd):
+    if _fails(cfg):
+        return VariantResult(variant_id=vid, round=rnd, source="local", config=cfg, config_hash=config_hash(cfg),
+                             error="runtime_error", error_detail="recorded failure: RuntimeFailedConfig")
+    lat = _lat(cfg)
+    m = Measurement(shape="1", samples_ms=[lat], p20_ms=lat, p50_ms=lat, p80_ms=lat, tflops=1, gbps=1,
+                    evidence="replay", device="x", torch_version="n/a", triton_version="n/a")
+    return VariantResult(variant_id=vid, round=rnd, source="local", config=cfg, config_hash=config_hash(cfg),
+                         measurements=[m], evidence="replay", backend="replay")
+
+
+def _run_fail_space(seed: int, rounds: int):
+    space, fam = _fail_space()
+    base = {"X": 0, "Y": 0, "Z": 2}
+    spec = SPEC.model_copy(update={"baseline": base})
+    history = [_row("baseline", base, 0)]
+    proposals = []
+    for rnd in range(1, rounds + 1):
+        ctx = AgentContext(spec=spec, family=fam, round=rnd, n=8, history=history,
+                           objective={r.config_hash: r.measurements[0].p50_ms for r in history if not r.error},
+                           profile_summary="", failures=[])
+        p = LocalPolicy(seed=seed).propose(ctx)
+        proposals.append([s.config for s in p.suggestions])
+        assert len(p.suggestions) == 8 and not p.dropped
+        history += [_row(s.variant_id, s.config, rnd) for s in p.suggestions]
+    return space, history, proposals
+
+
+def test_space_with_failures_deterministic_no_repeats_in_space_and_learns_where_it_fails():
+    space, history, proposals = _run_fail_space(seed=5, rounds=12)
+    assert _run_fail_space(seed=5, rounds=12)[2] == proposals  # the same seed, the same proposals
+    assert _run_fail_space(seed=6, rounds=3)[2] != proposals[:3]
+    hashes = [r.config_hash for r in history]
+    assert len(hashes) == len(set(hashes)) == 1 + 12 * 8  # never repeats, failures included
+    assert all(space.check(r.config) is None for r in history)  # never leaves the space
+    n_valid = sum(1 for x in range(10) for y in range(10) if x + y != 7) * 3
+    base_rate = sum(1 for x in range(10) for y in range(10) if x + y != 7 and x + y >= 13) * 3 / n_valid
+    late = [c for rnd in proposals[4:] for c in rnd]
+    # once failures have been seen, the policy proposes far fewer of them than sampling the space would
+    assert sum(map(_fails, late)) / len(late) < 0.5 * base_rate
+    best = min((r for r in history if not r.error), key=lambda r: r.measurements[0].p50_ms)
+    assert _lat(best.config) == min(_lat({"X": x, "Y": y, "Z": 0}) for x in range(10) for y in range(10)
+                                    if x + y != 7 and not _fails({"X": x, "Y": y}))

@@ -1,11 +1,17 @@
-"""bench/search.py's counting helpers, and the local policy on a space where most points are invalid."""
+"""bench/search.py: counting helpers, and a short run of the harness on a small cache file made here
+(failures in the space and counted for every method, fixed-budget quality, the JSON schema)."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 from kernel_assets.agent.base import AgentContext
 from kernel_assets.agent.local import LocalPolicy
@@ -19,25 +25,58 @@ sys.modules.setdefault("search_bench", search)  # dataclasses look their module 
 _spec.loader.exec_module(search)
 
 
-def _problem(values: dict[tuple[int, ...], float], start: tuple[int, ...]):
+def _problem(values: dict[tuple[int, ...], float], start: tuple[int, ...], failed=()):
     return search.Problem(path="x", objective="median", keys=("A", "B"), values=values, start=start,
-                          best=min(values.values()))
+                          best=min(values.values()), failed=frozenset(failed))
 
 
-def test_counts_distinct_recorded_evaluations_start_first():
+def write_cache(path: Path, gz: bool = False, int_problem_size: bool = False) -> dict:
+    """A small Kernel Tuner cache file: A, B in 0..7, C in {0, 1}; points with (A + B) % 5 == 0 are
+    ruled out (absent); A * B > 24 fail at run time (about a fifth of the recorded ones); 32 runs each."""
+    rng = np.random.default_rng(7)
+    cache = {}
+    for a in range(8):
+        for b in range(8):
+            for c in (0, 1):
+                if (a + b) % 5 == 0:
+                    continue
+                rec = {"A": a, "B": b, "C": c, "compile_time": 1.0, "verification_time": 0, "benchmark_time": 1.0}
+                if a * b > 24:
+                    rec["time"] = "RuntimeFailedConfig"
+                else:
+                    t = 1.0 + 0.1 * (a - 4) ** 2 + 0.07 * (b - 5) ** 2 + 0.05 * c
+                    rec["times"] = list(t * (1 + 0.002 * rng.standard_normal(32)))
+                    rec["time"] = float(np.mean(rec["times"]))
+                cache[f"{a},{b},{c}"] = rec
+    data = {"device_name": "test GPU", "kernel_name": "toy", "problem_size": 4096 if int_problem_size else [4096],
+            "tune_params_keys": ["A", "B", "C"], "tune_params": {"A": list(range(8)), "B": list(range(8)), "C": [0, 1]},
+            "objective": "time", "cache": cache}
+    raw = json.dumps(data).encode()
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    return data
+
+
+def test_counts_distinct_recorded_evaluations_start_first_failures_included():
     vals = {(0, 0): 10.0, (0, 1): 5.0, (1, 0): 1.04, (1, 1): 1.0}
-    p = _problem(vals, (0, 0))
-    # repeats and points with no record (outside the space) cost nothing; the start is evaluation 1
-    seq = search.distinct_with_start(p, [(0, 0), (0, 1), (9, 9), (0, 1), (1, 0), (1, 1)])
-    assert seq == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert search.evals_to_targets(p, seq) == [3, 4]  # within 5%: (1, 0); within 1%: only the optimum
+    p = _problem(vals, (0, 0), failed={(2, 2)})
+    # repeats and points with no record (outside the space) cost nothing; a recorded failure costs one
+    seq = search.distinct_with_start(p, [(0, 0), (0, 1), (9, 9), (2, 2), (0, 1), (1, 0), (1, 1)])
+    assert seq == [(0, 0), (0, 1), (2, 2), (1, 0), (1, 1)]
+    assert search.evals_to_targets(p, seq) == [4, 5]  # within 5%: (1, 0); within 1%: only the optimum
     assert search.evals_to_targets(p, seq[:2]) == [None, None]
+
+
+def test_quality_at_fixed_budgets():
+    vals = {(0, 0): 4.0, (0, 1): 2.0, (1, 0): 1.0}
+    p = _problem(vals, (0, 0), failed={(2, 2)})
+    q = search.quality_at(p, [(0, 0), (2, 2), (0, 1), (1, 0)], budgets=(1, 2, 3, 4, 50))
+    # a failure has no value; a run shorter than the budget keeps its best
+    assert q == {1: 4.0, 2: 4.0, 3: 2.0, 4: 1.0, 50: 1.0}
 
 
 def test_exact_random_matches_the_combinatorics():
     n_valid, good = 10, 2  # 9 configs after the start, 2 of them good
     n = n_valid - 1
-    # P(first good one at draw m) = C(n - m, good - 1) / C(n, good)
     pmf = [math.comb(n - m, good - 1) / math.comb(n, good) for m in range(1, n + 1)]
     cdf = [sum(pmf[:i]) for i in range(1, n + 1)]
     want = [next(m for m, c in enumerate(cdf, start=1) if c >= q - 1e-12) + 1 for q in (0.25, 0.5, 0.75)]
@@ -53,12 +92,75 @@ def test_quartiles_treat_misses_as_more_than_the_cap():
     assert search.ratio(50.0, math.inf, 100) == "<0.50"
 
 
-def _row(cfg: dict, value: float, rnd: int, vid: str) -> VariantResult:
-    m = Measurement(shape="64x64x64", samples_ms=[value], p20_ms=value, p50_ms=value, p80_ms=value, tflops=1, gbps=1,
-                    evidence="replay", device="x", torch_version="n/a", triton_version="n/a")
-    # no compile stats: recorded runs of a kernel that is not compiled here (the replay backend)
-    return VariantResult(variant_id=vid, round=rnd, source="local", config=cfg, config_hash=config_hash(cfg),
-                         measurements=[m], evidence="replay", backend="replay")
+def test_p_fewer_counts_ties_and_double_misses_half():
+    assert search.p_fewer([1.0], [2.0]) == 1.0
+    assert search.p_fewer([math.inf], [math.inf]) == 0.5
+    assert search.p_fewer([1.0, math.inf], [2.0]) == 0.5
+
+
+def _setup(tmp_path, **kw):
+    f = tmp_path / "toy.json"
+    data = write_cache(f, **kw)
+    _, problem = search.load_problem(f)
+    search._PROBLEMS[problem.path] = problem
+    return f, data, problem
+
+
+def test_failures_are_in_the_space_and_cost_one_evaluation_for_local_and_random(tmp_path):
+    f, data, problem = _setup(tmp_path, gz=True, int_problem_size=True)  # a 1-D problem size reads too
+    n_fail = sum(isinstance(r["time"], str) for r in data["cache"].values())
+    assert len(problem.failed) == n_fail > 0 and len(problem.values) + n_fail == len(data["cache"])
+    search.prepare_local(problem)
+    n_space = len(data["cache"])
+    for method in ("local", "random"):
+        # a cap of the whole space: a method that never skipped failures evaluates every one of them
+        r = search.run_task((problem.path, method, 0, n_space))
+        assert "error" not in r, r
+        assert r["n"] == n_space and r["n_failed"] == n_fail, (method, r["n"], r["n_failed"])
+        assert r["evals"][1] is not None and r["quality"]["400"] == 1.0
+
+
+def test_kernel_tuner_pays_for_failures_too(tmp_path):
+    pytest.importorskip("kernel_tuner")
+    import tempfile
+
+    f, data, problem = _setup(tmp_path)
+    d = tempfile.mkdtemp(dir=tmp_path)
+    search._KT_CACHES[problem.path] = search.write_kt_cache(problem, d)
+    n_space = len(data["cache"])
+    for strategy in ("random_sample", "greedy_ils"):
+        r = search.run_task((problem.path, f"kt:{strategy}", 1, n_space))
+        assert "error" not in r, r
+        # tune_cache alone never proposes a recorded failure; with them in its space it pays for them
+        assert r["n_failed"] > 0, (strategy, r)
+        assert r["n"] <= n_space
+
+
+def test_short_run_writes_the_json_schema(tmp_path, capsys):
+    f = tmp_path / "toy.json.gz"
+    write_cache(f, gz=True)
+    out = tmp_path / "out.json"
+    methods = ["local", "random"]
+    try:
+        import kernel_tuner  # noqa: F401
+
+        methods.append("kt:greedy_ils")
+    except ImportError:
+        pass
+    rc = search.main(["--replay", str(f), "--seeds", "2", "--cap", "60", "--methods", ",".join(methods),
+                      "--workers", "1", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "toy.json.gz" in text and "target:" in text
+    res = json.loads(out.read_text())
+    assert list(res) == ["toy.json.gz"] and sorted(res["toy.json.gz"]) == sorted(methods)
+    for m, s in res["toy.json.gz"].items():
+        assert s["seeds"] == 2 and 0 <= s["reached_1"] <= 2 and s["policy_s_per_round"] >= 0
+        assert sorted(s["quality"], key=int) == ["50", "100", "200", "400"]
+        qs = [s["quality"][b] for b in ("50", "100", "200", "400")]
+        assert all(q >= 1.0 for q in qs) and qs == sorted(qs, reverse=True)  # best so far never worsens
+        for k in ("evals_to_5", "evals_to_1"):
+            assert s[k] is None or 1 <= s[k] <= 60
 
 
 def test_local_policy_climbs_a_space_where_single_moves_are_invalid():
@@ -78,7 +180,14 @@ def test_local_policy_climbs_a_space_where_single_moves_are_invalid():
         "correctness_shapes": [{"M": 32, "N": 32, "K": 32}],
         "baseline": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_stages=3, num_warps=8),
     }).model_copy(update={"baseline": base})
-    history = [_row(base, latency(base), 0, "baseline")]
+
+    def row(cfg, value, rnd, vid):
+        m = Measurement(shape="64x64x64", samples_ms=[value], p20_ms=value, p50_ms=value, p80_ms=value, tflops=1,
+                        gbps=1, evidence="replay", device="x", torch_version="n/a", triton_version="n/a")
+        return VariantResult(variant_id=vid, round=rnd, source="local", config=cfg, config_hash=config_hash(cfg),
+                             measurements=[m], evidence="replay", backend="replay")
+
+    history = [row(base, latency(base), 0, "baseline")]
     for rnd in range(1, 4):
         ctx = AgentContext(spec=spec, family=fam, round=rnd, n=4, history=history,
                            objective={r.config_hash: r.measurements[0].p50_ms for r in history},
@@ -86,16 +195,9 @@ def test_local_policy_climbs_a_space_where_single_moves_are_invalid():
         p = LocalPolicy(seed=1).propose(ctx)
         assert len(p.suggestions) == 4 and not p.dropped
         assert all(space.check(s.config) is None for s in p.suggestions)
-        history += [_row(s.config, latency(s.config), rnd, s.variant_id) for s in p.suggestions]
+        history += [row(s.config, latency(s.config), rnd, s.variant_id) for s in p.suggestions]
     hashes = [r.config_hash for r in history]
     assert len(hashes) == len(set(hashes))
     best = min(history, key=lambda r: r.measurements[0].p50_ms)
-    # rows without compile stats can be the incumbent: the search moved off the baseline
     assert best.variant_id != "baseline" and p.suggestions[0].parent != "baseline"
     assert best.measurements[0].p50_ms < latency(base) - 2
-
-
-def test_p_fewer_counts_ties_and_double_misses_half():
-    assert search.p_fewer([1.0], [2.0]) == 1.0
-    assert search.p_fewer([math.inf], [math.inf]) == 0.5
-    assert search.p_fewer([1.0, math.inf], [2.0]) == 0.5
