@@ -38,9 +38,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TextIO
-
-import openai
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO
 
 from kregress.clients.common import env_state, is_secret_name, key_alias, looks_like_key, role_keys, scrub
 from kregress.clients.export import claude_user_settings, codex_user_config
@@ -60,6 +58,9 @@ from kregress.core.endpoints import (
     split_keys,
 )
 from kregress.core.names import ROLES
+
+if TYPE_CHECKING:  # the SDK is imported by the pings only: `kregress --help` stays fast
+    import openai
 
 EXIT_OK, EXIT_CONFIG, EXIT_CREDENTIALS, EXIT_ENDPOINT, EXIT_TRANSIENT = 0, 2, 3, 4, 5
 EXIT_CODES = {"credentials": EXIT_CREDENTIALS, "config": EXIT_CONFIG, "endpoint": EXIT_ENDPOINT, "transient": EXIT_TRANSIENT}
@@ -133,6 +134,8 @@ def _body_message(body: Any) -> str:
 
 def classify(exc: BaseException, tool: str, target: Target) -> tuple[str, str, str]:
     """(class, what happened, fix) for a failed ping of ``tool``."""
+    import openai
+
     path = ("/v1" if target.base.rstrip("/").endswith("/v1") else "") + target.path
     who = {"kregress": "kregress", "codex": "Codex", "claude-code": "Claude Code"}[tool]
     if isinstance(exc, openai.APITimeoutError):
@@ -175,12 +178,16 @@ def classify(exc: BaseException, tool: str, target: Target) -> tuple[str, str, s
 
 
 def _client(base: str, key: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> openai.OpenAI:
+    import openai
+
     return openai.OpenAI(api_key=key, base_url=base, timeout=openai.Timeout(timeout_s, connect=min(10.0, timeout_s)),
                          max_retries=0, default_headers=dict(headers or {}))
 
 
 def send_ping(target: Target, timeout_s: float) -> str:
     """One tiny request as ``target.tool`` sends it; returns what came back (raises the SDK's errors)."""
+    import openai
+
     assert target.key is not None
     base, path = target.base, target.path
     if target.tool == "codex":
@@ -430,6 +437,8 @@ def _pings(checked: list[str], roles: list[str], tool_role: str, env: Mapping[st
 
 def _served_models(env: Mapping[str, str], roles: list[str], sdk: str, timeout_s: float) -> list[str] | None:
     """The gateway's model list (GET /v1/models), or None when it cannot be read (the chat ping then tells)."""
+    import openai
+
     key = next((role_keys(r, env)[1][0] for r in roles if role_keys(r, env)[1]), None)
     if key is None:
         return None
