@@ -1,23 +1,57 @@
-"""The ``replay`` family: a recorded Kernel Tuner search space served as if it were a GPU.
+"""The ``replay`` family: any recorded Kernel Tuner search space served as if it were a GPU.
 
 Every evaluation answers with the real runs recorded for that configuration (32 per config in the
-shipped CLBlast SGEMM file on an RTX 3090), so the search policies, the statistics and the whole
-pipeline run on real GPU measurements on a machine with no GPU. There is no Triton source: nothing is
-compiled, and correctness is not re-checked (the recorded kernel was validated when it was tuned).
-Configurations absent from the file are invalid (the kernel's own restrictions ruled them out);
-recorded failures (string times) come back as rows with their error class.
+CLBlast SGEMM file on an RTX 3090), so the search policies, the statistics and the whole pipeline run
+on real GPU measurements on a machine with no GPU. There is no Triton source: nothing is compiled, and
+correctness is not re-checked (the recorded kernel was validated when it was tuned).
+
+Everything kernel-specific comes from the file the spec's ``params.cache_file`` names (a path: absolute,
+or relative to the spec's folder, then ``$KREGRESS_REPLAY_DIR``, then the shipped ``data/replay/``;
+default: the shipped trimmed RTX 3090 GEMM file):
+
+* the space: the file's ``tune_params_keys`` and ``tune_params``; configurations absent from its cache
+  are invalid (the kernel's own restrictions ruled them out); recorded failures are inside the space
+  and come back as rows with their error (``runtime_error``, ``compile_failed``) and the recorded marker;
+* the shapes: one, the file's ``problem_size``, under Kernel Tuner's dimension names ``x``, ``y``, ``z``;
+* the identity: ``source_hash()`` is the hash of the file's bytes, so a changed recording is a changed
+  kernel for the compile-free pipeline (code_version, the spec sensor).
+
+``get_family("replay").for_params(spec.params)`` returns the family bound to that file; the
+unbound family stands for the shipped default file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
+from pathlib import Path
+from typing import Any
 
-from kregress.core.family import Family, Space, register
-from kregress.core.recorded import DEFAULT_FILE, ReplayTable, replay_path, to_measurements
+from kregress.core.family import Family, Space, check_param_keys, register
+from kregress.core.recorded import (
+    ReplayError,
+    ReplayTable,
+    resolve_cache_file,
+    shipped_path,
+    to_measurements,
+)
+
+PARAMS = ("cache_file",)
+DIM_NAMES = ("x", "y", "z")  # Kernel Tuner's names for the problem_size dimensions
+
+
+def shape_keys_for(table: ReplayTable) -> tuple[str, ...]:
+    n = len(table.problem_size)
+    return DIM_NAMES[:n] if n <= len(DIM_NAMES) else tuple(f"d{i}" for i in range(n))
+
+
+def shape_for(table: ReplayTable) -> dict[str, int]:
+    """The one problem the file records, as a spec shape (``{"x": 4096, "y": 4096}``)."""
+    return dict(zip(shape_keys_for(table), table.problem_size))
 
 
 class _LazySpace(Space):
-    """The space is read from the file on first use, so importing the registry stays cheap."""
+    """The unbound family's space, read from the shipped file on first use (importing stays cheap)."""
 
     def __init__(self, family: "ReplayFamily"):
         object.__setattr__(self, "_family", family)
@@ -40,52 +74,98 @@ class _LazySpace(Space):
 class ReplayFamily(Family):
     dtypes = ("fp32",)
     recorded = True
+    _bound: ReplayTable | None = None  # set on the families for_params returns
 
     def table(self, params: dict | None = None) -> ReplayTable:
-        name = (params or {}).get("cache_file", DEFAULT_FILE)
-        return ReplayTable.load(replay_path(name))
+        """The recorded table: the file ``params['cache_file']`` names, else the bound one, else the
+        shipped default. Raises ReplayError (one line) when the file is missing or unreadable."""
+        name = (params or {}).get("cache_file")
+        if name is not None:
+            return ReplayTable.load(resolve_cache_file(name))
+        if self._bound is not None:
+            return self._bound
+        return ReplayTable.load(shipped_path())
+
+    def resolve_params(self, params: dict[str, Any], spec_dir: Path) -> dict[str, Any]:
+        name = params.get("cache_file")
+        if isinstance(name, str) and name and not Path(name).expanduser().is_absolute():
+            local = Path(spec_dir) / name
+            if local.is_file():  # beside the spec: keep the spec working from any current directory
+                return {**params, "cache_file": str(local.resolve())}
+        return params
 
     def check_params(self, params):
-        extra = [k for k in params if k != "cache_file"]
-        if extra:
-            return f"unknown params {', '.join(extra)}; allowed: cache_file (a Kernel Tuner cache in the replay folder)"
+        problem = check_param_keys(params, PARAMS)
+        if problem:
+            return f"{problem} (cache_file: a Kernel Tuner cache file)"
+        name = params.get("cache_file")
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            return f"cache_file={name!r} must be a file name or path"
         try:
             self.table(params)
-        except Exception as exc:  # a missing or corrupt file is a spec problem, said once
+        except ReplayError as exc:  # a missing or corrupt file is a spec problem, said once
             return str(exc)
         return None
 
+    def for_params(self, params) -> "ReplayFamily":
+        table = self.table(params)
+        key = (str(table.path.resolve()), table.content_hash)
+        with _LOCK:
+            fam = _BOUND.get(key)
+            if fam is None or fam._bound is not table:
+                fam = ReplayFamily(name=self.name, space=table.space, shape_keys=shape_keys_for(table),
+                                   headline_metric="tflops", module=self.module)
+                fam._bound = table
+                _BOUND[key] = fam
+        return fam
+
     def check_shape(self, shape):
+        if self._bound is None:  # the unbound family checks against the shipped file
+            return self.for_params({}).check_shape(shape)
+        t = self._bound
         problem = super().check_shape(shape)
         if problem:
             return problem
-        t = self.table()
-        m, n = t.problem_size[:2]
-        want = {"M": m, "N": n, "K": m}
+        want = shape_for(t)
         if shape != want:
-            return f"the recorded file {t.path.name} holds one problem only: {want}"
+            return f"the recorded file {t.path.name} holds one problem only: {want} (its problem_size)"
         return None
 
     def flops(self, shape, params):
-        return 2.0 * shape["M"] * shape["N"] * shape["K"]
+        """The FLOP count the file implies (``GFLOP/s`` x ``time`` of its records); 0.0 when it records no rate."""
+        t = self.table(params) if params else self.table()
+        for rec in t.records():
+            if rec.gflops is not None and rec.time:
+                return rec.gflops * 1e9 * rec.time / 1e3
+        return 0.0
 
     def bytes_moved(self, shape, dtype_bytes, params):
-        return float(dtype_bytes * (shape["M"] * shape["K"] + shape["K"] * shape["N"] + shape["M"] * shape["N"]))
+        return 0.0  # a Kernel Tuner cache records no byte count
 
     def replay(self, config: dict[str, int], shape: dict, params: dict):
         """(measurements, error, detail) for one config: the recorded runs, or the recorded failure."""
         t = self.table(params)
         rec = t.lookup(config)
         if not rec.ok:
-            return [], rec.error, f"recorded failure: {rec.failure}"
-        return to_measurements(t, rec, bytes_moved=self.bytes_moved(shape, 4, params)), None, ""
+            return [], rec.error, f"recorded failure: {rec.failure} ({t.path.name})"
+        return to_measurements(t, rec), None, ""
+
+    def source_files(self) -> list[Path]:
+        return [self._bound.path if self._bound is not None else shipped_path()]
 
     def source_hash(self) -> str:
-        p = replay_path()
-        stamp = f"{p.name}:{p.stat().st_size}" if p.exists() else p.name
-        return hashlib.sha256(stamp.encode()).hexdigest()[:16]
+        """The recorded file's content hash (what this family 'runs'); ``missing:`` when it cannot be read."""
+        try:
+            digest = self.table().content_hash
+        except ReplayError:
+            digest = f"missing:{self.source_files()[0]}"
+        return hashlib.sha256(f"{self.name}:{digest}".encode()).hexdigest()[:16]
 
 
-FAMILY = ReplayFamily(name="replay", space=None, shape_keys=("M", "N", "K"), headline_metric="tflops")
+_BOUND: dict[tuple[str, str], ReplayFamily] = {}
+_LOCK = threading.Lock()
+
+# The unbound family stands for the shipped file; its shape keys are that file's (a 2-D problem_size).
+FAMILY = ReplayFamily(name="replay", space=None, shape_keys=("x", "y"), headline_metric="tflops")
 FAMILY.space = _LazySpace(FAMILY)
 register(FAMILY)

@@ -4,12 +4,20 @@ A Kernel Tuner cache file is JSON (optionally gzipped) with the header keys ``de
 ``kernel_name``, ``problem_size``, ``tune_params_keys``, ``tune_params``, ``objective`` and ``cache``;
 ``cache`` maps ``"v1,v2,..."`` (values in ``tune_params_keys`` order) to one record: ``time`` (mean ms,
 or a string naming a failure such as ``RuntimeFailedConfig``), ``times`` (the individual runs, ms),
-``GFLOP/s``, ``compile_time`` and timestamps.
+``GFLOP/s``, ``compile_time`` and timestamps. Any such file is read: its parameter names, values,
+problem size and failures come from the file itself.
 
-The files live outside the repository, in ``../shared/data/replay/`` next to it, and are read there at
-run time; ``KREGRESS_REPLAY_DIR`` points elsewhere. They are never copied into the project.
+Where the files live:
 
-    table = ReplayTable.load()                      # the RTX 3090 CLBlast GEMM space
+* the project ships what its default spec and tests need in ``data/replay/`` (``SHIPPED_DIR``: a
+  trimmed RTX 3090 GEMM file, MIT licensed, notice beside it);
+* the larger benchmark sets live in ``$KREGRESS_REPLAY_DIR``, else ``../shared/data/replay/`` next to
+  the repository (``replay_dir()``), and are never copied in;
+* a spec's ``params.cache_file`` is a path: absolute, or relative to the spec's folder, then to
+  ``$KREGRESS_REPLAY_DIR``, then to ``SHIPPED_DIR`` (``resolve_cache_file``).
+
+    table = ReplayTable.load()                      # the shipped (trimmed) RTX 3090 CLBlast GEMM space
+    table = ReplayTable.load(replay_path())         # the full 17,956-configuration file, from replay_dir()
     table.space.check(config)                       # None, or why the config is not in the space
     rec = table.lookup(config)                      # ReplayRecord: 32 runs, or a failure
     measurements = to_measurements(table, rec)      # kregress.core.records.Measurement, evidence "replay"
@@ -21,6 +29,7 @@ free; the first takes about half a second for the 17,956-entry file.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -37,7 +46,9 @@ from kregress.core.family import Rule, Space
 from kregress.core.paths import REPO_ROOT
 
 ENV_DIR = "KREGRESS_REPLAY_DIR"
-DEFAULT_FILE = "gemm_clblast_RTX_3090.json.gz"
+DEFAULT_FILE = "gemm_clblast_RTX_3090.json.gz"  # the full benchmark file, in replay_dir()
+SHIPPED_DIR = REPO_ROOT / "data" / "replay"  # recorded files shipped with the project (MIT, see NOTICE there)
+SHIPPED_FILE = "gemm_clblast_RTX_3090_trimmed.json.gz"  # cut by scripts/trim_replay.py
 HEADER_KEYS = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params", "objective", "cache")
 
 # Kernel Tuner failure markers -> the error classes of kregress.core.records.ERROR_CLASSES
@@ -66,7 +77,41 @@ def replay_dir() -> Path:
 
 
 def replay_path(name: str = DEFAULT_FILE) -> Path:
+    """``name`` in ``replay_dir()`` (the benchmark sets; the full RTX 3090 GEMM file by default)."""
     return replay_dir() / name
+
+
+def shipped_path(name: str = SHIPPED_FILE) -> Path:
+    """``name`` in the project's own ``data/replay/`` (the trimmed RTX 3090 GEMM file by default)."""
+    return SHIPPED_DIR / name
+
+
+def search_dirs(spec_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Where a relative ``cache_file`` is looked up, in order: the spec's folder, ``$KREGRESS_REPLAY_DIR``
+    (else ``../shared/data/replay``), the shipped ``data/replay/``."""
+    out = [Path(spec_dir)] if spec_dir is not None else []
+    return out + [replay_dir(), SHIPPED_DIR]
+
+
+def resolve_cache_file(name: str | os.PathLike[str], spec_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The file a spec's ``cache_file`` names; ReplayError (one line naming the file, the folders
+    searched and KREGRESS_REPLAY_DIR) when there is none."""
+    p = Path(name).expanduser()
+    if p.is_absolute():
+        if p.is_file():
+            return p
+        raise ReplayError(f"replay file {p} not found (cache_file is an absolute path; fix it, or give a name "
+                          f"found in ${ENV_DIR} or {SHIPPED_DIR})")
+    dirs = search_dirs(spec_dir)
+    for d in dirs:
+        if (d / p).is_file():
+            return d / p
+    env = os.environ.get(ENV_DIR, "").strip()
+    where = ", ".join(str(d) for d in dirs)
+    raise ReplayError(
+        f"replay file {str(p)!r} not found in {where} (${ENV_DIR} is {repr(env) if env else 'unset'}; "
+        f"set it to the folder that holds the file, or give cache_file as a path)"
+    )
 
 
 @dataclass(frozen=True)
@@ -102,17 +147,20 @@ def _num(v: Any) -> float | None:
 class ReplayTable:
     """A parsed Kernel Tuner cache file. Use ``ReplayTable.load(path)``."""
 
-    def __init__(self, path: Path, header: dict[str, Any], entries: dict[tuple[int, ...], dict[str, Any]]):
+    def __init__(self, path: Path, header: dict[str, Any], entries: dict[tuple[int, ...], dict[str, Any]],
+                 content_hash: str = ""):
         self.path = path
         self.device_name: str = header["device_name"]
         self.kernel_name: str = header["kernel_name"]
-        self.problem_size: list[int] = list(header["problem_size"])
+        ps = header["problem_size"]
+        self.problem_size: list[int] = [ps] if isinstance(ps, int) else list(ps)  # pnpoly records one int
         self.objective: str = header["objective"]
         self.tune_params_keys: tuple[str, ...] = tuple(header["tune_params_keys"])
         self.tune_params: dict[str, tuple[int, ...]] = {
             k: tuple(header["tune_params"][k]) for k in self.tune_params_keys
         }
         self._entries = entries
+        self.content_hash: str = content_hash  # sha256 of the file's bytes as read
         self._records: dict[tuple[int, ...], ReplayRecord] = {}
         entries_ref = entries
         keys = self.tune_params_keys
@@ -132,14 +180,15 @@ class ReplayTable:
     def load(cls, path: str | os.PathLike[str] | None = None) -> "ReplayTable":
         """Load (or return the in-process cached) table of a Kernel Tuner cache file.
 
-        ``path`` defaults to the RTX 3090 GEMM file in ``replay_dir()``.
+        ``path`` defaults to the trimmed RTX 3090 GEMM file shipped in ``data/replay/`` (``shipped_path()``);
+        ``replay_path()`` is the full file among the benchmark sets.
         """
-        p = Path(path) if path is not None else replay_path()
+        p = Path(path) if path is not None else shipped_path()
         try:
             st = p.stat()
-        except FileNotFoundError:
-            hint = "" if path is not None else f" (set {ENV_DIR} to the folder that holds it)"
-            raise ReplayError(f"replay file {p} not found{hint}") from None
+        except OSError:
+            raise ReplayError(f"replay file {p} not found (set {ENV_DIR} to the folder that holds it, "
+                              "or pass the file's path)") from None
         key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
         with _LOCK:
             table = _CACHE.get(key)
@@ -154,6 +203,7 @@ class ReplayTable:
         try:
             with open(p, "rb") as fh:
                 raw = fh.read()
+            digest = hashlib.sha256(raw).hexdigest()
             if raw[:2] == b"\x1f\x8b":
                 raw = gzip.decompress(raw)
             data = json.loads(raw)
@@ -188,8 +238,11 @@ class ReplayTable:
                 or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals)
             ):
                 raise ReplayError(f"{p}: 'tune_params' {k!r} must be a non-empty list of integers, got {vals!r}")
-        if not isinstance(data["problem_size"], list):
-            raise ReplayError(f"{p}: 'problem_size' must be a list, got {data['problem_size']!r}")
+        ps = data["problem_size"]
+        ps_list = [ps] if isinstance(ps, int) and not isinstance(ps, bool) else ps
+        if (not isinstance(ps_list, list) or not ps_list
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in ps_list)):
+            raise ReplayError(f"{p}: 'problem_size' must be a positive integer or a list of them, got {ps!r}")
         cache = data["cache"]
         if not isinstance(cache, dict):
             raise ReplayError(f"{p}: 'cache' must map configuration keys to records")
@@ -209,7 +262,7 @@ class ReplayTable:
             if not isinstance(rec, dict) or "time" not in rec:
                 raise ReplayError(f"{p}: cache entry {ck!r} is not a record with a 'time'")
             entries[tup] = rec
-        return cls(p, data, entries)
+        return cls(p, data, entries, content_hash=digest)
 
     # ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -261,6 +314,19 @@ class ReplayTable:
             gflops=_num(raw.get("GFLOP/s")),
             compile_time=compile_time,
         )
+
+    @property
+    def runs_per_config(self) -> int:
+        """The fewest recorded runs of any valid configuration (32 in the RTX 3090 GEMM file, 10 in pnpoly)."""
+        return min((len(r.times) for r in self.records()), default=0)
+
+    def median(self) -> ReplayRecord:
+        """The valid configuration of median recorded ``time`` (the lower median for an even count; ties by
+        cache order): a baseline with room to improve and room to regress."""
+        ok = sorted(self.records(), key=lambda r: r.time)  # type: ignore[arg-type, return-value]
+        if not ok:
+            raise ReplayError(f"{self.path}: no configuration has recorded runs")
+        return ok[(len(ok) - 1) // 2]
 
     def records(self, include_failed: bool = False):
         """Every recorded configuration as a ReplayRecord (cache order)."""
