@@ -21,6 +21,7 @@ from typing import Any
 
 import triton
 
+from kregress.core.names import arch_capability
 from kregress.core.records import CompileStats
 
 _TRITON_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -127,7 +128,7 @@ def compile_units(units: list, arch: str, limits: Any) -> CompileStats:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    cap = int(arch.removeprefix("sm_").rstrip("a"))
+    cap = arch_capability(arch)
     t0 = time.perf_counter()
     per_unit = []
     for unit in units:

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kregress.core.family import CompileUnit, Family, Rule, Space, register
+from kernels.dtypes import TRITON_PTR
 
 
 @triton.jit
@@ -65,8 +66,6 @@ def gemm_kernel(
     tl.store(c_ptrs, c, mask=mask_m & mask_n)
 
 
-TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
 
 
 def _smem_fits(cfg: dict[str, int], _params: dict[str, Any], lim: Any) -> bool:

@@ -18,9 +18,8 @@ import triton
 
 from kregress.core.records import CompileStats, Correctness, Measurement
 from kregress.core.family import Family
+from kernels.dtypes import DTYPE_BYTES, TORCH_DTYPES  # noqa: F401  (re-exported for callers)
 
-TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, show: int = 5) -> dict[str, Any]:
@@ -35,7 +34,8 @@ def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, show
     diff = (out64 - ref64).abs()
     diff = torch.where(bad_vals, torch.full_like(diff, float("inf")), diff)
     allowed = atol + rtol * ref64.abs()
-    mism = (diff > allowed) & finite_ref
+    # An infinite reference value (e.g. lse = +inf of a row that sees no key) must be matched exactly.
+    mism = ((diff > allowed) & finite_ref) | (torch.isinf(ref64) & (out64 != ref64))
     n_mism = int(mism.sum())
     rel = diff / ref64.abs().clamp_min(atol)
     sample = ""
@@ -66,13 +66,22 @@ def check_correctness(family: Family, config: dict, shapes: list[dict], dtype: s
         ref = family.reference({k: v.cpu() if torch.is_tensor(v) else v for k, v in inputs.items()}, params)
         atol, rtol = family.tolerance(shape, dtype, base_tol, params)
         tols.append(max(atol, rtol))
-        res = compare(out, ref, atol, rtol)
-        max_abs = max(max_abs, res["max_abs"])
-        max_rel = max(max_rel, res["max_rel"])
-        nan_inf |= res["nan_inf"]
-        if res["mismatches"]:
-            mismatches += max(res["mismatches"], 1)
-            samples.append(f"[{family.shape_label(shape)}] {res['sample']}")
+        # A family may return several outputs (out, lse): each is compared with its reference.
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
+        if len(outs) != len(refs):
+            mismatches += 1
+            samples.append(f"[{family.shape_label(shape)}] {len(outs)} output(s), reference has {len(refs)}")
+            continue
+        for i, (o, r) in enumerate(zip(outs, refs)):
+            res = compare(o, r, atol, rtol)
+            max_abs = max(max_abs, res["max_abs"])
+            max_rel = max(max_rel, res["max_rel"])
+            nan_inf |= res["nan_inf"]
+            if res["mismatches"]:
+                mismatches += max(res["mismatches"], 1)
+                which = f" output {i}" if len(outs) > 1 else ""
+                samples.append(f"[{family.shape_label(shape)}{which}] {res['sample']}")
     return Correctness(
         ok=mismatches == 0 and not nan_inf,
         max_abs_err=max_abs,
@@ -90,7 +99,9 @@ def _versions() -> dict[str, str]:
 
 
 def measurement_from_samples(family: Family, shape: dict, samples: list[float], dtype: str, params: dict,
-                             evidence: str, device: str) -> Measurement:
+                             evidence: str, device: str, identity: dict | None = None,
+                             batch: str = "") -> Measurement:
+    """A Measurement from samples. Model evidence is one estimate: p20/p80 stay None."""
     s = sorted(samples)
 
     def q(p: float) -> float:
@@ -101,16 +112,19 @@ def measurement_from_samples(family: Family, shape: dict, samples: list[float], 
         return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
     p50 = q(0.5)
+    spread = evidence != "model" and len(s) > 1
     return Measurement(
         shape=family.shape_label(shape),
         samples_ms=list(samples),
-        p20_ms=q(0.2),
+        p20_ms=q(0.2) if spread else None,
         p50_ms=p50,
-        p80_ms=q(0.8),
+        p80_ms=q(0.8) if spread else None,
         tflops=family.flops(shape, params) / (p50 * 1e-3) / 1e12 if p50 > 0 else 0.0,
         gbps=family.bytes_moved(shape, DTYPE_BYTES[dtype], params) / (p50 * 1e-3) / 1e9 if p50 > 0 else 0.0,
         evidence=evidence,
         device=device,
+        batch=batch,
+        **(identity or {}),
         **_versions(),
     )
 
@@ -136,9 +150,136 @@ def cuda_measurements(family: Family, config: dict, shapes: list[dict], dtype: s
     for shape in shapes:
         inputs = family.make_inputs(shape, TORCH_DTYPES[dtype], "cuda", seed, params)
         fn = lambda: family.run(inputs, config, params)  # noqa: E731
+        start = device_identity()
         if family.use_cudagraph():
             samples = do_bench_cudagraph(fn, rep=rep_ms, return_mode="all")
         else:
             samples = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
-        out.append(measurement_from_samples(family, shape, list(map(float, samples)), dtype, params, "cuda", device_name))
+        out.append(measurement_from_samples(family, shape, list(map(float, samples)), dtype, params, "cuda", device_name,
+                                            identity=measurement_identity(start, device_identity())))
+    return out
+
+
+# --- device identity, clock locking and same-batch timing (issue 12) ------------------------------
+
+IDENTITY_FIELDS = ("gpu_name", "gpu_uuid", "host", "driver", "sm_clock_mhz", "mem_clock_mhz")
+
+
+def _nvidia_smi(index: int) -> dict:
+    """uuid, driver and current SM / memory clocks of GPU ``index`` from nvidia-smi ({} when absent)."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {}
+    try:
+        out = subprocess.run(
+            [exe, f"--id={index}", "--query-gpu=uuid,driver_version,clocks.sm,clocks.mem",
+             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if not out:
+        return {}
+    parts = [p.strip() for p in out[0].split(",")]
+    if len(parts) < 4:
+        return {}
+
+    def num(x: str) -> float | None:
+        try:
+            return float(x)
+        except ValueError:
+            return None
+
+    return {"gpu_uuid": parts[0], "driver": parts[1], "sm_clock_mhz": num(parts[2]), "mem_clock_mhz": num(parts[3])}
+
+
+def device_identity() -> dict:
+    """Which GPU this process times on: name, UUID, host, driver, current SM and memory clocks.
+
+    torch.cuda gives the name and (torch >= 2.x) the UUID; nvidia-smi, where present, the driver and
+    the clocks. Fields it cannot read are "" / None, never guessed.
+    """
+    ident: dict = {"gpu_name": "", "gpu_uuid": "", "host": platform.node(), "driver": "",
+                   "sm_clock_mhz": None, "mem_clock_mhz": None}
+    if not torch.cuda.is_available():
+        return ident
+    idx = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(idx)
+    ident["gpu_name"] = props.name
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        ident["gpu_uuid"] = str(uuid) if str(uuid).startswith("GPU-") else f"GPU-{uuid}"
+    smi = _nvidia_smi(idx)
+    for k, v in smi.items():
+        if v not in (None, "") and (k != "gpu_uuid" or not ident["gpu_uuid"]):
+            ident[k] = v
+    if torch.version.cuda and not ident["driver"]:
+        ident["driver"] = f"cuda runtime {torch.version.cuda}"
+    return ident
+
+
+def measurement_identity(start: dict, end: dict, clocks_locked: str = "") -> dict:
+    """The Measurement fields of a batch's identity reads at its start and end."""
+    return {"gpu_name": start.get("gpu_name", ""), "gpu_uuid": start.get("gpu_uuid", ""),
+            "host": start.get("host", ""), "driver": start.get("driver", ""),
+            "sm_clock_mhz_start": start.get("sm_clock_mhz"), "sm_clock_mhz_end": end.get("sm_clock_mhz"),
+            "mem_clock_mhz_start": start.get("mem_clock_mhz"), "mem_clock_mhz_end": end.get("mem_clock_mhz"),
+            "clocks_locked": clocks_locked}
+
+
+def batch_measurements(family: Family, baseline: dict, configs: dict[str, dict], shapes: list[dict], dtype: str,
+                       params: dict, warmup_ms: int, rep_ms: int, seed: int = 0, batch_id: str = "",
+                       rounds: int = 4, order: str = "interleaved",
+                       lock_clocks: tuple[int, int] | None = None) -> dict[str, list[Measurement]]:
+    """Time the baseline and every config of ``configs`` in this process, interleaved per shape.
+
+    For each shape, ``kregress.core.batching.run_batch`` lays out baseline, v1, baseline, v2, ...
+    ``rounds`` times (or randomised blocks) and each slot runs ``do_bench`` for ``rep_ms / rounds``
+    ms, so every config gets about ``rep_ms`` of samples and the baseline is timed between every two
+    variants. Returns {"baseline": [...], key: [...]} with one Measurement per shape, each carrying
+    the batch id and the device identity read at the start and end of the batch. With
+    ``lock_clocks=(sm_mhz, mem_mhz)`` the GPU clocks are locked with ``triton.testing.set_gpu_clock``
+    (needs root and nvidia-smi; it locks GPU 0 and resets the clocks afterwards) for the batch, and the
+    Measurements say so in ``clocks_locked``.
+    """
+    import contextlib
+
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    from kregress.core.batching import BASELINE, run_batch
+
+    device_name = torch.cuda.get_device_name()
+    keys = list(configs)
+    all_cfgs = {BASELINE: baseline, **configs}
+    out: dict[str, list[Measurement]] = {k: [] for k in all_cfgs}
+    locked = ""
+    lock_ctx = contextlib.nullcontext()
+    if lock_clocks:
+        from triton.testing import set_gpu_clock
+
+        sm, mem = (int(x) for x in lock_clocks)
+        lock_ctx = set_gpu_clock(sm, mem)
+        locked = f"sm {sm} MHz, mem {mem} MHz (triton.testing.set_gpu_clock)"
+    with lock_ctx:
+        slot_ms = max(1, int(round(rep_ms / rounds)))
+        for si, shape in enumerate(shapes):
+            inputs = family.make_inputs(shape, TORCH_DTYPES[dtype], "cuda", seed, params)
+            fns = {k: (lambda c=c: family.run(inputs, c, params)) for k, c in all_cfgs.items()}
+            for fn in fns.values():  # warm every config once so the first slot times no compile
+                fn()
+            torch.cuda.synchronize()
+
+            def timer(key, slot, fns=fns):
+                if family.use_cudagraph():
+                    return do_bench_cudagraph(fns[key], rep=slot_ms, return_mode="all")
+                return do_bench(fns[key], warmup=max(1, warmup_ms // rounds), rep=slot_ms, return_mode="all")
+
+            batch = run_batch(f"{batch_id}/s{si}" if len(shapes) > 1 else batch_id, keys, timer, rounds=rounds,
+                              order=order, seed=seed + si, identity=device_identity)
+            ident = measurement_identity(batch.device, batch.device_end, locked)
+            for k in all_cfgs:
+                out[k].append(measurement_from_samples(family, shape, batch.samples[k], dtype, params, "cuda",
+                                                       device_name, identity=ident, batch=batch_id))
     return out

@@ -28,5 +28,10 @@ Role = Literal["suggest", "report", "review"]
 # The instance-wide Dagster concurrency pool of benchmark steps (one GPU, one benchmark at a time).
 GPU_POOL = "gpu"
 
+def arch_capability(arch: str) -> int:
+    """``sm_90`` / ``sm_90a`` -> 90: the compute capability Triton's GPUTarget takes."""
+    return int(arch.removeprefix("sm_").rstrip("a"))
+
+
 # Rounds the asset graph is built with (round_1 .. round_MAX). A spec may use fewer.
 MAX_GRAPH_ROUNDS = 4

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from kregress.core.names import MAX_GRAPH_ROUNDS, Strategy
+from kregress.core.names import MAX_GRAPH_ROUNDS, Strategy, arch_capability
 
 # Compute capabilities Triton 3.x / ptxas target ("a" = the arch-specific feature set).
 KNOWN_ARCHS = ("sm_70", "sm_72", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a",
@@ -66,7 +66,7 @@ class Hardware(_Strict):
 
     @property
     def capability(self) -> int:
-        return int(self.arch.removeprefix("sm_").rstrip("a"))
+        return arch_capability(self.arch)
 
 
 class Constraints(_Strict):
@@ -118,7 +118,7 @@ class TaskSpec(_Strict):
     task_id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     description: str = Field(default="", max_length=2000)
     kernel_family: str
-    dtype: Literal["fp16", "bf16", "fp32"] = "bf16"
+    dtype: Literal["fp16", "bf16", "fp32", "fp8_e4m3"] = "bf16"
     hardware: Hardware = Hardware()
     shape_matrix: list[dict[str, Any]] = Field(min_length=1, max_length=256)
     correctness_shapes: list[dict[str, Any]] = Field(min_length=1, max_length=256)
