@@ -56,16 +56,35 @@ from kregress.core import stats  # noqa: E402
 from kregress.core.recorded import ReplayTable  # noqa: E402
 
 SCENARIOS = (("A/A", 0.0), ("+3%", 0.03), ("+6%", 0.06), ("+10%", 0.10))
-MODES = ("resample", "split", "sequential")
+MODES = ("resample", "split", "sequential", "interleaved")
 STRATA = ("all", "noisy")
 NOISY_FRACTION = 0.05
 
 _TIMES: np.ndarray | None = None  # (configs, runs), set in the parent before the workers fork
 
 
-def load_times(path: str | None) -> np.ndarray:
+def replay_files(arg: list[str] | None) -> list[Path]:
+    """The files named by --replay (each a path, or ``all`` for every file of the replay folder)."""
+    from kregress.core.recorded import replay_dir
+
+    names = arg or ["all"]
+    out: list[Path] = []
+    for name in names:
+        if name == "all":
+            folder = replay_dir()
+            found = sorted(folder.glob("*.json.gz")) + sorted(folder.glob("*.json"))
+            if not found:
+                raise SystemExit(f"bench/stats.py: no recorded files in {folder}; pass --replay FILE")
+            out += found
+        else:
+            out.append(Path(name))
+    return out
+
+
+def load_times(path: str | os.PathLike | None) -> np.ndarray:
+    """(configs, runs) of every valid record; failures (string ``time``) have no runs and are skipped."""
     table = ReplayTable.load(path)
-    runs = [r.times for r in table.records() if len(r.times) >= 2]
+    runs = [r.times for r in table.records() if r.ok and len(r.times) >= 2]
     n = min(len(t) for t in runs)
     return np.asarray([t[:n] for t in runs], dtype=float)
 
@@ -88,7 +107,16 @@ def draw(rng: np.random.Generator, runs: np.ndarray, mode: str, n: int) -> tuple
         return runs[perm[:half]], runs[perm[half : 2 * half]]
     if mode == "sequential":
         return runs[:half], runs[half : 2 * half]
+    if mode == "interleaved":  # same-batch pairing: baseline, variant, baseline, variant, ... in one session
+        return runs[0 : 2 * half : 2], runs[1 : 2 * half : 2]
     raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
+
+
+RULES = {  # name -> (interval method, decision rule); intervals are computed once per method
+    "ours": ("hodges-lehmann", "shift"),
+    "ours-boot": ("bootstrap", "shift"),
+    "old": ("bootstrap", "interval"),
+}
 
 
 def run_chunk(task: dict) -> dict:
@@ -97,12 +125,9 @@ def run_chunk(task: dict) -> dict:
     assert times is not None
     rng = np.random.default_rng(np.random.SeedSequence(task["seed_key"]))
     pool = task["pool"]
-    alt = "hodges-lehmann" if task["method"] == "bootstrap" else "bootstrap"
-    methods = {"ours": task["method"], f"ours-{_short(alt)}": alt}
-    counts: dict[str, dict[str, Counter]] = {
-        r: {s: Counter() for s, _ in SCENARIOS} for r in (*methods, "asv", "median")
-    }
+    counts: dict[str, dict[str, Counter]] = {r: {s: Counter() for s, _ in SCENARIOS} for r in (*RULES, "asv", "median")}
     excl1: Counter = Counter()
+    methods = sorted({m for m, _ in RULES.values()})
     for _ in range(task["trials"]):
         cfgs = rng.choice(pool, size=task["shapes"], replace=task["shapes"] > len(pool))
         pairs = [draw(rng, times[c], task["mode"], task["n"]) for c in cfgs]
@@ -114,20 +139,20 @@ def run_chunk(task: dict) -> dict:
         # shift both scale), so this is what ratio_ci(variant * (1 + slowdown), ...) returns, to
         # rounding (tests/test_stats.py checks it), at a quarter of the cost.
         aa = {
-            rule: stats.ratio_ci(
-                same, base, confidence=task["confidence"], n_boot=task["n_boot"], seed=boot_seed, method=method
-            )
-            for rule, method in methods.items()
+            m: stats.ratio_ci(same, base, confidence=task["confidence"], n_boot=task["n_boot"], seed=boot_seed, method=m)
+            for m in methods
         }
-        for rule, ci in aa.items():
-            if ci.low > 1.0 or ci.high < 1.0:
+        for rule, (m, _) in RULES.items():
+            if aa[m].low > 1.0 or aa[m].high < 1.0:
                 excl1[rule] += 1
         for label, slow in SCENARIOS:
             f = 1.0 + slow
             var = [v * f for v in same]
-            for rule, ci in aa.items():
+            for rule, (m, how) in RULES.items():
+                ci = aa[m]
                 moved = replace(ci, ratio=ci.ratio * f, low=ci.low * f, high=ci.high * f)
-                counts[rule][label][stats.classify(moved, guard=task["guard"])[0]] += 1
+                verdict = stats.classify(moved, guard=task["guard"], min_samples=task["min_samples"], rule=how)[0]
+                counts[rule][label][verdict] += 1
             counts["asv"][label][stats.asv_rule(var, base, factor=task["guard"], p=task["asv_p"])[0]] += 1
             counts["median"][label][stats.median_threshold_rule(var, base, guard=task["guard"])[0]] += 1
     return {"cell": task["cell"], "counts": counts, "excl1": excl1, "trials": task["trials"]}
@@ -149,71 +174,33 @@ def pct(k: int, n: int) -> str:
     return f"{100.0 * k / n:5.1f}%" if n else "   - "
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--trials", type=int, default=2000, help="trials per cell (mode x stratum), default 2000")
-    ap.add_argument("--modes", default="resample,split,sequential", help=f"comma list of {', '.join(MODES)}")
-    ap.add_argument("--strata", default="all,noisy", help="comma list of all, noisy")
-    ap.add_argument("--shapes", type=int, default=1, help="configurations per trial (geomean over shapes)")
-    ap.add_argument("--n", type=int, default=32, help="samples per side in resample mode")
-    ap.add_argument("--confidence", type=float, default=stats.DEFAULT_CONFIDENCE)
-    ap.add_argument("--guard", type=float, default=stats.DEFAULT_GUARD)
-    ap.add_argument("--method", default=stats.DEFAULT_METHOD, choices=stats.METHODS, help="interval method of 'ours'")
-    ap.add_argument("--n-boot", type=int, default=2000)
-    ap.add_argument("--asv-p", type=float, default=0.002)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--replay", default=None, help="Kernel Tuner cache file (default: the RTX 3090 GEMM file)")
-    args = ap.parse_args(argv)
-
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    strata = [s.strip() for s in args.strata.split(",") if s.strip()]
-    for m in modes:
-        if m not in MODES:
-            ap.error(f"unknown mode {m!r}; allowed: {', '.join(MODES)}")
-    for s in strata:
-        if s not in STRATA:
-            ap.error(f"unknown stratum {s!r}; allowed: {', '.join(STRATA)}")
-
+def bench_file(path: Path, args, modes: list[str], strata: list[str]) -> tuple[bool, list[dict]]:
+    """Every cell of one recorded file; prints its tables, returns (targets met, summary rows)."""
     global _TIMES
     t0 = time.perf_counter()
-    _TIMES = load_times(args.replay)
+    table = ReplayTable.load(path)
+    _TIMES = load_times(path)
+    runs = _TIMES.shape[1]
     pools = strata_pools(_TIMES)
     cells = [(m, s) for m in modes for s in strata]
+    per_side = {m: (args.n if m == "resample" else runs // 2) for m in modes}
+    min_samples = {m: min(args.min_samples, per_side[m]) for m in modes}
     chunk = 250
     tasks = []
     for m, s in cells:
-        done = 0
-        j = 0
+        done = j = 0
         while done < args.trials:
             k = min(chunk, args.trials - done)
-            tasks.append(
-                dict(
-                    cell=(m, s),
-                    mode=m,
-                    pool=pools[s],
-                    trials=k,
-                    shapes=args.shapes,
-                    n=args.n,
-                    confidence=args.confidence,
-                    guard=args.guard,
-                    method=args.method,
-                    n_boot=args.n_boot,
-                    asv_p=args.asv_p,
-                    seed_key=(args.seed, MODES.index(m), STRATA.index(s), j),
-                )
-            )
+            tasks.append(dict(cell=(m, s), mode=m, pool=pools[s], trials=k, shapes=args.shapes, n=args.n,
+                              confidence=args.confidence, guard=args.guard, n_boot=args.n_boot, asv_p=args.asv_p,
+                              min_samples=min_samples[m], seed_key=(args.seed, MODES.index(m), STRATA.index(s), j)))
             done += k
             j += 1
-
     if args.jobs > 1:
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("fork")) as ex:
             results = list(ex.map(run_chunk, tasks))
     else:
         results = [run_chunk(t) for t in tasks]
-
     merged: dict = {}
     for r in results:
         cell = merged.setdefault(r["cell"], {"counts": {}, "excl1": Counter(), "trials": 0})
@@ -224,44 +211,95 @@ def main(argv: list[str] | None = None) -> int:
                 cell["counts"].setdefault(rule, {}).setdefault(label, Counter()).update(cnt)
 
     conf = f"{args.confidence * 100:g}%"
-    print(
-        f"regression-statistics benchmark: {len(_TIMES):,} configurations x {_TIMES.shape[1]} real runs "
-        f"(RTX 3090 replay); guard {args.guard:g}; ours = {args.method} {conf} interval, min_samples "
-        f"{stats.DEFAULT_MIN_SAMPLES}; asv p < {args.asv_p:g}; shapes/trial {args.shapes}; seed {args.seed}"
-    )
+    print("=" * 100)
+    print(f"file {path.name}: {table.kernel_name or '?'} on {table.device_name or '?'}; {len(_TIMES):,} valid "
+          f"configurations x {runs} real runs (failures skipped)")
+    print(f"guard {args.guard:g}; ours = hodges-lehmann {conf} interval, shift rule; ours-boot = bootstrap {conf}, "
+          f"shift rule; old = bootstrap {conf}, interval rule (the default before issue 12); asv p < {args.asv_p:g}; "
+          f"shapes/trial {args.shapes}; seed {args.seed}")
+    print("min_samples per side: " + ", ".join(f"{m} {min_samples[m]}" for m in modes)
+          + (f" (lowered from {args.min_samples}: the file has {runs} runs per configuration)"
+             if any(v < args.min_samples for v in min_samples.values()) else ""))
     print("cells: REGRESS rate (false alarm under A/A, detection otherwise); A/A REVIEW = NEEDS_REVIEW rate")
     ok_all = True
+    rows = []
     for m, s in cells:
         cell = merged[(m, s)]
         n = cell["trials"]
-        side = f"{args.n} draws/side" if m == "resample" else f"{_TIMES.shape[1] // 2} runs/side"
+        side = f"{args.n} draws/side" if m == "resample" else f"{runs // 2} runs/side"
         print()
-        print(f"mode={m} ({side}), stratum={s} ({len(pools[s]):,} configs), trials per cell={n}")
-        head = (
-            f"{'rule':<12}{'A/A FA':>8}{'(95% up)':>10}{'A/A REVIEW':>12}{'CI excl 1':>11}"
-            f"{'+3%':>8}{'+6%':>8}{'+10%':>8}"
-        )
+        print(f"[{path.name}] mode={m} ({side}), stratum={s} ({len(pools[s]):,} configs), trials per cell={n}")
+        head = (f"{'rule':<12}{'A/A FA':>8}{'(95% up)':>10}{'A/A REVIEW':>12}{'CI excl 1':>11}"
+                f"{'+3%':>8}{'+6%':>8}{'+10%':>8}")
         print(head)
         print("-" * len(head))
         for rule, per in cell["counts"].items():
             aa = per["A/A"]
             fa = aa["REGRESS"]
-            ex = f"{pct(cell['excl1'][rule], n):>11}" if rule.startswith("ours") else f"{'-':>11}"
-            line = (
-                f"{rule:<12}{pct(fa, n):>8}{100 * wilson_upper(fa, n):>9.2f}%{pct(aa['NEEDS_REVIEW'], n):>12}{ex}"
-                + "".join(f"{pct(per[label]['REGRESS'], n):>8}" for label, _ in SCENARIOS[1:])
-            )
-            print(line)
-        ours = cell["counts"]["ours"]
-        fa_ok = ours["A/A"]["REGRESS"] / n <= 0.01
-        det_ok = ours["+6%"]["REGRESS"] / n >= 0.95
-        ok_all &= fa_ok and det_ok
-        print(
-            f"ours vs targets: false alarms {'<=' if fa_ok else '>'} 1% ({'met' if fa_ok else 'MISSED'}), "
-            f"detection at +6% {'>=' if det_ok else '<'} 95% ({'met' if det_ok else 'MISSED'})"
-        )
+            ex = f"{pct(cell['excl1'][rule], n):>11}" if rule in RULES else f"{'-':>11}"
+            print(f"{rule:<12}{pct(fa, n):>8}{100 * wilson_upper(fa, n):>9.2f}%{pct(aa['NEEDS_REVIEW'], n):>12}{ex}"
+                  + "".join(f"{pct(per[label]['REGRESS'], n):>8}" for label, _ in SCENARIOS[1:]))
+            rows.append({"file": path.name, "mode": m, "stratum": s, "rule": rule, "fa": fa / n,
+                         "det6": per["+6%"]["REGRESS"] / n, "review": aa["NEEDS_REVIEW"] / n})
+        c = cell["counts"]
+        fa_ours, det_ours = c["ours"]["A/A"]["REGRESS"] / n, c["ours"]["+6%"]["REGRESS"] / n
+        fa_ok, det_ok = fa_ours <= 0.01, det_ours >= 0.95
+        targets = m in ("resample", "split")  # sequential models drift; interleaved is its same-batch fix
+        if targets:
+            ok_all &= fa_ok and det_ok
+        better = []
+        for other in ("asv", "median"):
+            fa_o, det_o = c[other]["A/A"]["REGRESS"] / n, c[other]["+6%"]["REGRESS"] / n
+            wins = det_ours > det_o and fa_ours <= fa_o
+            better.append(f"{other} {'beaten' if wins else 'NOT beaten'} (+6% {100 * det_ours:.1f}% vs "
+                          f"{100 * det_o:.1f}%, FA {100 * fa_ours:.1f}% vs {100 * fa_o:.1f}%)")
+            if targets and s == "noisy":
+                ok_all &= wins
+        print(f"ours vs targets{'' if targets else ' (not a target mode)'}: false alarms "
+              f"{'<=' if fa_ok else '>'} 1% ({'met' if fa_ok else 'MISSED'}), detection at +6% "
+              f"{'>=' if det_ok else '<'} 95% ({'met' if det_ok else 'MISSED'}); " + "; ".join(better))
     print()
-    print(f"all targets met for ours: {'yes' if ok_all else 'no'}; {time.perf_counter() - t0:.1f} s, {args.jobs} jobs")
+    print(f"[{path.name}] targets (resample and split; noisy: beats asv and median) met for ours: "
+          f"{'yes' if ok_all else 'no'}; {time.perf_counter() - t0:.1f} s, {args.jobs} jobs")
+    return ok_all, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--trials", type=int, default=2000, help="trials per cell (mode x stratum), default 2000")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
+    ap.add_argument("--strata", default="all,noisy", help="comma list of all, noisy")
+    ap.add_argument("--shapes", type=int, default=1, help="configurations per trial (geomean over shapes)")
+    ap.add_argument("--n", type=int, default=32, help="samples per side in resample mode")
+    ap.add_argument("--confidence", type=float, default=stats.DEFAULT_CONFIDENCE)
+    ap.add_argument("--guard", type=float, default=stats.DEFAULT_GUARD)
+    ap.add_argument("--min-samples", type=int, default=stats.DEFAULT_MIN_SAMPLES,
+                    help="per side; lowered to the runs per side where a file has fewer (printed)")
+    ap.add_argument("--n-boot", type=int, default=2000)
+    ap.add_argument("--asv-p", type=float, default=0.002)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--replay", action="append", default=None,
+                    help="Kernel Tuner cache file; repeat for several; 'all' (default) = every file of the replay folder")
+    args = ap.parse_args(argv)
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    strata = [s.strip() for s in args.strata.split(",") if s.strip()]
+    for m in modes:
+        if m not in MODES:
+            ap.error(f"unknown mode {m!r}; allowed: {', '.join(MODES)}")
+    for s in strata:
+        if s not in STRATA:
+            ap.error(f"unknown stratum {s!r}; allowed: {', '.join(STRATA)}")
+    files = replay_files(args.replay)
+    ok = True
+    for f in files:
+        met, _ = bench_file(f, args, modes, strata)
+        ok &= met
+    print()
+    print(f"all targets met for ours on {len(files)} file(s): {'yes' if ok else 'no'}")
     return 0
 
 

@@ -118,35 +118,140 @@ def summarize(state: RoundState, spec: TaskSpec) -> str:
 # --- verdicts -------------------------------------------------------------------------------
 
 
-def _samples(row: VariantResult) -> list[list[float]]:
-    return [m.samples_ms for m in row.measurements]
+def _cause_of_error(row: VariantResult) -> str:
+    from kregress.core.records import ERROR_CAUSES
+
+    return ERROR_CAUSES.get(row.error or "", "wrong")
+
+
+def _baseline_side(row: VariantResult, baseline: VariantResult) -> tuple[list, str | None, str]:
+    """(baseline measurements, problem, where): the same batch's baseline when the backend re-timed it
+    beside the variant, else the baseline row; ``problem`` when the samples must not be compared."""
+    from kregress.core.batching import baseline_for
+
+    if row.batch_baseline:
+        base, where = row.batch_baseline, "same-batch baseline"
+    else:
+        base, where = baseline.measurements, "baseline timed in another step"
+    by_shape = {m.shape: m for m in base}
+    for m in row.measurements:
+        b = by_shape.get(m.shape)
+        if b is None:
+            return base, f"shape {m.shape} was not timed for the baseline", where
+        ident = lambda x: {"host": x.host, "gpu_uuid": x.gpu_uuid, "gpu_name": x.gpu_name or x.device}  # noqa: E731
+        pair = baseline_for(m.batch, ident(m), m.samples_ms, b.batch if row.batch_baseline else m.batch, ident(b),
+                            b.samples_ms)
+        if not pair.ok:
+            return base, pair.reason, where
+    return [by_shape[m.shape] for m in row.measurements], None, where
 
 
 def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> Verdict:
-    """The evidence rule: correctness and constraints are real everywhere; latency needs cuda/replay."""
+    """The evidence rule: correctness and constraints are real everywhere; latency needs cuda/replay.
+
+    Every REGRESS has a cause: ``infeasible`` (did not compile, out of resources, over the register,
+    spill or shared-memory limit), ``wrong`` (numerics, NaN/Inf, a crashing launch) or ``slower``.
+    Latency is judged shape by shape with ``stats.verdict_by_shape`` against the baseline samples of
+    the variant's own batch; a variant is REGRESS/slower if any shape is, and names that shape.
+    """
     from kregress.core import stats
+    from kregress.core.records import ShapeVerdict
 
     if row.error:
-        return Verdict(variant_id=row.variant_id, verdict="REGRESS", reasons=[failure_line(row)], evidence=row.evidence)
+        return Verdict(variant_id=row.variant_id, verdict="REGRESS", reasons=[failure_line(row)], evidence=row.evidence,
+                       cause=_cause_of_error(row))
     violations = constraint_violations(row, spec)
     if violations:
-        return Verdict(variant_id=row.variant_id, verdict="REGRESS", reasons=violations, evidence=row.evidence)
+        return Verdict(variant_id=row.variant_id, verdict="REGRESS", reasons=violations, evidence=row.evidence,
+                       cause="infeasible")
     v_obj, b_obj = objective(row, spec), objective(baseline, spec)
     if v_obj is None or b_obj is None:
         return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW",
                        reasons=["no latency for the variant or the baseline"], evidence=row.evidence)
     point = v_obj / b_obj
     guard = spec.regression_guard.not_worse_than_baseline_ratio
+    rg = spec.regression_guard
     if row.evidence in MEASURED_EVIDENCE and baseline.evidence in MEASURED_EVIDENCE:
+        base, problem, where = _baseline_side(row, baseline)
+        if problem:
+            return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", evidence=row.evidence, ratio=point,
+                           reasons=[f"samples not comparable with the baseline's: {problem}"])
+        names = [m.shape for m in row.measurements]
         try:
-            ci = stats.ratio_ci(_samples(row), _samples(baseline), confidence=spec.regression_guard.confidence,
-                                seed=spec.search.seed)
+            res = stats.verdict_by_shape([m.samples_ms for m in row.measurements], [m.samples_ms for m in base],
+                                         guard=guard, confidence=rg.confidence, min_samples=rg.min_samples,
+                                         seed=spec.search.seed, shape_names=names)
         except ValueError as exc:  # e.g. a shape timed on one side only
             return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", evidence=row.evidence,
                            reasons=[f"samples not comparable with the baseline's: {exc}"], ratio=point)
-        kind, reason = stats.classify(ci, guard=guard, min_samples=spec.regression_guard.min_samples)
-        return Verdict(variant_id=row.variant_id, verdict=kind, reasons=[reason], ratio=ci.ratio,
-                       ratio_ci_low=ci.low, ratio_ci_high=ci.high, evidence=row.evidence)
-    reason = (f"p50 ratio {point:.3f} vs baseline is an analytic estimate (evidence={row.evidence}); "
+        shapes = [ShapeVerdict(variant_id=row.variant_id, shape=names[i], verdict=k,
+                               cause="slower" if k == "REGRESS" else None, reason=r, ratio=ci.ratio,
+                               ratio_ci_low=ci.low, ratio_ci_high=ci.high, p50_ratio=ci.p50, n_variant=ci.n_variant,
+                               n_baseline=ci.n_baseline, batch=row.measurements[i].batch, evidence=row.evidence)
+                  for i, (k, r, ci) in enumerate(res.per_shape)]
+        ci = res.combined
+        return Verdict(variant_id=row.variant_id, verdict=res.verdict, reasons=[f"{res.reason} ({where})"],
+                       ratio=ci.ratio, ratio_ci_low=ci.low, ratio_ci_high=ci.high, evidence=row.evidence,
+                       cause="slower" if res.verdict == "REGRESS" else None, p50_ratio=ci.p50,
+                       worst_shape=names[res.worst_shape] if res.worst_shape is not None else None,
+                       shapes=shapes, method=f"{ci.method}/{stats.DEFAULT_RULE}")
+    reason = (f"ratio {point:.3f} vs baseline is an analytic estimate (evidence={row.evidence}); "
               f"PASS or REGRESS against the {guard} guard needs cuda or replay evidence: re-run on a GPU host")
-    return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", reasons=[reason], ratio=point, evidence=row.evidence)
+    by_shape = {m.shape: m for m in baseline.measurements}
+    shapes = [ShapeVerdict(variant_id=row.variant_id, shape=m.shape, verdict="NEEDS_REVIEW",
+                           reason=f"analytic estimate (evidence={row.evidence})",
+                           ratio=(m.p50_ms / by_shape[m.shape].p50_ms) if m.shape in by_shape else None,
+                           n_variant=0, n_baseline=0, evidence=row.evidence)
+              for m in row.measurements]
+    return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", reasons=[reason], ratio=point,
+                   evidence=row.evidence, shapes=shapes, method="model")
+
+
+def cause_counts(verdicts) -> dict[str, int]:
+    """REGRESS count per cause, every cause present: {"slower": 0, "wrong": 0, "infeasible": 6}."""
+    from kregress.core.records import CAUSES
+
+    out = {c: 0 for c in CAUSES}
+    for v in verdicts:
+        if v.verdict == "REGRESS":
+            out[v.cause or "slower"] += 1
+    return out
+
+
+def summary_line(counts: dict[str, int], causes: dict[str, int]) -> str:
+    """``PASS 0 / REGRESS 6 (slower 0, wrong 0, infeasible 6) / NEEDS_REVIEW 0``."""
+    detail = ", ".join(f"{c} {n}" for c, n in causes.items())
+    return (f"PASS {counts.get('PASS', 0)} / REGRESS {counts.get('REGRESS', 0)} ({detail}) / "
+            f"NEEDS_REVIEW {counts.get('NEEDS_REVIEW', 0)}")
+
+
+def best_measured(state: RoundState, verdicts: dict[str, Verdict], spec: TaskSpec) -> dict:
+    """The headline best variant, honest about its evidence.
+
+    Measured evidence (cuda, replay): the lowest objective among rows that are correct, within the
+    constraints and not REGRESS; ``kind`` "best". Model evidence only: ``kind`` "estimated best",
+    every variant tied at the lowest estimate listed in ``ties`` and ``tie_break`` stating the rule
+    (the first one measured, i.e. lowest round then proposal order).
+    """
+    rows = []
+    for order, r in enumerate(state.history):
+        val = objective(r, spec)
+        if val is None or constraint_violations(r, spec):
+            continue
+        v = verdicts.get(r.variant_id)
+        if v is not None and v.verdict == "REGRESS":
+            continue
+        rows.append((val, order, r))
+    if not rows:
+        return {"kind": "none", "variant_id": None, "value": None, "ties": [], "tie_break": ""}
+    measured = [x for x in rows if x[2].evidence in MEASURED_EVIDENCE]
+    if measured:
+        val, _, r = min(measured, key=lambda x: (x[0], x[1]))
+        return {"kind": "best", "variant_id": r.variant_id, "value": val, "evidence": r.evidence, "ties": [],
+                "tie_break": ""}
+    best = min(x[0] for x in rows)
+    ties = [x for x in rows if math.isclose(x[0], best, rel_tol=1e-9)]
+    ties.sort(key=lambda x: x[1])
+    return {"kind": "estimated best", "variant_id": ties[0][2].variant_id, "value": best,
+            "evidence": ties[0][2].evidence, "ties": [x[2].variant_id for x in ties],
+            "tie_break": "equal estimates: the first measured (lowest round, then proposal order) is named"}

@@ -60,12 +60,15 @@ def check_correctness(family: Family, config: dict, shapes: list[dict], dtype: s
     mismatches = 0
     samples = []
     tols = []
+    atols, rtols, round_abs, round_rel = [], [], [], []
     for shape in shapes:
         inputs = family.make_inputs(shape, TORCH_DTYPES[dtype], device, seed, params)
         out = family.run(inputs, config, params)
         ref = family.reference({k: v.cpu() if torch.is_tensor(v) else v for k, v in inputs.items()}, params)
         atol, rtol = family.tolerance(shape, dtype, base_tol, params)
         tols.append(max(atol, rtol))
+        atols.append(atol)
+        rtols.append(rtol)
         # A family may return several outputs (out, lse): each is compared with its reference.
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
@@ -74,6 +77,10 @@ def check_correctness(family: Family, config: dict, shapes: list[dict], dtype: s
             samples.append(f"[{family.shape_label(shape)}] {len(outs)} output(s), reference has {len(refs)}")
             continue
         for i, (o, r) in enumerate(zip(outs, refs)):
+            if torch.is_tensor(o) and torch.is_tensor(r) and o.is_floating_point():
+                rounded = compare(r.to(o.dtype), r, atol, rtol)  # the output format's own error
+                round_abs.append(rounded["max_abs"])
+                round_rel.append(rounded["max_rel"])
             res = compare(o, r, atol, rtol)
             max_abs = max(max_abs, res["max_abs"])
             max_rel = max(max_rel, res["max_rel"])
@@ -91,6 +98,11 @@ def check_correctness(family: Family, config: dict, shapes: list[dict], dtype: s
         tolerance=max(tols) if tols else base_tol,
         shapes_checked=[family.shape_label(s) for s in shapes],
         mismatch_sample=" | ".join(samples)[:1200],
+        atol=max(atols) if atols else base_tol,
+        rtol=max(rtols) if rtols else base_tol,
+        dtype=dtype,
+        ref_rounding_abs=max(round_abs) if round_abs else None,
+        ref_rounding_rel=max(round_rel) if round_rel else None,
     )
 
 

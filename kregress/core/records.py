@@ -104,20 +104,51 @@ class Correctness(BaseModel):
     tolerance: float
     shapes_checked: list[str]
     mismatch_sample: str = ""  # first few mismatches, the text the agent sees
+    # the tolerance's parts (largest over the shapes checked): |out - ref| <= atol + rtol * |ref|
+    atol: float | None = None
+    rtol: float | None = None
+    dtype: str = ""
+    # the float64 reference rounded to the output dtype, against itself: the error the format alone makes
+    ref_rounding_abs: float | None = None
+    ref_rounding_rel: float | None = None
 
 
 class Measurement(BaseModel):
+    """Latency of one variant on one shape.
+
+    Measured evidence (cuda, replay) keeps every sample and its p20/p50/p80. Model evidence is one
+    analytic estimate: ``p50_ms`` holds it, ``p20_ms``/``p80_ms`` are None (there is no spread to show).
+    The device identity fields say where the samples were taken (empty / None where unknown, e.g. a
+    recorded file or a model estimate); ``batch`` names the benchmark batch, whose baseline samples the
+    variant is compared with (same worker process, same GPU, interleaved).
+    """
+
     shape: str
     samples_ms: list[float]
-    p20_ms: float
+    p20_ms: float | None = None
     p50_ms: float
-    p80_ms: float
+    p80_ms: float | None = None
     tflops: float
     gbps: float
     evidence: Evidence
     device: str
     torch_version: str
     triton_version: str
+    # device identity (issue 12): which GPU, on which host, at which clocks
+    gpu_name: str = ""
+    gpu_uuid: str = ""
+    host: str = ""
+    driver: str = ""
+    sm_clock_mhz_start: float | None = None
+    sm_clock_mhz_end: float | None = None
+    mem_clock_mhz_start: float | None = None
+    mem_clock_mhz_end: float | None = None
+    clocks_locked: str = ""  # "" = not locked; else what was locked, e.g. "sm 1755 MHz, mem 2619 MHz"
+    batch: str = ""  # benchmark batch id; the baseline's samples of the same batch are its reference
+
+    def device_key(self) -> tuple[str, str]:
+        """(host, gpu uuid) where known, else (host, gpu name or device): samples from two keys never compare."""
+        return (self.host, self.gpu_uuid or self.gpu_name or self.device)
 
 
 class VariantResult(BaseModel):
@@ -139,6 +170,9 @@ class VariantResult(BaseModel):
     measurements: list[Measurement] = Field(default_factory=list)
     evidence: Evidence | None = None
     backend: str = ""
+    # the baseline re-timed in the same batch as this variant (same process, same GPU, interleaved);
+    # its verdict compares with these, not with the baseline row timed in another step
+    batch_baseline: list[Measurement] = Field(default_factory=list)
 
     @field_validator("error")
     @classmethod
@@ -148,14 +182,48 @@ class VariantResult(BaseModel):
         return v
 
 
+# Why a REGRESS is one (Verdict.cause); PASS and NEEDS_REVIEW carry None.
+CAUSES = ("slower", "wrong", "infeasible")
+Cause = Literal["slower", "wrong", "infeasible"]
+# error class -> cause; constraint violations (spills, registers, shared memory) are "infeasible"
+ERROR_CAUSES = {
+    "invalid_config": "infeasible", "compile_failed": "infeasible", "out_of_resources": "infeasible",
+    "numeric_mismatch": "wrong", "nan_inf": "wrong", "runtime_error": "wrong", "timeout": "infeasible",
+    "crashed": "wrong",
+}
+
+
+class ShapeVerdict(BaseModel):
+    """A variant's latency verdict on one shape (verdicts_by_shape.parquet)."""
+
+    variant_id: str
+    shape: str
+    verdict: VerdictKind
+    cause: Cause | None = None
+    reason: str = ""
+    ratio: float | None = None
+    ratio_ci_low: float | None = None
+    ratio_ci_high: float | None = None
+    p50_ratio: float | None = None
+    n_variant: int = 0
+    n_baseline: int = 0
+    batch: str = ""
+    evidence: Evidence | None = None
+
+
 class Verdict(BaseModel):
     variant_id: str
     verdict: VerdictKind
     reasons: list[str]
-    ratio: float | None = None  # variant p50 / baseline p50 (geomean over shapes)
+    ratio: float | None = None  # the rule's estimate of variant / baseline (geomean over shapes)
     ratio_ci_low: float | None = None
     ratio_ci_high: float | None = None
     evidence: Evidence | None = None
+    cause: Cause | None = None  # set on every REGRESS: slower / wrong / infeasible
+    p50_ratio: float | None = None  # plain p50 ratio (geomean of median ratios)
+    worst_shape: str | None = None  # a REGRESS/slower names the shape it is slower on
+    shapes: list[ShapeVerdict] = Field(default_factory=list)
+    method: str = ""  # interval method and rule, e.g. "hodges-lehmann/shift"
 
 
 class UsageRecord(BaseModel):
