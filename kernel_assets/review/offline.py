@@ -106,7 +106,7 @@ def _cache_put(d: Path, key: str, value: dict) -> None:
 
 def _one_line(text: Any, limit: int = 300) -> str:
     lines = [ln.strip() for ln in str(text or "").strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else "")[:limit]
+    return (lines[0] if lines else "")[:limit]
 
 
 def compile_side(tree: Path, src: FamilySources, job: dict, label: str, cache_home: Path, cache_dir: Path,

@@ -148,7 +148,9 @@ def run_review(
         result.reviewed_by = f"nothing to review: no change to {', '.join(src.files)} since {base_label}"
         result.notes.append(result.reviewed_by + (f" (other kernel files changed: {', '.join(elsewhere)})" if elsewhere else ""))
     else:
-        if compile:
+        if compile and getattr(family, "recorded", False):
+            result.notes.append(f"family {family.name} serves recorded runs: nothing to compile, no compile comparison")
+        elif compile:
             say(f"review: AOT-compiling the baseline config with the base and the new source ({spec.hardware.arch})")
             has_base = git(repo, "cat-file", "-e", f"{base_sha}:{module_path}", check=False).returncode == 0
             result.compile = compile_deltas(src, base_sha if has_base else None, spec, home)
@@ -175,11 +177,11 @@ def run_review(
 def _ask_model(result: ReviewResult, spec: Any, family: Any, mine: list[FileDiff], facts: list[str], gateway: Any,
                no_model_reason: str, run_id: str, partition: str, max_slice_chars: int, scrub: Callable[[str], str]) -> None:
     """The model, one slice at a time; a credentials or request error stops the rest, a per-slice error is a note."""
-    checklist = spec_checklist(spec, family)
     slices = [(fd, text) for fd in mine if not fd.binary for text in render_slices(fd, max_slice_chars)]
     result.slices = len(slices)
     tokens = {"prompt": 0, "completion": 0, "total": 0}
     stop = "" if gateway is not None else (no_model_reason or "no gateway")
+    checklist = spec_checklist(spec, family) if not stop else {}
     aliases: list[str] = []
     per_file_count: dict[str, int] = {}
     for fd, text in slices:
