@@ -2,14 +2,24 @@
 
     kregress sweep specs/gemm_h100_bf16.yaml      # whole graph for one spec, with progress
     kregress specs validate specs/*.yaml          # check specs, run nothing
+
+Start-up imports nothing heavy: Dagster, Triton and torch are imported by the commands that need them,
+and a plugin's module (PLUGINS) is imported only when its command runs (``kregress --help`` reads the
+plugins' command names and help from their source).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
 import importlib
+import importlib.util
+import json
 import logging
 import os
+import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,7 +28,15 @@ from kregress.core import paths
 from kregress.core.names import STRATEGIES
 
 # Subcommands contributed by other modules: each exposes register(subparsers).
-PLUGINS = ("kernel_assets.cli_usage", "kregress.clients.cli", "kernel_assets.cli_family")
+PLUGINS = ("kernel_assets.cli_usage", "kregress.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay")
+
+# Exit codes of `kregress sweep`.
+EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET = 0, 1, 2, 3
+SWEEP_EPILOG = ("exit codes: 0 done (or unchanged since the last sweep); 1 a step failed (the reason is printed on one "
+                "line); 2 the spec is invalid; 3 the token budget was exceeded (--budget-overshoot warn: a warning)")
+# Test hook: `step:<step_key>` (at that step's start) or `log:<text>` (after a progress line containing text)
+# makes the sweep process SIGKILL itself, as a crash would. Only tests set it.
+KILL_ENV = "KREGRESS_TEST_KILL_AT"
 
 
 def _ensure_home(arg: str | None) -> Path:
@@ -28,12 +46,58 @@ def _ensure_home(arg: str | None) -> Path:
     if not (home / "dagster.yaml").exists():
         repo_yaml = paths.REPO_ROOT / "dagster_home" / "dagster.yaml"
         if repo_yaml.exists() and repo_yaml.parent != home:
-            (home / "dagster.yaml").write_text(repo_yaml.read_text())
+            tmp = home / f".dagster.yaml.{os.getpid()}"
+            tmp.write_text(repo_yaml.read_text())
+            tmp.replace(home / "dagster.yaml")  # atomic: a parallel first sweep never reads half a file
     return home
 
 
+# --- errors on one line ----------------------------------------------------------------------------
+
+
+def _error_chain(err) -> list:
+    """A SerializableErrorInfo and its causes/contexts, outermost first."""
+    out, seen = [], set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        out.append(err)
+        err = getattr(err, "cause", None) or getattr(err, "context", None)
+    return out
+
+
+def failure_line(err) -> str:
+    """What a user reads for a failed step: a classified gateway error's ``[class] ... Fix: ...`` line when the
+    cause chain holds one, else the innermost error as ``Type: first line``, never Dagster's wrapper."""
+    from kregress.core.endpoints import gateway_error_line
+
+    if err is None:
+        return "no error recorded"
+    chain = _error_chain(err)
+    for e in chain:
+        line = gateway_error_line(getattr(e, "message", "") or "")
+        if line:
+            cls = getattr(e, "cls_name", "") or ""
+            return f"{cls}: {line}" if cls and cls not in line else line
+    wrappers = {"DagsterExecutionStepExecutionError", "DagsterUserCodeExecutionError", "DagsterExecutionInterruptedError"}
+    user = [e for e in chain if getattr(e, "cls_name", "") not in wrappers] or chain
+    e = user[-1] if len(user) > 1 else user[0]
+    msg = " ".join((getattr(e, "message", "") or "").split())
+    cls = getattr(e, "cls_name", "") or ""
+    msg = msg.removeprefix(f"{cls}: ") if cls else msg
+    return f"{cls}: {msg}"[:600] if cls else msg[:600]
+
+
+# --- progress display ------------------------------------------------------------------------------
+
+_ROUND_STEP = re.compile(r"^round_(\d+)_(suggestions|variants|profiles)$")
+_SKIPPED = re.compile(r"^round (\d+) skipped: (.*)$")
+
+
 class _Progress(logging.Handler):
-    """Turns Dagster's step events and the assets' log lines into a compact progress display."""
+    """Turns Dagster's step events and the assets' log lines into a compact progress display.
+
+    A failed step prints one line with the user-facing reason; a failed check names the variants and why;
+    a skipped round prints once ("round 3 skipped: ...") and its later steps print nothing."""
 
     def __init__(self, total_steps: int, stream=sys.stderr):
         super().__init__(logging.DEBUG)
@@ -41,6 +105,10 @@ class _Progress(logging.Handler):
         self.done = 0
         self.t0 = time.perf_counter()
         self.stream = stream
+        self.failures: list[tuple[str, str]] = []  # (step, one line)
+        self.skipped_rounds: set[int] = set()
+        self._pending: str | None = None  # a round's suggestions step line, held until we know it ran
+        self.kill_at = os.environ.get(KILL_ENV, "")
 
     def emit(self, record: logging.LogRecord) -> None:
         meta = getattr(record, "dagster_meta", None) or {}
@@ -50,40 +118,155 @@ class _Progress(logging.Handler):
         if event is not None:
             kind = event.event_type_value
             if kind == "STEP_START":
-                self._line(f"{elapsed} [{self.done + 1:>2}/{self.total}] {step} ...")
+                self._flush()
+                m = _ROUND_STEP.match(step)
+                line = f"{elapsed} [{self.done + 1:>2}/{self.total}] {step} ..."
+                if m and int(m.group(1)) in self.skipped_rounds:
+                    pass  # the round was already reported as skipped
+                elif m and m.group(2) == "suggestions":
+                    self._pending = line
+                else:
+                    self._line(line)
+                if self.kill_at == f"step:{step}":
+                    self._die()
             elif kind == "STEP_SUCCESS":
                 self.done += 1
             elif kind == "STEP_FAILURE":
+                self._flush()
                 self.done += 1
-                self._line(f"{elapsed} FAILED {step}: {str(getattr(event.event_specific_data, 'error', ''))[:400]}")
+                why = failure_line(getattr(event.event_specific_data, "error", None))
+                self.failures.append((step, why))
+                self._line(f"{elapsed} FAILED {step}: {why}")
             elif kind == "ASSET_CHECK_EVALUATION":
                 data = event.event_specific_data
                 if not data.passed:
-                    self._line(f"{elapsed}   check {data.check_name} FAILED ({data.severity.value})")
+                    self._flush()
+                    detail = (data.description or "").strip() or _check_detail(data.metadata)
+                    self._line(f"{elapsed}   check {data.check_name} FAILED ({data.severity.value})"
+                               + (f": {' '.join(detail.split())[:400]}" if detail else ""))
             return
         msg = meta.get("orig_message") or record.getMessage()
         if record.levelno >= logging.INFO and msg and not msg.startswith(("Finished", "Started", "Executing", "Dependencies for step")):
+            m = _SKIPPED.match(msg)
+            if m:
+                self.skipped_rounds.add(int(m.group(1)))
+                self._pending = None
+                self._line(f"{elapsed} [{self.done + 1:>2}/{self.total}] round {m.group(1)} skipped: {m.group(2)}")
+                return
+            self._flush()
             self._line(f"{elapsed}   {msg}")
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._line(self._pending)
+            self._pending = None
 
     def _line(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
+        if self.kill_at.startswith("log:") and self.kill_at[4:] in text:
+            self._die()
+
+    @staticmethod
+    def _die() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _prepare(args: argparse.Namespace):
-    """(spec, home, resources, instance) for a command that runs one spec in-process, or None after
-    printing why the spec cannot run (exit 2)."""
+def _check_detail(metadata) -> str:
+    for key in ("problems", "violations", "details", "error"):
+        v = (metadata or {}).get(key)
+        text = str(getattr(v, "value", getattr(v, "text", v)) or "")
+        if text and text not in ("none", "_none_", "None"):
+            return text
+    return ""
+
+
+# --- unchanged since the last sweep ----------------------------------------------------------------
+
+
+def _code_hash() -> str:
+    """Hash of the project's own Python sources (what a sweep runs), read from disk without importing them."""
+    h = hashlib.sha256()
+    for pkg in ("kregress", "kernel_assets", "resources", "kernels"):
+        spec = importlib.util.find_spec(pkg)
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            for f in sorted(Path(root).rglob("*.py")):
+                h.update(str(f.relative_to(root)).encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def sweep_fingerprint(spec, args: argparse.Namespace) -> dict[str, str]:
+    """What decides a sweep's outcome besides the caches: if all of it equals the last successful sweep's,
+    re-running it would redo the same work to write the same report."""
+    from kregress.core.family import get_family
+
+    torch = sys.modules.get("torch")
+    try:
+        gpu = str(bool(torch and torch.cuda.is_available()))
+    except Exception:  # noqa: BLE001 - a broken CUDA set-up is simply "no GPU" here
+        gpu = "False"
+    return {
+        "spec_hash": spec.content_hash(),
+        "family_hash": get_family(spec.kernel_family).source_hash(),
+        "code_hash": _code_hash(),
+        "env": getattr(args, "env", None) or os.environ.get("KREGRESS_ENV", "local"),
+        "backend": args.backend or spec.benchmark.backend,
+        "strategy": args.strategy or spec.search.strategy,
+        "gpu_visible": gpu,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "model": os.environ.get("TAOTOKEN_MODEL_ID", ""),
+        "base_url": os.environ.get("TAOTOKEN_BASE_URL", ""),
+    }
+
+
+def _last_sweep_file(home: Path, task_id: str) -> Path:
+    return home / "kregress_cli" / "last_sweep" / f"{task_id}.json"
+
+
+def _unchanged(home: Path, task_id: str, fingerprint: dict[str, str]) -> dict | None:
+    try:
+        last = json.loads(_last_sweep_file(home, task_id).read_text())
+    except (OSError, ValueError):
+        return None
+    if last.get("fingerprint") != fingerprint or not Path(last.get("report", "")).is_file():
+        return None
+    return last
+
+
+def _record_sweep(home: Path, task_id: str, record: dict) -> None:
+    f = _last_sweep_file(home, task_id)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    tmp.replace(f)
+
+
+# --- commands --------------------------------------------------------------------------------------
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _load(args: argparse.Namespace):
     from kregress.core.spec import SpecError, load_spec
 
     try:
-        spec = load_spec(args.spec)
+        return load_spec(args.spec)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
-    home = _ensure_home(args.dagster_home)
-    import dagster as dg
 
-    from kernel_assets.constants import SPECS_PARTITIONS
+
+def _prepare(args: argparse.Namespace, spec=None):
+    """(spec, home, resources, instance) for a command that runs one spec in-process, or None after
+    printing why the spec cannot run (exit 2)."""
+    spec = spec or _load(args)
+    if spec is None:
+        return None
+    home = _ensure_home(args.dagster_home)
     from kernel_assets.definitions import build_resources
+    from kernel_assets.run_guard import prepared_instance
     from kernel_assets.specs_resource import SpecStore
 
     spec_file = str(Path(args.spec).resolve())
@@ -91,21 +274,51 @@ def _prepare(args: argparse.Namespace):
         [spec_file] + [f for f in os.environ.get("KREGRESS_SPEC_FILES", "").split(os.pathsep) if f and f != spec_file])
     resources = build_resources(getattr(args, "env", None))
     resources["specs"] = SpecStore()
-    instance = dg.DagsterInstance.get()
-    if not instance.has_dynamic_partition(SPECS_PARTITIONS.name, spec.task_id):
-        instance.add_dynamic_partitions(SPECS_PARTITIONS.name, [spec.task_id])
+    instance = prepared_instance(home, spec.task_id, log=_say)
     return spec, home, resources, instance
 
 
+def _budget_verdict(resources: dict, spec, run_id: str) -> list[str]:
+    """Why the sweep's token use went over its budget (one reason a line); [] when within or no calls."""
+    from kernel_assets.usage import budget_report
+
+    ledger = resources["ledger"].get_ledger()
+    reasons = list(ledger.exceeded(run_id, spec.budget)) if hasattr(ledger, "exceeded") else []
+    rep = budget_report(ledger, spec.budget, sweep=run_id)
+    if not reasons and not rep.passed:
+        reasons.append(f"{rep.total} tokens against max_total_tokens {rep.total_limit}")
+    if rep.overshoot and not any("overshoot" in r.lower() or "beyond" in r for r in reasons):
+        o = rep.overshoot
+        reasons.append(f"overshoot: {o.calls} call(s) from round {o.first_round} billed {o.tokens} tokens beyond "
+                       f"their reservation (input +{o.input}, output +{o.output})")
+    return reasons
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
-    prepared = _prepare(args)
+    spec = _load(args)
+    if spec is None:
+        return EXIT_BAD_SPEC
+    home = _ensure_home(args.dagster_home)
+    fingerprint = sweep_fingerprint(spec, args)
+    last = None if args.force else _unchanged(home, spec.task_id, fingerprint)
+    if last is not None:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(last.get("ts", 0)))
+        _say(f"kregress: sweep {spec.task_id} unchanged since run {last['run_id']} ({when}): same spec hash "
+             f"{fingerprint['spec_hash']}, kernel and code versions, backend and strategy; nothing re-run "
+             f"(--force re-runs it)")
+        print(f"report: {last['report']}")
+        if last.get("verdicts"):
+            print(last["verdicts"])
+        return EXIT_OK
+    prepared = _prepare(args, spec)
     if prepared is None:
-        return 2
+        return EXIT_BAD_SPEC
     spec, home, resources, instance = prepared
     import dagster as dg
 
     from kernel_assets.constants import ROUNDS, SWEEP_JOB
     from kernel_assets.definitions import build_definitions
+    from kernel_assets.run_guard import run_tags
     from kregress.core.family import get_family
     from resources.gpu import backend_for, compiled_backend
 
@@ -129,22 +342,37 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.strategy:
         run_config["ops"] = {f"round_{k}_suggestions": {"config": {"strategy": args.strategy}}
                              for k in ROUNDS}
-    print(f"kregress: sweep {spec.task_id} ({spec.kernel_family}, {spec.dtype}, {spec.hardware.arch}); "
-          f"DAGSTER_HOME={home}; backend={backend_for(get_family(spec.kernel_family), resources['bench'], resources['replay']).kind}; strategy={args.strategy or spec.search.strategy}",
-          file=sys.stderr)
+    backend = backend_for(get_family(spec.kernel_family), resources['bench'], resources['replay']).kind
+    _say(f"kregress: sweep {spec.task_id} ({spec.kernel_family}, {spec.dtype}, {spec.hardware.arch}); "
+         f"DAGSTER_HOME={home}; backend={backend}; strategy={args.strategy or spec.search.strategy}")
     result = job.execute_in_process(partition_key=spec.task_id, instance=instance, run_config=run_config,
-                                    raise_on_error=False)
+                                    raise_on_error=False, tags=run_tags())
+    over = _budget_verdict(resources, spec, result.run_id)
+    budget_rc = EXIT_OK
+    if over:
+        warn = args.budget_overshoot == "warn"
+        _say(f"kregress: {'warning: ' if warn else ''}token budget EXCEEDED in sweep {spec.task_id} (run {result.run_id}): "
+             + "; ".join(over))
+        budget_rc = EXIT_OK if warn else EXIT_BUDGET
     if not result.success:
-        failed = [e.step_key for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-        print(f"kregress: sweep {spec.task_id} FAILED (run {result.run_id}); failed steps: {', '.join(failed) or 'see the run in dagster'}",
-              file=sys.stderr)
-        return 1
+        failures = handler.failures or [
+            (e.step_key, failure_line(getattr(e.event_specific_data, "error", None)))
+            for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+        first = failures[0][1] if failures else "see the run in dagster"
+        _say(f"kregress: sweep {spec.task_id} FAILED (run {result.run_id}); failed steps: "
+             f"{', '.join(s for s, _ in failures) or '-'}; {first}")
+        return EXIT_FAILED
     summary = result.output_for_node("verdict_report")
     counts = summary["counts"]
-    print(f"report: {summary['report_dir']}/report.md")
-    print(f"verdicts: PASS {counts['PASS']}, REGRESS {counts['REGRESS']}, NEEDS_REVIEW {counts['NEEDS_REVIEW']} "
-          f"({summary['variants']} variants; best {summary['best']}; stopped: {summary['stopped'] or 'no'})")
-    return 0
+    report = f"{summary['report_dir']}/report.md"
+    verdicts = (f"verdicts: PASS {counts['PASS']}, REGRESS {counts['REGRESS']}, NEEDS_REVIEW {counts['NEEDS_REVIEW']} "
+                f"({summary['variants']} variants; best {summary['best']}; stopped: {summary['stopped'] or 'no'})")
+    print(f"report: {report}")
+    print(verdicts + (f"; budget EXCEEDED" if over else ""))
+    if not over:
+        _record_sweep(home, spec.task_id, {"run_id": result.run_id, "ts": time.time(), "fingerprint": fingerprint,
+                                           "report": report, "verdicts": verdicts})
+    return budget_rc
 
 
 def cmd_review(args: argparse.Namespace) -> int:
@@ -155,19 +383,22 @@ def cmd_review(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from kernel_assets.definitions import REVIEW_ASSETS
+    from kernel_assets.run_guard import run_tags
 
     config = {"base_ref": args.base or "", "use_model": not args.offline}
-    print(f"kregress: reviewing the kernels/ diff for {spec.task_id} (base: {args.base or 'last reviewed revision, else HEAD'})",
+    print(f"kregress: reviewing the kernel diff for {spec.task_id} (base: {args.base or 'last reviewed revision, else HEAD or the commit before the last one touching the kernel'})",
           file=sys.stderr)
     result = dg.materialize(REVIEW_ASSETS, partition_key=spec.task_id, instance=instance, resources=resources,
                             run_config={"ops": {"kernel_source_review": {"config": config}},
                                         "loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-                            raise_on_error=False)
+                            raise_on_error=False, tags=run_tags())
     if not result.success:
-        why = [str(getattr(e.event_specific_data.error, "message", "")).strip() for e in result.all_events
+        why = [failure_line(getattr(e.event_specific_data, "error", None)) for e in result.all_events
                if e.event_type_value == "STEP_FAILURE"]
         print(f"kregress: review FAILED (run {result.run_id}): {' '.join(why)[:800]}", file=sys.stderr)
         return 1
+    out = result.output_for_node("kernel_source_review")
+    print(f"diff: {out['base_ref']} ({out['base_sha'][:10]}) -> working tree; {out['reviewed_by']}")
     print(f"review: {home / 'reports' / spec.task_id / 'review.md'}")
     return 0
 
@@ -195,14 +426,8 @@ def cmd_history_show(args: argparse.Namespace) -> int:
     _ensure_home(args.dagster_home)
     from kernel_assets import history
 
-    df = history.load(args.task_id)
-    if df.empty:
-        print(f"no history for {args.task_id} under {history.history_root()}")
-        return 0
-    base = df[df["is_baseline"]][["run_id", "ts", "device", "torch_version", "triton_version", "evidence", "verdict", "p50_ms"]]
-    base = base.assign(ts=base["ts"].map(lambda t: time.strftime("%Y-%m-%d %H:%M", time.gmtime(t))),
-                       run_id=base["run_id"].str[:8], p50_ms=base["p50_ms"].map(lambda xs: ", ".join(f"{x:.4g}" for x in xs)))
-    print(base.to_string(index=False))
+    text = history.show(args.task_id)
+    print(text)
     for a in history.acks(args.task_id):
         print(f"acknowledged {a['run_id'][:8]} by {a['by']}: {a['why']}")
     return 0
@@ -221,19 +446,65 @@ def cmd_history_ack(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+# --- plugins, imported only when their command runs -----------------------------------------------
+
+
+def plugin_commands(module: str) -> list[tuple[str, str]] | None:
+    """(command, help) that ``module.register(sub)`` adds, read from its source without importing it; None when
+    the source does not say plainly (the module is then imported)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    try:
+        tree = ast.parse(Path(spec.origin).read_text())
+    except (OSError, SyntaxError):
+        return None
+    reg = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "register"), None)
+    if reg is None or not reg.args.args:
+        return None
+    sub = reg.args.args[0].arg
+    out = []
+    for node in ast.walk(reg):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_parser"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == sub):
+            if not node.args or not isinstance(node.args[0], ast.Constant) or not isinstance(node.args[0].value, str):
+                return None
+            help_kw = next((k.value for k in node.keywords if k.arg == "help"), None)
+            try:
+                help_text = ast.literal_eval(help_kw) if help_kw is not None else None
+            except ValueError:
+                return None
+            out.append((node.args[0].value, help_text))
+    return out or None
+
+
+def _command_of(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The full parser. With ``argv``, a plugin whose command is not the one being run is listed from its
+    source (name and help) instead of being imported; without it, every plugin is imported."""
     p = argparse.ArgumentParser(prog="kregress", description="Budgeted, auditable kernel regression sweeps on Dagster.")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("sweep", help="run one spec's whole graph in-process")
+    s = sub.add_parser("sweep", help="run one spec's whole graph in-process", epilog=SWEEP_EPILOG)
     s.add_argument("spec", help="path to a task spec YAML")
     s.add_argument("--dagster-home", help="default: $DAGSTER_HOME, else ./dagster_home")
     s.add_argument("--env", choices=["local", "gpu"], help="resource set (default $KREGRESS_ENV or local)")
     s.add_argument("--backend", choices=["auto", "cuda", "interpreter"], help="override the benchmark backend")
     s.add_argument("--strategy", choices=list(STRATEGIES), help="override the spec's search strategy")
+    s.add_argument("--force", action="store_true",
+                   help="re-run even when the spec, kernels, code and backend are unchanged since the last sweep")
+    s.add_argument("--budget-overshoot", choices=["fail", "warn"], default="fail",
+                   help="a sweep over its token budget exits 3 (fail, default) or warns and exits 0 (warn)")
     s.set_defaults(func=cmd_sweep)
     r = sub.add_parser("review", help="review the kernels/ diff that matters to a spec (role review; offline checks without a key)")
     r.add_argument("spec", help="path to a task spec YAML")
-    r.add_argument("--base", help="git ref to diff against (default: the revision last reviewed, else HEAD)")
+    r.add_argument("--base", help="git ref to diff against (default: the revision last reviewed, else HEAD when the kernel has "
+                   "uncommitted changes, else the commit before the last one touching it)")
     r.add_argument("--offline", action="store_true", help="no model call: compile-stat deltas and test coverage only")
     r.add_argument("--dagster-home")
     r.set_defaults(func=cmd_review)
@@ -255,7 +526,13 @@ def build_parser() -> argparse.ArgumentParser:
     ha.add_argument("--run-id", help="default: the latest sweep of the task")
     ha.add_argument("--dagster-home")
     ha.set_defaults(func=cmd_history_ack)
+    wanted = _command_of(argv) if argv is not None else None
     for mod in PLUGINS:
+        listed = plugin_commands(mod) if argv is not None else None
+        if listed is not None and wanted not in {name for name, _ in listed}:
+            for name, help_text in listed:  # a placeholder: never run, the real parser replaces it when asked for
+                sub.add_parser(name, help=help_text, add_help=False)
+            continue
         try:
             module = importlib.import_module(mod)
         except ModuleNotFoundError as exc:
@@ -268,7 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
     return args.func(args)
 
 

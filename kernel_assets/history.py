@@ -172,3 +172,30 @@ def compare_baseline(spec: TaskSpec, baseline: VariantResult, home: Path | None 
                                      min_samples=spec.regression_guard.min_samples)
     return HistoryComparison(verdict, f"vs accepted baseline of run {ref['run_id'][:8]}: {reason}", str(ref["run_id"]),
                              ci.ratio, ci.low, ci.high)
+
+
+# --- display ---------------------------------------------------------------------------------
+
+
+def show(task_id: str, home: Path | None = None) -> str:
+    """The baselines recorded for a task as a table: one row per sweep, one p50 column per shape, each column
+    labelled with its shape (``p50 ms 4096x4096x4096``); a shape a sweep did not time shows ``-``."""
+    df = load(task_id, home)
+    if df.empty:
+        return f"no history for {task_id} under {history_root(home)}"
+    base = df[df["is_baseline"]]
+    labels: list[str] = []
+    for shapes in base["shapes"]:
+        for s in shapes:
+            if str(s) not in labels:
+                labels.append(str(s))
+    rows = []
+    for _, r in base.iterrows():
+        p50 = {str(s): p for s, p in zip(r["shapes"], r["p50_ms"])}
+        rows.append({
+            "run_id": str(r["run_id"])[:8], "ts": time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["ts"])),
+            "device": r["device"], "torch": r["torch_version"], "triton": r["triton_version"],
+            "evidence": r["evidence"], "verdict": r["verdict"],
+            **{f"p50 ms {lab}": (f"{p50[lab]:.4g}" if lab in p50 else "-") for lab in labels},
+        })
+    return pd.DataFrame(rows).to_string(index=False)

@@ -10,7 +10,8 @@ from kregress.core.records import Measurement, VariantResult, config_hash
 from kregress.core.spec import load_spec
 from pathlib import Path
 
-SPEC = load_spec(Path(__file__).resolve().parent.parent / "specs" / "replay_clblast_rtx3090.yaml")
+# A shipped spec that needs no recorded data folder (tests pass without ../shared).
+SPEC = load_spec(Path(__file__).resolve().parent.parent / "specs" / "gemm_smoke.yaml")
 RNG = np.random.default_rng(0)
 BASE = RNG.normal(14.5, 0.05, 32).tolist()
 
@@ -62,3 +63,26 @@ def test_other_device_or_model_evidence(tmp_path):
     assert other.verdict == "NO_HISTORY" and "H100" in other.reason
     est = history.compare_baseline(SPEC, baseline(BASE, evidence="model"), tmp_path)
     assert est.verdict in ("NO_HISTORY", "NEEDS_REVIEW")
+
+
+def _row(samples, shape, p50):
+    s = sorted(samples)
+    return Measurement(shape=shape, samples_ms=samples, p20_ms=s[6], p50_ms=p50, p80_ms=s[25], tflops=1, gbps=1,
+                       evidence="replay", device="NVIDIA GeForce RTX 3090", torch_version="n/a", triton_version="n/a")
+
+
+def test_show_labels_every_p50_with_its_shape(tmp_path):
+    one = VariantResult(variant_id="baseline", round=0, source="baseline", config=SPEC.baseline,
+                        config_hash=config_hash(SPEC.baseline), evidence="replay",
+                        measurements=[_row(BASE, "4096x4096x4096", 14.5), _row(BASE, "64x96x256", 0.0123)])
+    history.append_sweep(SPEC, "run-aaaaaaaa", [one], {}, "NO_HISTORY", tmp_path)
+    two = one.model_copy(update={"measurements": [_row(BASE, "4096x4096x4096", 14.7)]})
+    history.append_sweep(SPEC, "run-bbbbbbbb", [two], {}, "PASS", tmp_path)
+    lines = history.show(SPEC.task_id, tmp_path).splitlines()
+    header = lines[0]
+    assert "p50 ms 4096x4096x4096" in header and "p50 ms 64x96x256" in header, header
+    assert len(lines) == 3
+    first, second = lines[1], lines[2]
+    assert "run-aaaa" in first and "14.5" in first and "0.0123" in first
+    assert "run-bbbb" in second and "14.7" in second and second.rstrip().endswith("-")  # shape not timed that sweep
+    assert history.show("nothing_here", tmp_path).startswith("no history for nothing_here")
