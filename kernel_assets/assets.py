@@ -94,7 +94,7 @@ def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench:
                      replay: ReplayBackend):
     """Compile, correctness and latency of the spec's baseline config."""
     spec = specs.load(context.partition_key)  # the run's one read of the spec file
-    fam = get_family(spec.kernel_family)
+    fam = get_family(spec.kernel_family).for_params(spec.params)
     sugg = Suggestion(variant_id="baseline", config=spec.baseline, patch_summary="the spec's baseline config",
                       source="baseline", round=0, risk="low")
     (row,), ev = backend_for(fam, bench, replay).evaluate(spec, fam, [sugg], log=_log_fn(context))
@@ -139,7 +139,7 @@ def build_round(k: int):
     def suggestions(context: dg.AssetExecutionContext, config: SuggestConfig, specs: SpecStore,
                     taotoken: TaotokenResource, ledger: LedgerResource, prev: sweep.RoundState):
         spec = _snapshot(prev.spec, specs, context.partition_key)
-        fam = get_family(spec.kernel_family)
+        fam = get_family(spec.kernel_family).for_params(spec.params)
         strategy = spec.search.strategy if config.strategy == StrategyOverride.spec else config.strategy.value
         if prev.stopped or k > spec.search.max_rounds:
             reason = prev.stopped or f"max_rounds reached ({spec.search.max_rounds})"
@@ -181,7 +181,7 @@ def build_round(k: int):
     def variants(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkBackend, replay: ReplayBackend,
                  proposal: Proposal):
         spec = _snapshot(proposal.spec, specs, context.partition_key)
-        fam = get_family(spec.kernel_family)
+        fam = get_family(spec.kernel_family).for_params(spec.params)
         rows, ev = ([], None)
         if proposal.suggestions:
             rows, ev = backend_for(fam, bench, replay).evaluate(spec, fam, proposal.suggestions, log=_log_fn(context))
@@ -243,7 +243,7 @@ def verdict_report(context: dg.AssetExecutionContext, specs: SpecStore, taotoken
     from kernel_assets.narrative import narrative_for
 
     spec = _snapshot(state.spec, specs, context.partition_key)
-    fam = get_family(spec.kernel_family)
+    fam = get_family(spec.kernel_family).for_params(spec.params)
     baseline = state.history[0]
     verdicts = {r.variant_id: sweep.verdict_for(r, baseline, spec) for r in state.history[1:]}
     narrative, source, token_table = narrative_for(context, spec, state, verdicts)
@@ -257,14 +257,21 @@ def verdict_report(context: dg.AssetExecutionContext, specs: SpecStore, taotoken
                        extra_sections=[("Baseline vs history", past_text)])
     counts = {k: int(res["counts"].get(k, 0)) for k in ("PASS", "REGRESS", "NEEDS_REVIEW")}
     summary = {"task_id": spec.task_id, "report_dir": str(out_dir), "counts": counts, "best": state.best_id,
-               "stopped": state.stopped, "variants": len(state.history) - 1}
+               "stopped": state.stopped, "variants": len(state.history) - 1,
+               # issue 12: REGRESS split by cause, the line to print, and the headline best on its evidence
+               "causes": res["causes"], "summary_line": res["summary_line"], "best_kind": res["best"]["kind"],
+               "best_ties": res["best"]["ties"]}
     vt = res["verdicts"]
     md = {
         **{f"n_{k}": v for k, v in counts.items()},
+        **{f"n_REGRESS_{c}": n for c, n in res["causes"].items()},
+        "summary": res["summary_line"],
+        "best_kind": res["best"]["kind"],
         "report": dg.MetadataValue.path(str(out_dir / "report.md")),
         "best_variant": state.best_id,
-        "verdicts": dg.MetadataValue.md(_md_table(vt, ["variant_id", "round", "config_label", "verdict", "ratio",
-                                                       "evidence", "reasons"]) if len(vt) else "_none_"),
+        "verdicts": dg.MetadataValue.md(_md_table(vt, ["variant_id", "round", "config_label", "verdict", "cause",
+                                                       "worst_shape", "ratio", "evidence", "reasons"])
+                                        if len(vt) else "_none_"),
         "latency_plot": dg.MetadataValue.md(md_image(res["png"], "p50 latency per variant")),
         "narrative_source": source,
         "baseline_vs_history": past.verdict,

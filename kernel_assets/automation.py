@@ -61,8 +61,11 @@ def evaluate_specs(cursor: str | None, instance, store: SpecStore, log=None) -> 
             invalid.append(str(exc).splitlines()[0])
             continue
         seen_specs[task_id] = spec.content_hash()
-        spec_family[task_id] = spec.kernel_family
-        families.setdefault(spec.kernel_family, get_family(spec.kernel_family).source_hash())
+        fam = get_family(spec.kernel_family)
+        bound = fam.for_params(spec.params)  # replay: the recorded file the spec names
+        key = spec.kernel_family if bound is fam else f"{spec.kernel_family}:{json.dumps(spec.params, sort_keys=True)}"
+        spec_family[task_id] = key
+        families.setdefault(key, bound.source_hash())
     existing = set(instance.get_dynamic_partitions(SPECS_PARTITIONS.name))
     added = sorted(set(seen_specs) - existing)
     removed = sorted(existing - set(seen_specs))

@@ -227,6 +227,18 @@ def family_problems(spec: TaskSpec | dict, skip: frozenset[str] = frozenset()) -
     dtype = raw.get("dtype", "bf16")
     if "dtype" not in skip and isinstance(dtype, str) and dtype not in fam.dtypes:
         out.append(("dtype", dtype, f"family {fam.name} takes {', '.join(fam.dtypes)}"))
+    params = raw.get("params", {})
+    params = params if isinstance(params, dict) else {}
+    if "params" not in skip:
+        n = len(out)
+        guarded("params", params, lambda: fam.check_params(params))
+        if len(out) > n:  # space and shapes may follow the params (replay: the recorded file): said once
+            return out
+        try:
+            fam = fam.for_params(params)
+        except Exception as exc:  # noqa: BLE001 - never a traceback
+            out.append(("params", params, f"could not be checked: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+            return out
     bad_shape_fields = {".".join(f.split(".")[:2]) for f, _, _ in out}
     for field in ("shape_matrix", "correctness_shapes"):
         shapes = raw.get(field)
@@ -235,15 +247,11 @@ def family_problems(spec: TaskSpec | dict, skip: frozenset[str] = frozenset()) -
         for i, shape in enumerate(shapes):
             if f"{field}.{i}" not in bad_shape_fields:
                 guarded(f"{field}.{i}", shape, lambda s=shape: fam.check_shape(s))
-    params = raw.get("params", {})
-    params = params if isinstance(params, dict) else {}
     baseline = raw.get("baseline")
     if "baseline" not in skip and isinstance(baseline, dict):
         limits = _limits_or_default(raw)
         guarded("baseline", baseline,
                 lambda: (lambda p: p and p + _baseline_hint(fam, baseline))(fam.space.check(baseline, params, limits)))
-    if "params" not in skip:
-        guarded("params", params, lambda: fam.check_params(params))
     return out
 
 
@@ -428,6 +436,13 @@ def load_spec(path: str | Path) -> TaskSpec:
         raise SpecError(f"{path}: line {exc.problem_mark.line + 1}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if isinstance(data, dict) and isinstance(data.get("params"), dict) and isinstance(data.get("kernel_family"), str):
+        from kregress.core.family import UnknownFamily, get_family
+
+        try:  # paths in params are relative to the spec's folder (replay: cache_file)
+            data = {**data, "params": get_family(data["kernel_family"]).resolve_params(data["params"], path.parent)}
+        except UnknownFamily:
+            pass  # validation reports it with the field name
     return parse_spec(data, path)
 
 
