@@ -108,7 +108,13 @@ def test_cli_offline_review_against_an_older_api_compiles_both_sides(history, en
     repo, shas = history
     home, scratch = env
     monkeypatch.setenv("KREGRESS_REVIEW_REPO", str(repo))
-    assert main(["review", str(REPO / "specs" / "gemm_smoke.yaml"), "--offline", "--base", shas["c1"]]) == 0
+    spec_file = str(REPO / "specs" / "gemm_smoke.yaml")
+    # a clean checkout, first review: the CLI says which commit it compares with
+    assert main(["review", spec_file, "--offline"]) == 0
+    out = capsys.readouterr().out
+    assert f"diff: before {shas['c2'][:10]} (last commit touching the kernel: c2: API moved" in out and f"({shas['c1'][:10]})" in out
+    assert main(["review", spec_file, "--offline", "--base", shas["c1"]]) == 0
+    assert f"diff: {shas['c1']} ({shas['c1'][:10]}) -> working tree; no model reviewed this" in capsys.readouterr().out
     report = (home / "reports" / "gemm_smoke" / "review.md").read_text()
     assert f"- base {shas['c1'][:10]}: compiles" in report and "- new (working tree): compiles" in report
     assert "| regs_per_thread |" in report and "| sass.async_copy |" in report
