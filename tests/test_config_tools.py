@@ -182,6 +182,12 @@ def test_each_planted_mistake_is_found_with_its_fix(kind, text, code, fix):
     assert KEY not in rendered and "newsletter" not in rendered.replace("parameters: utm_source", "")
 
 
+def test_empty_key_set_up_is_flagged_naming_only_the_environment_variables():
+    text = json.dumps({"env": {"ANTHROPIC_BASE_URL": "https://taotoken.net/api"}, "apiKeyHelper": api_key_helper("review")})
+    [hit] = [f for f in lint_text(text, "settings.json", {"TAOTOKEN_MODEL_ID": "m"}) if f.code == "helper_vars_unset"]
+    assert "$TAOTOKEN_KEY_REVIEW, $TAOTOKEN_API_KEY," in hit.problem and "$k" not in hit.problem and "empty key" in hit.problem
+
+
 def test_codex_findings_say_what_codex_does():
     [hit] = [f for f in lint_text(codex(env_key='env_key = "ANTHROPIC_AUTH_TOKEN"'), "c.toml", dict(ENV)) if f.code == "wrong_tool_vars"]
     assert "Codex reads it and sends its value to this provider" in hit.problem and "does not read" not in hit.problem

@@ -21,6 +21,16 @@ _SECRET_NAME = re.compile(r"(?:KEY|TOKEN|SECRET|PASSWORD)$", re.IGNORECASE)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+_SHELL_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+_SHELL_ASSIGN = re.compile(r"(?:^|;|&&|\|\||\{)\s*([A-Za-z_][A-Za-z0-9_]*)=")  # VAR=... at the start of a statement
+
+
+def helper_variables(command: str) -> list[str]:
+    """The environment variables a shell command (an apiKeyHelper) reads, in order; its own assignments left out."""
+    own = set(_SHELL_ASSIGN.findall(command))
+    return [n for n in dict.fromkeys(_SHELL_VAR.findall(command)) if n not in own]
+
+
 def is_secret_name(name: str) -> bool:
     """Whether a variable or field name says it holds a secret (``*_KEY``, ``*_TOKEN``, ``*_KEYS`` ...)."""
     return bool(_SECRET_NAME.search(name)) or name.upper().endswith(("_KEYS", "AUTH_TOKEN"))

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO
 
-from kregress.clients.common import env_state, is_secret_name, key_alias, looks_like_key, role_keys, scrub
+from kregress.clients.common import env_state, helper_variables, is_secret_name, key_alias, looks_like_key, role_keys, scrub
 from kregress.clients.export import claude_user_settings, codex_user_config
 from kregress.clients.lint import Finding, check_url, lint_file
 from kregress.core.endpoints import (
@@ -71,7 +71,6 @@ PING_TEXT = "Reply with the single word: pong"
 ANTHROPIC_VERSION = "2023-06-01"
 # lint findings that mean "no usable key reaches the tool"
 _CREDENTIAL_CODES = {"no_auth", "env_key_unset", "env_key_multi", "helper_vars_unset", "empty_key", "placeholder", "wrong_tool_vars"}
-_SHELL_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
 
 
 @dataclass
@@ -266,7 +265,7 @@ def claude_target(env: Mapping[str, str], root: str, model: str, role: str) -> T
     helper = settings.get("apiKeyHelper") if isinstance(settings, dict) else None
     token = next((str(src[n]) for src in (senv, env) for n in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY") if n in src), None)
     if isinstance(helper, str) and helper.strip():
-        names = list(dict.fromkeys(_SHELL_VAR.findall(helper)))
+        names = helper_variables(helper)
         held = next(((n, split_keys(env.get(n, ""))[0]) for n in names if split_keys(env.get(n, ""))), None)
         if held:
             t.key, t.key_source = held[1], f"${held[0]} (via apiKeyHelper, not run)"

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
-from kregress.clients.common import ENV_NAME, environment_secrets, is_placeholder, is_secret_name, looks_like_key
+from kregress.clients.common import ENV_NAME, environment_secrets, helper_variables, is_placeholder, is_secret_name, looks_like_key
 from kregress.clients.export import CODEX_CHAT_REMOVED
 from kregress.core.endpoints import DEFAULT_ROOT, OTHER_TOOLS_ENV, RequestError, fingerprint, resolve_base_url, split_keys
 from kregress.core.endpoints import mask_endpoint_url as mask_url
 
 KINDS = ("claude-code", "codex", "cc-switch")
-_SHELL_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
 _ENDPOINTS = (("chat", "completions"), ("completions",), ("responses",), ("messages",), ("models",))
 _CLAUDE_VARS = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
 @dataclass(frozen=True)
@@ -193,7 +192,7 @@ class _Linter:
         helper = settings.get("apiKeyHelper")
         token_names = [n for n in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY") if str(env.get(n) or "").strip()]
         if isinstance(helper, str) and helper.strip():
-            names = list(dict.fromkeys(_SHELL_VAR.findall(helper)))
+            names = helper_variables(helper)
             if names and not any(split_keys(self.env.get(n, "")) for n in names):
                 self.add(f"{pre}apiKeyHelper", "helper_vars_unset",
                          f"apiKeyHelper reads ${', $'.join(names)}, and none of them holds a key in this environment: the helper prints no key "
