@@ -336,7 +336,7 @@ def run_doctor(
         say(f"  base URL   WRONG: {msg}")
         problems.append(Problem("config", BASE_URL_ENV, msg, fix))
     model = env.get(MODEL_ENV, "").strip()
-    say(f"  model id   {model or 'MISSING'}")
+    say(f"  model id   {model or ('MISSING' if wants_gateway else 'not set (needed only for strategy llm / hybrid and the coding tools)')}")
     if not wants_gateway:
         say()
         say("Strategy local (the default) makes no model calls and needs no gateway: sweeps are fine as set up.")
