@@ -1,40 +1,54 @@
-"""Prefill attention (DeepSeek-style main attention): packed variable-length sequences, causal or not,
-sliding window, grouped-query heads. Flash-attention forward in Triton.
+"""Prefill attention (DeepSeek-style main attention): packed variable-length sequences, chunked
+prefill against a cached prefix, causal or not, flash-attn (left, right) windows, grouped-query
+heads, separate q/k and v head dims (DeepSeek MLA prefill: 192 = 128 + 64 rope, v 128), lse.
+Flash-attention forward in Triton.
 
-Shapes (packed "varlen" layout, as flash_attn_varlen_func):
-- q [total, h_q, head_dim], k and v [total, h_kv, head_dim], cu_seqlens [batch + 1] int32 (prefix
-  sums of the sequence lengths; self-attention, so queries and keys share them), out like q.
-- head_dim is 64 or 128; h_kv divides h_q and query head h reads KV head h // (h_q / h_kv).
+Shapes (packed "varlen" layout and conventions of flash_attn_varlen_func):
+- q [total_q, h_q, d_qk], k [total_k, h_kv, d_qk], v [total_k, h_kv, d_v], cu_seqlens_q and
+  cu_seqlens_k [batch + 1] int32 (prefix sums of the query and key lengths), out [total_q, h_q, d_v]
+  in the input dtype, lse [h_q, total_q] fp32 (natural log, flash-attn's varlen layout).
+- d_qk is 64, 128 or 192; d_v is 64 or 128; h_kv divides h_q and query head h reads KV head
+  h // (h_q / h_kv).
+- seqlen_q <= seqlen_k per sequence; the queries are the *last* seqlen_q positions (bottom-right
+  alignment, as flash-attn >= 2.1): query i sits at position i + seqlen_k - seqlen_q.
 
 Math and why:
 - One program owns BLOCK_M query rows of one head of one sequence and walks that sequence's keys in
   BLOCK_N steps with an online softmax (running max m and sum l per row, fp32 accumulator for
-  P @ V, exp2 with scale * log2(e) folded into the scores), so the L x L score matrix never exists.
-- Visibility of key j from query i: j < L; causal: j <= i; window W: j >= i - W + 1 and, when not
-  causal, also j <= i + W - 1 (a symmetric band). A program only visits the key blocks its rows
-  can see, and splits them into masked edge blocks and unmasked interior blocks: the interior loop
-  (MASK=False) does no index arithmetic and no select, which is where almost all blocks are for long
-  sequences.
-- Row tiles are visited heaviest first (for causal masks the last query tiles see the most keys),
-  so the tail of the grid is made of short programs.
-- Every visible query row sees at least its own key (causal) or some key (non-causal), so no valid
-  row is empty; a zero-length sequence in the batch launches programs that exit at once.
+  P @ V, exp2 with scale * log2(e) folded into the scores), so the score matrix never exists.
+  lse = (m + log2 l) * ln 2 at the end.
+- d_qk = 192 is not a power of two (Triton tiles are): the score is the sum of two dots, the first
+  128 dims and the last 64 ("rope") dims, into one fp32 accumulator.
+- Visibility of key j from query i, with off = seqlen_k - seqlen_q: j < seqlen_k; window
+  (left, right), -1 unbounded: i + off - left <= j <= i + off + right; causal is right = 0. A
+  program only visits the key blocks its rows can see, and splits them into masked edge blocks and
+  unmasked interior blocks: the interior loop (MASK=False) does no index arithmetic and no select,
+  which is where almost all blocks are for long sequences.
+- Row tiles are visited heaviest first (for causal masks the last query tiles see the most keys).
+- With seqlen_q <= seqlen_k every query sees at least key i + off, so no valid row is empty; a row
+  that saw nothing would get out = 0 and lse = +inf (flash-attn's convention). A zero-length
+  sequence launches programs that exit at once.
 - Offsets of the packed tensors are int64 (total * h_q * head_dim can pass 2^31).
 
 Family params (spec.params), all optional:
-- causal: bool, default true.
-- window: int >= 1, the sliding window (keys i - window + 1 .. i, and up to i + window - 1 when not
-  causal); absent or 0 means no window.
-- seqlens: "uniform" (default: every sequence has seqlen tokens), "spread" (same total, uneven
-  lengths) or a list of lengths >= 0 cycled over the batch (see ``seq_lengths``).
-- softmax_scale: float > 0, default head_dim ** -0.5.
-- head_dims: the head_dims the spec's shapes use, e.g. [128]; the AOT compile (which sees no shapes)
-  builds one kernel per entry and reports the heaviest. Default [64, 128].
+- causal: bool, default true (flash-attn: causal means window right = 0).
+- window: [left, right], flash-attn's window_size: -1 is unbounded, default [-1, -1]. With causal,
+  right must be 0 or -1 (both mean 0). Deprecated alias: an int W (the old spelling) maps to
+  [W - 1, 0] when causal and [W - 1, W - 1] when not; 0 maps to [-1, -1].
+- prefix: int >= 0 or a list cycled over the batch (default 0): cached keys before each
+  sequence's queries (chunked prefill), so seqlen_k = seqlen_q + prefix.
+- seqlens: "uniform" (default: every sequence has seqlen query tokens), "spread" (same total,
+  uneven lengths) or a list of lengths >= 0 cycled over the batch (see ``seq_lengths``).
+- head_dim_v: 64 or 128, the v head dim; default the shape's head_dim (128 when head_dim is 192).
+- softmax_scale: float > 0, default d_qk ** -0.5.
+- head_dims: the head_dims (d_qk) the spec's shapes use, e.g. [192]; the AOT compile (which sees
+  no shapes) builds one kernel per entry and reports the heaviest. Default [64, 128].
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -45,32 +59,44 @@ from kregress.core.family import check_param_keys, check_positive_number, check_
 
 
 @triton.jit
-def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen, qk_scale, window,
-                 lo, hi,
-                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                 MASK: tl.constexpr):
-    """Online-softmax update over key blocks [lo, hi); MASK=False only for blocks fully visible to all rows."""
+def _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k, diag, qk_scale,
+                 win_left, win_right, lo, hi,
+                 D_QK: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK: tl.constexpr):
+    """Online-softmax update over key blocks [lo, hi); MASK=False only for blocks fully visible to all rows.
+    ``diag`` = seqlen_k - seqlen_q: query row i sits at key position i + diag."""
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, D_QK)
+    offs_v = tl.arange(0, D_V)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k_ptrs = tl.multiple_of(k_base + cols[:, None].to(tl.int64) * stride_kt + offs_d[None, :], [16, 16])
-        v_ptrs = tl.multiple_of(v_base + cols[:, None].to(tl.int64) * stride_vt + offs_d[None, :], [16, 16])
+        k_rows = k_base + cols[:, None].to(tl.int64) * stride_kt
+        v_ptrs = tl.multiple_of(v_base + cols[:, None].to(tl.int64) * stride_vt + offs_v[None, :], [16, 16])
+        k_ptrs = tl.multiple_of(k_rows + offs_d[None, :], [16, 16])
         if MASK:
-            k = tl.load(k_ptrs, mask=cols[:, None] < seqlen, other=0.0)
-            v = tl.load(v_ptrs, mask=cols[:, None] < seqlen, other=0.0)
+            k = tl.load(k_ptrs, mask=cols[:, None] < seqlen_k, other=0.0)
         else:
             k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        qk = tl.dot(q, tl.trans(k))
+        if D_PE > 0:  # the rope dims of a 192-dim head: a second dot into the same scores
+            pe_ptrs = tl.multiple_of(k_rows + D_QK + tl.arange(0, D_PE)[None, :], [16, 16])
+            if MASK:
+                k_pe = tl.load(pe_ptrs, mask=cols[:, None] < seqlen_k, other=0.0)
+            else:
+                k_pe = tl.load(pe_ptrs)
+            qk = tl.dot(q_pe, tl.trans(k_pe), qk)
         if MASK:
-            ok = cols[None, :] < seqlen
-            if CAUSAL:
-                ok = ok & (cols[None, :] <= offs_m[:, None])
-            if HAS_WINDOW:
-                ok = ok & (cols[None, :] > offs_m[:, None] - window)
-                if not CAUSAL:
-                    ok = ok & (cols[None, :] < offs_m[:, None] + window)
+            v = tl.load(v_ptrs, mask=cols[:, None] < seqlen_k, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        qk = qk * qk_scale
+        if MASK:
+            ok = cols[None, :] < seqlen_k
+            pos = offs_m[:, None] + diag
+            if HAS_RIGHT:
+                ok = ok & (cols[None, :] <= pos + win_right)
+            if HAS_LEFT:
+                ok = ok & (cols[None, :] >= pos - win_left)
             qk = tl.where(ok, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
@@ -84,87 +110,141 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m,
 
 @triton.jit
 def attn_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, cu_seqlens_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
     sm_scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    GROUP, WINDOW, NUM_M_BLOCKS,
-    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
+    GROUP, WIN_LEFT, WIN_RIGHT, NUM_M_BLOCKS,
+    D_QK: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = NUM_M_BLOCKS - 1 - tl.program_id(0)  # heaviest row tiles first
     h = tl.program_id(1)
     b = tl.program_id(2)
-    seq_start = tl.load(cu_seqlens_ptr + b)
-    seqlen = tl.load(cu_seqlens_ptr + b + 1) - seq_start
+    q_start = tl.load(cu_q_ptr + b)
+    seqlen_q = tl.load(cu_q_ptr + b + 1) - q_start
+    k_start = tl.load(cu_k_ptr + b)
+    seqlen_k = tl.load(cu_k_ptr + b + 1) - k_start
+    diag = seqlen_k - seqlen_q  # bottom-right alignment: query i is key position i + diag
     start_m = pid_m * BLOCK_M
-    if start_m < seqlen:
+    if start_m < seqlen_q:
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, HEAD_DIM)
-        row_ok = offs_m < seqlen
-        tok0 = seq_start.to(tl.int64)
-        q_ptrs = q_ptr + (tok0 + offs_m[:, None]) * stride_qt + h * stride_qh + offs_d[None, :]
-        q = tl.load(tl.multiple_of(q_ptrs, [16, 16]), mask=row_ok[:, None], other=0.0)
+        offs_d = tl.arange(0, D_QK)
+        offs_v = tl.arange(0, D_V)
+        row_ok = offs_m < seqlen_q
+        tq0 = q_start.to(tl.int64)
+        tk0 = k_start.to(tl.int64)
+        q_rows = q_ptr + (tq0 + offs_m[:, None]) * stride_qt + h * stride_qh
+        q = tl.load(tl.multiple_of(q_rows + offs_d[None, :], [16, 16]), mask=row_ok[:, None], other=0.0)
+        q_pe = q
+        if D_PE > 0:
+            q_pe = tl.load(tl.multiple_of(q_rows + D_QK + tl.arange(0, D_PE)[None, :], [16, 16]), mask=row_ok[:, None], other=0.0)
         hk = h // GROUP
-        k_base = k_ptr + tok0 * stride_kt + hk * stride_kh
-        v_base = v_ptr + tok0 * stride_vt + hk * stride_vh
+        k_base = k_ptr + tk0 * stride_kt + hk * stride_kh
+        v_base = v_ptr + tk0 * stride_vt + hk * stride_vh
 
         # Keys any row of this tile can see: [lo, hi). lo is block aligned.
         lo = 0
-        hi = seqlen
-        if CAUSAL:
-            hi = tl.minimum(seqlen, start_m + BLOCK_M)
-        if HAS_WINDOW:
-            lo = tl.maximum(start_m - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
-            if not CAUSAL:
-                hi = tl.minimum(seqlen, start_m + BLOCK_M - 1 + WINDOW)
+        hi = seqlen_k
+        if HAS_RIGHT:
+            hi = tl.minimum(seqlen_k, start_m + BLOCK_M + diag + WIN_RIGHT)
+        if HAS_LEFT:
+            lo = tl.maximum(start_m + diag - WIN_LEFT, 0) // BLOCK_N * BLOCK_N
         # Blocks [full_lo, full_hi) are visible to every row of the tile: no mask needed.
         full_lo = lo
-        if HAS_WINDOW:
-            full_lo = (tl.maximum(start_m + BLOCK_M - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        full_hi = seqlen // BLOCK_N * BLOCK_N
-        if CAUSAL:
-            full_hi = tl.minimum(full_hi, (start_m + 1) // BLOCK_N * BLOCK_N)
-        elif HAS_WINDOW:
-            full_hi = tl.minimum(full_hi, (start_m + WINDOW) // BLOCK_N * BLOCK_N)
+        if HAS_LEFT:
+            full_lo = (tl.maximum(start_m + BLOCK_M - 1 + diag - WIN_LEFT, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        full_hi = seqlen_k // BLOCK_N * BLOCK_N
+        if HAS_RIGHT:
+            full_hi = tl.minimum(full_hi, (start_m + diag + WIN_RIGHT + 1) // BLOCK_N * BLOCK_N)
         mid_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
         mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
         qk_scale = sm_scale * 1.4426950408889634
-        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen, qk_scale,
-                                     WINDOW, lo, mid_lo, HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW, True)
-        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen, qk_scale,
-                                     WINDOW, mid_lo, mid_hi, HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW, False)
-        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen, qk_scale,
-                                     WINDOW, mid_hi, hi, HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW, True)
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        o_ptrs = o_ptr + (tok0 + offs_m[:, None]) * stride_ot + h * stride_oh + offs_d[None, :]
+        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k,
+                                     diag, qk_scale, WIN_LEFT, WIN_RIGHT, lo, mid_lo,
+                                     D_QK, D_PE, D_V, BLOCK_N, HAS_LEFT, HAS_RIGHT, True)
+        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k,
+                                     diag, qk_scale, WIN_LEFT, WIN_RIGHT, mid_lo, mid_hi,
+                                     D_QK, D_PE, D_V, BLOCK_N, HAS_LEFT, HAS_RIGHT, False)
+        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k,
+                                     diag, qk_scale, WIN_LEFT, WIN_RIGHT, mid_hi, hi,
+                                     D_QK, D_PE, D_V, BLOCK_N, HAS_LEFT, HAS_RIGHT, True)
+        empty = l_i == 0.0
+        l_safe = tl.where(empty, 1.0, l_i)
+        out = acc / l_safe[:, None]
+        o_ptrs = o_ptr + (tq0 + offs_m[:, None]) * stride_ot + h * stride_oh + offs_v[None, :]
         tl.store(tl.multiple_of(o_ptrs, [16, 16]), out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+        tl.store(lse_ptr + h * stride_lh + tq0 + offs_m, lse, mask=row_ok)
 
 
 TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 192)  # d_qk
+V_HEAD_DIMS = (64, 128)
+ROPE_DIM = 64  # d_qk = 192 is 128 + 64
 SEQLEN_PATTERNS = ("uniform", "spread")
-PARAM_KEYS = ("causal", "window", "seqlens", "softmax_scale", "head_dims")
-MAX_HEAD_DIM = max(HEAD_DIMS)
+PARAM_KEYS = ("causal", "window", "prefix", "seqlens", "softmax_scale", "head_dims", "head_dim_v")
+DEFAULT_HEAD_DIMS = (64, 128)
 
 
 def _causal(params: dict[str, Any]) -> bool:
     return bool((params or {}).get("causal", True))
 
 
-def _window(params: dict[str, Any]) -> int:
-    return int((params or {}).get("window") or 0)
+def window_size(params: dict[str, Any]) -> tuple[int, int]:
+    """flash-attn's (left, right), -1 unbounded, with causal folded in (right = 0). The deprecated int
+    spelling W maps to (W - 1, 0) when causal and (W - 1, W - 1) when not; 0 or absent to (-1, -1)."""
+    params = params or {}
+    w = params.get("window")
+    causal = _causal(params)
+    if w is None or (isinstance(w, int) and not isinstance(w, bool) and w == 0):
+        left, right = -1, -1
+    elif isinstance(w, int) and not isinstance(w, bool):
+        left, right = w - 1, (w - 1 if not causal else 0)
+    else:
+        left, right = int(w[0]), int(w[1])
+    if causal:
+        right = 0
+    return left, right
+
+
+def _deprecated_window_text(w: int, causal: bool) -> str:
+    new = "[-1, -1]" if w == 0 else (f"[{w - 1}, 0]" if causal else f"[{w - 1}, {w - 1}]")
+    return (f"params.window: {w} is the deprecated single-W spelling; it maps to flash-attn's window [left, right] = "
+            f"{new} (causal={str(causal).lower()}); write window: {new}")
 
 
 def _head_dims(params: dict[str, Any]) -> tuple[int, ...]:
-    return tuple(sorted(set((params or {}).get("head_dims") or HEAD_DIMS)))
+    return tuple(sorted(set((params or {}).get("head_dims") or DEFAULT_HEAD_DIMS)))
+
+
+def v_head_dim(params: dict[str, Any], d_qk: int) -> int:
+    v = (params or {}).get("head_dim_v")
+    if v:
+        return int(v)
+    return 128 if d_qk == 192 else d_qk
 
 
 def _scale(params: dict[str, Any], head_dim: int) -> float:
     return float((params or {}).get("softmax_scale", head_dim ** -0.5))
+
+
+def _split(d_qk: int) -> tuple[int, int]:
+    """(power-of-two main part, rope part) of a q/k head dim."""
+    return (d_qk - ROPE_DIM, ROPE_DIM) if d_qk == 192 else (d_qk, 0)
+
+
+def _max_dims(params: dict[str, Any]) -> tuple[int, int]:
+    dims = _head_dims(params)
+    return max(dims), max(v_head_dim(params, d) for d in dims)
+
+
+def _smem_fits(c: dict[str, int], p: dict[str, Any], lim: Any) -> bool:
+    d_qk, d_v = _max_dims(p)
+    return (c["BLOCK_M"] * d_qk + c["num_stages"] * c["BLOCK_N"] * (d_qk + d_v)) * 2 <= lim.max_shared_memory_per_block
 
 
 SPACE = Space(
@@ -175,18 +255,27 @@ SPACE = Space(
         "num_warps": (2, 4, 8),
     },
     rules=(
-        Rule("acc_in_registers", "BLOCK_M * 128 / (32 * num_warps) <= 128 (fp32 accumulator at head_dim 128)",
-             lambda c, p, lim: c["BLOCK_M"] * MAX_HEAD_DIM <= 128 * 32 * c["num_warps"]),
+        Rule("acc_in_registers", "BLOCK_M * 128 / (32 * num_warps) <= 128 (fp32 accumulator at head_dim_v 128)",
+             lambda c, p, lim: c["BLOCK_M"] * max(V_HEAD_DIMS) <= 128 * 32 * c["num_warps"]),
         Rule("rows_per_warp", "BLOCK_M >= 16 * num_warps / 4 (a warp's MMA needs 16 rows; a warpgroup shares them)",
              lambda c, p, lim: 4 * c["BLOCK_M"] >= 16 * c["num_warps"]),
-        Rule("smem_ring", "(BLOCK_M + 2 * num_stages * BLOCK_N) * 128 * 2 bytes <= hardware.limits.max_shared_memory_per_block (227 KiB on an H100)",
-             lambda c, p, lim: (c["BLOCK_M"] + 2 * c["num_stages"] * c["BLOCK_N"]) * MAX_HEAD_DIM * 2 <= lim.max_shared_memory_per_block),
+        Rule("smem_ring", "(BLOCK_M * d_qk + num_stages * BLOCK_N * (d_qk + d_v)) * 2 bytes <= "
+             "hardware.limits.max_shared_memory_per_block (d_qk, d_v: the largest of params.head_dims and its v dim; "
+             "227 KiB on an H100)", _smem_fits),
     ),
 )
 
 
+def _cycled(v: Any, n: int, default: int = 0) -> list[int]:
+    if v is None:
+        return [default] * n
+    if isinstance(v, list):
+        return [int(v[b % len(v)]) for b in range(n)]
+    return [int(v)] * n
+
+
 def seq_lengths(shape: dict[str, int], params: dict[str, Any]) -> list[int]:
-    """Per-sequence lengths, a pure function of the shape and params (so FLOP counts are exact).
+    """Per-sequence query lengths, a pure function of the shape and params (so FLOP counts are exact).
 
     - "uniform" (default): every sequence has seqlen tokens.
     - "spread": the same total batch * seqlen tokens, uneven: weights 0.25 + 1.5 * frac(b * 0.618...)
@@ -208,16 +297,33 @@ def seq_lengths(shape: dict[str, int], params: dict[str, Any]) -> list[int]:
     return lens
 
 
-def visible_pairs(n: int, causal: bool, window: int) -> int:
-    """(query, key) pairs that are not masked in one sequence of n tokens."""
-    if n <= 0:
+def key_lengths(shape: dict[str, int], params: dict[str, Any]) -> list[int]:
+    """Per-sequence key lengths: the query length plus the cached prefix (params.prefix)."""
+    lens = seq_lengths(shape, params)
+    return [n + p for n, p in zip(lens, _cycled((params or {}).get("prefix"), len(lens)))]
+
+
+def _sum_min(n: int, c: int, cap: int) -> int:
+    """sum over i in [0, n) of min(i + c, cap)."""
+    t = max(0, min(n, cap - c + 1))
+    return t * c + t * (t - 1) // 2 + (n - t) * cap
+
+
+def _sum_max0(n: int, c: int) -> int:
+    """sum over i in [0, n) of max(i + c, 0)."""
+    u = max(0, min(n, -c + 1))
+    return (n * (n - 1) // 2 - u * (u - 1) // 2) + (n - u) * c
+
+
+def visible_pairs(n_q: int, n_k: int, left: int, right: int) -> int:
+    """(query, key) pairs that are not masked in one sequence: query i sees keys
+    [max(0, i + off - left), min(n_k - 1, i + off + right)], off = n_k - n_q (bottom-right), -1 unbounded."""
+    if n_q <= 0 or n_k <= 0:
         return 0
-    c = n - 1 if window <= 0 else min(window - 1, n - 1)
-
-    def below(c: int) -> int:  # sum over i of min(i, c): keys strictly before i that are visible
-        return c * (c + 1) // 2 + (n - 1 - c) * c
-
-    return n + below(c) + (0 if causal else below(c))
+    off = n_k - n_q
+    upper = _sum_min(n_q, off + right, n_k - 1) if right >= 0 else n_q * (n_k - 1)
+    lower = _sum_max0(n_q, off - left) if left >= 0 else 0
+    return upper - lower + n_q
 
 
 class AttentionFamily(Family):
@@ -227,7 +333,7 @@ class AttentionFamily(Family):
         if problem:
             return problem
         if shape["head_dim"] not in HEAD_DIMS:
-            return f"head_dim={shape['head_dim']} is not allowed; allowed: {', '.join(map(str, HEAD_DIMS))}"
+            return f"head_dim={shape['head_dim']} is not allowed; allowed: {', '.join(map(str, HEAD_DIMS))} (q/k head dim)"
         if shape["h_q"] % shape["h_kv"]:
             return f"h_kv={shape['h_kv']} must divide h_q={shape['h_q']} (grouped-query heads)"
         return None
@@ -239,10 +345,24 @@ class AttentionFamily(Family):
             return problem
         if "causal" in params and not isinstance(params["causal"], bool):
             return f"causal={params['causal']!r} must be true or false"
-        if params.get("window") is not None:
-            v = params["window"]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                return f"window={v!r} must be an integer >= 1 (0 or absent: no window)"
+        w = params.get("window")
+        if w is not None:
+            if isinstance(w, int) and not isinstance(w, bool):
+                if w < 0:
+                    return f"window={w!r}: write flash-attn's [left, right] (-1 unbounded), e.g. [127, 0]"
+                warnings.warn(_deprecated_window_text(w, _causal(params)), FutureWarning, stacklevel=2)
+            elif (not isinstance(w, list) or len(w) != 2
+                  or any(isinstance(x, bool) or not isinstance(x, int) or x < -1 for x in w)):
+                return f"window={w!r} must be [left, right] with integers >= -1 (-1: unbounded), e.g. [127, 0]"
+            elif _causal(params) and w[1] > 0:
+                return (f"window={w!r}: causal=true means right = 0 (flash-attn); write [{w[0]}, 0], "
+                        "or set causal: false for a two-sided window")
+        if "prefix" in params:
+            v = params["prefix"]
+            bad = (isinstance(v, bool) or not isinstance(v, (int, list)) or (isinstance(v, int) and v < 0)
+                   or (isinstance(v, list) and (not v or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v))))
+            if bad:
+                return f"prefix={v!r} must be an integer >= 0 or a non-empty list of them (cached keys before the queries)"
         if "seqlens" in params:
             problem = check_seqlens_param(params["seqlens"], SEQLEN_PATTERNS)
             if problem:
@@ -255,6 +375,10 @@ class AttentionFamily(Family):
             v = params["head_dims"]
             if not isinstance(v, list) or not v or any(isinstance(x, bool) or x not in HEAD_DIMS for x in v):
                 return f"head_dims={v!r} must be a non-empty list drawn from {', '.join(map(str, HEAD_DIMS))}"
+        if "head_dim_v" in params:
+            v = params["head_dim_v"]
+            if isinstance(v, bool) or v not in V_HEAD_DIMS:
+                return f"head_dim_v={v!r} is not allowed; allowed: {', '.join(map(str, V_HEAD_DIMS))}"
         return None
 
     # --- inputs, launch, reference -------------------------------------------------------------
@@ -262,49 +386,59 @@ class AttentionFamily(Family):
         if shape["head_dim"] not in _head_dims(params):
             raise ValueError(f"shape head_dim={shape['head_dim']} is not in params.head_dims={list(_head_dims(params))}: "
                              "the compile stats would not describe this shape")
-        lens = seq_lengths(shape, params)
-        total = sum(lens)
-        d = shape["head_dim"]
+        lens_q = seq_lengths(shape, params)
+        lens_k = key_lengths(shape, params)
+        d, dv = shape["head_dim"], v_head_dim(params, shape["head_dim"])
         g = torch.Generator(device=device).manual_seed(seed)
-        q = torch.randn(total, shape["h_q"], d, generator=g, device=device).to(dtype)
-        k = torch.randn(total, shape["h_kv"], d, generator=g, device=device).to(dtype)
-        v = torch.randn(total, shape["h_kv"], d, generator=g, device=device).to(dtype)
-        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
-        return {"q": q, "k": k, "v": v, "cu_seqlens": cu, "max_seqlen": max(lens + [0])}
+        q = torch.randn(sum(lens_q), shape["h_q"], d, generator=g, device=device).to(dtype)
+        k = torch.randn(sum(lens_k), shape["h_kv"], d, generator=g, device=device).to(dtype)
+        v = torch.randn(sum(lens_k), shape["h_kv"], dv, generator=g, device=device).to(dtype)
+
+        def cu(lens):
+            return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
+
+        return {"q": q, "k": k, "v": v, "cu_seqlens_q": cu(lens_q), "cu_seqlens_k": cu(lens_k),
+                "max_seqlen_q": max(lens_q + [0])}
 
     def run(self, inputs, config, params):
-        return attention(inputs["q"], inputs["k"], inputs["v"], inputs["cu_seqlens"], inputs["max_seqlen"],
-                         config, causal=_causal(params), window=_window(params),
+        """(out, lse): both are checked against the reference."""
+        return attention(inputs["q"], inputs["k"], inputs["v"], inputs["cu_seqlens_q"], inputs["cu_seqlens_k"],
+                         inputs["max_seqlen_q"], config, window_size=window_size(params),
                          softmax_scale=_scale(params, inputs["q"].shape[-1]))
 
     def reference(self, inputs, params):
-        return reference_attention(inputs["q"], inputs["k"], inputs["v"], inputs["cu_seqlens"], _causal(params),
-                                   _window(params), _scale(params, inputs["q"].shape[-1]))
+        return reference_attention(inputs["q"], inputs["k"], inputs["v"], inputs["cu_seqlens_q"], inputs["cu_seqlens_k"],
+                                   window_size(params), _scale(params, inputs["q"].shape[-1]))
 
     # --- formulas ------------------------------------------------------------------------------
+    def _pairs(self, shape, params) -> int:
+        left, right = window_size(params)
+        return sum(visible_pairs(nq, nk, left, right) for nq, nk in zip(seq_lengths(shape, params), key_lengths(shape, params)))
+
     def flops(self, shape, params):
-        # 2 * d for the score and 2 * d for P @ V, per visible (query, key) pair and query head.
-        pairs = sum(visible_pairs(n, _causal(params), _window(params)) for n in seq_lengths(shape, params))
-        return 4.0 * shape["head_dim"] * shape["h_q"] * pairs
+        # 2 * d_qk for the score and 2 * d_v for P @ V, per visible (query, key) pair and query head.
+        d, dv = shape["head_dim"], v_head_dim(params, shape["head_dim"])
+        return 2.0 * (d + dv) * shape["h_q"] * self._pairs(shape, params)
 
     def bytes_moved(self, shape, dtype_bytes, params):
-        # Compulsory traffic: q, k, v read once, out written once.
-        total = sum(seq_lengths(shape, params))
-        return float(dtype_bytes * total * shape["head_dim"] * (2 * shape["h_q"] + 2 * shape["h_kv"]))
+        # Compulsory traffic: q, k, v read once, out written once, lse (fp32) written once.
+        tq, tk = sum(seq_lengths(shape, params)), sum(key_lengths(shape, params))
+        d, dv = shape["head_dim"], v_head_dim(params, shape["head_dim"])
+        return float(dtype_bytes * (tq * shape["h_q"] * (d + dv) + tk * shape["h_kv"] * (d + dv)) + 4 * tq * shape["h_q"])
 
     def masked_fraction(self, shape, params) -> float:
-        lens = seq_lengths(shape, params)
-        full = sum(n * n for n in lens)
-        seen = sum(visible_pairs(n, _causal(params), _window(params)) for n in lens)
-        return 1.0 - seen / full if full else 0.0
+        full = sum(nq * nk for nq, nk in zip(seq_lengths(shape, params), key_lengths(shape, params)))
+        return 1.0 - self._pairs(shape, params) / full if full else 0.0
 
     def tolerance(self, shape, dtype, base_tol, params):
         """The output is a convex mix of V rows (|v| ~ 1): P is rounded to the input dtype before
         P @ V and the result once more; fp32 sums over the keys grow ~sqrt(keys) ulps. The bound
-        grows slowly with the reduction length (the longest visible key range)."""
-        n = max(seq_lengths(shape, params) + [1])
-        if _window(params):
-            n = min(n, _window(params) * (1 if _causal(params) else 2))
+        grows slowly with the reduction length (the longest visible key range). The same bound
+        holds for lse (|lse| ~ log(keys) + a few)."""
+        n = max(key_lengths(shape, params) + [1])
+        left, right = window_size(params)
+        if left >= 0 and right >= 0:
+            n = min(n, left + right + 1)
         grow = max(1.0, (n / 1024.0) ** 0.25)
         if dtype == "bf16":
             return 2.0 * base_tol * grow, 2.0 * base_tol
@@ -315,61 +449,66 @@ class AttentionFamily(Family):
         units see no shapes, and a variant is as constrained as its heaviest kernel."""
         ptr = TRITON_PTR[dtype]
         sig = {
-            "q_ptr": ptr, "k_ptr": ptr, "v_ptr": ptr, "o_ptr": ptr, "cu_seqlens_ptr": "*i32",
+            "q_ptr": ptr, "k_ptr": ptr, "v_ptr": ptr, "o_ptr": ptr, "lse_ptr": "*fp32",
+            "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
             "sm_scale": "fp32",
             "stride_qt": "i32", "stride_qh": "i32", "stride_kt": "i32", "stride_kh": "i32",
-            "stride_vt": "i32", "stride_vh": "i32", "stride_ot": "i32", "stride_oh": "i32",
-            "GROUP": "i32", "WINDOW": "i32", "NUM_M_BLOCKS": "i32",
-            "HEAD_DIM": "constexpr", "CAUSAL": "constexpr", "HAS_WINDOW": "constexpr",
-            "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+            "stride_vt": "i32", "stride_vh": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32",
+            "GROUP": "i32", "WIN_LEFT": "i32", "WIN_RIGHT": "i32", "NUM_M_BLOCKS": "i32",
+            "D_QK": "constexpr", "D_PE": "constexpr", "D_V": "constexpr", "HAS_LEFT": "constexpr",
+            "HAS_RIGHT": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
         }
-        # What the GPU JIT specializes as divisible by 16: every pointer and every stride (all are
-        # multiples of head_dim); not GROUP, WINDOW or NUM_M_BLOCKS, which depend on the shape.
-        DIVISIBLE = tuple(k for k, v in sig.items() if v.startswith("*") or k.startswith("stride_"))
+        # What the GPU JIT specializes as divisible by 16: every pointer and every q/k/v/o stride (all
+        # are multiples of the head dims); not the lse head stride (total_q), GROUP, the window or
+        # NUM_M_BLOCKS, which depend on the shape.
+        DIVISIBLE = tuple(k for k, v in sig.items() if v.startswith("*") or (k.startswith("stride_") and k != "stride_lh"))
+        left, right = window_size(params)
         units = []
         for d in _head_dims(params):
-            consts = {"HEAD_DIM": d, "CAUSAL": _causal(params), "HAS_WINDOW": _window(params) > 0,
-                      "BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"]}
+            main, pe = _split(d)
+            consts = {"D_QK": main, "D_PE": pe, "D_V": v_head_dim(params, d), "HAS_LEFT": left >= 0,
+                      "HAS_RIGHT": right >= 0, "BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"]}
             units.append(CompileUnit(attn_fwd_kernel, sig, consts, config["num_warps"], config["num_stages"], DIVISIBLE))
         return units
 
     def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):
         """Tensor-core roofline over the padded tile work, from the real compile stats.
 
-        compute: every program runs its visible key blocks in full (BLOCK_M x BLOCK_N x head_dim,
-        twice); the MMA efficiency grows with the tile, the softmax (exp2, max, sum: per score, not
-        per head_dim) costs about 64 MMA-FLOPs per score, and the pipeline depth and occupancy hide
-        load latency. Waves: the programs are spread over the SMs, the longest program bounds the
-        tail. memory: q, out and K/V once from HBM; every row tile re-reads its K/V blocks, and the
-        row tiles of one head run side by side, so 90% of the re-reads hit L2 and 10% are charged
+        compute: every program runs its visible key blocks in full (BLOCK_M x BLOCK_N x (d_qk + d_v),
+        twice each); the MMA efficiency grows with the tile, the softmax (exp2, max, sum: per score,
+        not per head dim) costs about 64 MMA-FLOPs per score, and the pipeline depth and occupancy
+        hide load latency. Waves: the programs are spread over the SMs, the longest program bounds
+        the tail. memory: q, out and K/V once from HBM; every row tile re-reads its K/V blocks, and
+        the row tiles of one head run side by side, so 90% of the re-reads hit L2 and 10% are charged
         to HBM. Spills add local-memory traffic. Launch 4 us.
         """
         lim = hw.limits
         bm, bn, d = config["BLOCK_M"], config["BLOCK_N"], shape["head_dim"]
-        causal, window = _causal(params), _window(params)
-        lens = seq_lengths(shape, params)
+        dv = v_head_dim(params, d)
+        left, right = window_size(params)
         blocks = 0  # key blocks visited, summed over row tiles of one head
         longest = 0
-        for n in lens:
-            for t in range(math.ceil(n / bm)):
+        for nq, nk in zip(seq_lengths(shape, params), key_lengths(shape, params)):
+            off = nk - nq
+            for t in range(math.ceil(nq / bm)):
                 s = t * bm
-                hi = min(n, s + bm) if causal else (min(n, s + bm - 1 + window) if window else n)
-                lo = (max(s - window + 1, 0) // bn * bn) if window else 0
+                hi = min(nk, s + bm + off + right) if right >= 0 else nk
+                lo = (max(s + off - left, 0) // bn * bn) if left >= 0 else 0
                 nb = max(0, math.ceil((hi - lo) / bn))
                 blocks += nb
                 longest = max(longest, nb)
-        per_block = 4.0 * bm * bn * d + 64.0 * bm * bn
+        per_block = 2.0 * bm * bn * (d + dv) + 64.0 * bm * bn
         mma_eff = min(1.0, (bm * bn) / (128 * 128)) ** 0.3
         hide = min(1.0, 0.55 + 0.15 * config["num_stages"]) * min(1.0, 0.5 + stats.occupancy)
         peak = lim.peak_tflops * 1e12 * mma_eff * hide
         t_compute = blocks * shape["h_q"] * per_block / peak
-        # Waves: blocks resident on one SM share its tensor cores, so the SMs drain the total work
-        # in parallel, and the longest program alone bounds the tail.
         t_tail = longest * per_block / (peak / lim.sm_count)
         t_compute = max(t_compute, t_tail)
-        kv_unique = 2 * sum(lens) * shape["h_kv"]
-        kv_reads = 2 * blocks * bn * shape["h_q"]
-        traffic = dtype_bytes * d * (2 * shape["h_q"] * sum(lens) + kv_unique + 0.1 * max(0, kv_reads - kv_unique))
+        tq, tk = sum(seq_lengths(shape, params)), sum(key_lengths(shape, params))
+        kv_unique = tk * shape["h_kv"]
+        kv_reads = blocks * bn * shape["h_q"]
+        traffic = dtype_bytes * ((d + dv) * tq * shape["h_q"]
+                                 + (d + dv) * (kv_unique + 0.1 * max(0, kv_reads - kv_unique)))
         t_memory = traffic / (lim.hbm_gbps * 1e9)
         spill_penalty = 1.0 + min(1.0, stats.spill_bytes / 256.0)
         return (max(t_compute, t_memory) * spill_penalty + 4e-6) * 1e3
@@ -382,6 +521,7 @@ class AttentionFamily(Family):
             "frac_of_peak": measurement.tflops / peak if peak else 0.0,
             "masked_fraction": self.masked_fraction(shape, params),
             "programs": tiles * shape["h_q"],
+            "window": list(window_size(params)),
         }
 
 
@@ -391,70 +531,89 @@ def _aligned_rows(t: torch.Tensor) -> bool:
             and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-              config: dict[str, int], causal: bool = True, window: int = 0,
-              softmax_scale: float | None = None) -> torch.Tensor:
-    """Packed varlen attention forward. (1) check shapes (metadata only, no device sync),
-    (2) allocate, (3) launch one program per (row tile, query head, sequence)."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+              max_seqlen_q: int, config: dict[str, int], window_size: tuple[int, int] = (-1, 0),
+              softmax_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed varlen attention forward; returns (out [total_q, h_q, d_v], lse [h_q, total_q] fp32).
+
+    window_size is flash-attn's (left, right), -1 unbounded; causal is right = 0 (the default
+    (-1, 0)). Queries are bottom-right aligned with their keys (seqlen_q <= seqlen_k is the caller's
+    promise: this wrapper does not read cu_seqlens, so nothing here syncs with the device).
+    (1) check shapes (metadata only), (2) allocate, (3) launch one program per (row tile, head, sequence)."""
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
         raise ValueError(f"attention: q, k, v must be [total, heads, head_dim], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    total, h_q, d = q.shape
-    if k.shape != v.shape or k.shape[0] != total or k.shape[2] != d:
-        raise ValueError(f"attention: k and v must be [{total}, h_kv, {d}], got {tuple(k.shape)} and {tuple(v.shape)}")
-    h_kv = k.shape[1]
-    if d not in HEAD_DIMS:
-        raise ValueError(f"attention: head_dim={d} is not supported; allowed: {', '.join(map(str, HEAD_DIMS))}")
+    total_q, h_q, d = q.shape
+    total_k, h_kv, _ = k.shape
+    if k.shape[2] != d or v.shape[:2] != k.shape[:2]:
+        raise ValueError(f"attention: k must be [total_k, h_kv, {d}] and v [total_k, h_kv, d_v], got {tuple(k.shape)} and {tuple(v.shape)}")
+    dv = v.shape[2]
+    if d not in HEAD_DIMS or dv not in V_HEAD_DIMS:
+        raise ValueError(f"attention: head dims q/k={d}, v={dv} not supported; allowed: q/k {', '.join(map(str, HEAD_DIMS))}, "
+                         f"v {', '.join(map(str, V_HEAD_DIMS))}")
     if h_q % h_kv:
         raise ValueError(f"attention: h_kv={h_kv} must divide h_q={h_q}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"attention: q, k, v must share fp16 or bf16, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if cu_seqlens.ndim != 1 or cu_seqlens.dtype != torch.int32:
-        raise ValueError(f"attention: cu_seqlens must be int32 [batch + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
-    if window < 0:
-        raise ValueError(f"attention: window={window} must be >= 0 (0: no window)")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.ndim != 1 or cu.dtype != torch.int32 or cu.shape != cu_seqlens_q.shape:
+            raise ValueError(f"attention: {name} must be int32 [batch + 1], got {cu.dtype} {tuple(cu.shape)}")
+    left, right = window_size
+    if left < -1 or right < -1:
+        raise ValueError(f"attention: window_size={window_size} must hold integers >= -1 (-1: unbounded)")
     # The kernel promises the compiler 16-byte aligned rows (tl.multiple_of); copy anything else.
     q, k, v = (t if _aligned_rows(t) else t.contiguous() for t in (q, k, v))
-    out = torch.empty_like(q)
-    batch = cu_seqlens.shape[0] - 1
+    out = torch.empty((total_q, h_q, dv), device=q.device, dtype=q.dtype)
+    lse = torch.empty((h_q, total_q), device=q.device, dtype=torch.float32)
+    batch = cu_seqlens_q.shape[0] - 1
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    grid = lambda META: (triton.cdiv(max(max_seqlen, 1), META["BLOCK_M"]), h_q, batch)  # noqa: E731
-    attn_fwd_kernel[grid](
-        q, k, v, out, cu_seqlens, scale,
+    main, pe = _split(d)
+    n_m = triton.cdiv(max(max_seqlen_q, 1), config["BLOCK_M"])
+    attn_fwd_kernel[(n_m, h_q, batch)](
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        h_q // h_kv, window, triton.cdiv(max(max_seqlen, 1), config["BLOCK_M"]),
-        HEAD_DIM=d, CAUSAL=causal, HAS_WINDOW=window > 0,
+        lse.stride(0),
+        h_q // h_kv, max(left, 0), max(right, 0), n_m,
+        D_QK=main, D_PE=pe, D_V=dv, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
-    return out
+    return out, lse
 
 
-def reference_attention(q, k, v, cu_seqlens, causal: bool, window: int, softmax_scale: float) -> torch.Tensor:
-    """Float64 reference, one sequence at a time, with the same visibility rule as the kernel."""
-    out = torch.zeros(q.shape, dtype=torch.float64)
+def reference_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, window_size: tuple[int, int],
+                        softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 reference, one sequence at a time, same visibility rule (bottom-right aligned,
+    flash-attn window); (out [total_q, h_q, d_v], lse [h_q, total_q]); a row that sees no key gets
+    out = 0 and lse = +inf (flash-attn's convention)."""
+    out = torch.zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=torch.float64)
+    lse = torch.full((q.shape[1], q.shape[0]), float("inf"), dtype=torch.float64)
     group = q.shape[1] // k.shape[1]
-    cu = [int(x) for x in cu_seqlens]
-    for b in range(len(cu) - 1):
-        s, e = cu[b], cu[b + 1]
-        n = e - s
-        if n == 0:
+    left, right = window_size
+    cq = [int(x) for x in cu_seqlens_q]
+    ck = [int(x) for x in cu_seqlens_k]
+    for b in range(len(cq) - 1):
+        qs, qe, ks, ke = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        nq, nk = qe - qs, ke - ks
+        if nq == 0:
             continue
-        qb = q[s:e].double().transpose(0, 1)  # [h_q, n, d]
-        kb = k[s:e].double().transpose(0, 1).repeat_interleave(group, 0)
-        vb = v[s:e].double().transpose(0, 1).repeat_interleave(group, 0)
+        qb = q[qs:qe].double().transpose(0, 1)  # [h_q, nq, d]
+        kb = k[ks:ke].double().transpose(0, 1).repeat_interleave(group, 0)
+        vb = v[ks:ke].double().transpose(0, 1).repeat_interleave(group, 0)
         scores = qb @ kb.transpose(1, 2) * softmax_scale
-        i = torch.arange(n)[:, None]
-        j = torch.arange(n)[None, :]
-        ok = torch.ones(n, n, dtype=torch.bool)
-        if causal:
-            ok &= j <= i
-        if window > 0:
-            ok &= j > i - window
-            if not causal:
-                ok &= j < i + window
-        p = torch.softmax(scores.masked_fill(~ok, float("-inf")), dim=-1)
-        out[s:e] = (p @ vb).transpose(0, 1)
-    return out
+        pos = torch.arange(nq)[:, None] + (nk - nq)
+        j = torch.arange(nk)[None, :]
+        ok = torch.ones(nq, nk, dtype=torch.bool)
+        if right >= 0:
+            ok &= j <= pos + right
+        if left >= 0:
+            ok &= j >= pos - left
+        scores = scores.masked_fill(~ok, float("-inf"))
+        row_lse = torch.logsumexp(scores, dim=-1)  # [h_q, nq]
+        seen = torch.isfinite(row_lse)
+        p = torch.where(seen[..., None], torch.exp(scores - row_lse.masked_fill(~seen, 0.0)[..., None]), 0.0)
+        out[qs:qe] = (p @ vb).transpose(0, 1)
+        lse[:, qs:qe] = torch.where(seen, row_lse, float("inf"))
+    return out, lse
 
 
 import sys as _sys  # noqa: E402
