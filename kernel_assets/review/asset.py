@@ -3,10 +3,13 @@
 import dagster as dg
 from pydantic import Field
 
-from kernel_assets.constants import SPECS_PARTITIONS
+from kernel_assets.constants import OWNERS, SPECS_PARTITIONS
 from kernel_assets.review.records import ReviewError, ReviewFinding
 from kernel_assets.review.report import compile_markdown, coverage_markdown
 from kernel_assets.review.run import ASSET_NAME, DEFAULT_SLICE_CHARS, run_review
+from kernel_assets.specs_resource import SpecStore
+from resources.ledger import LedgerResource
+from resources.taotoken import GatewayError, TaotokenResource
 
 GROUP_REVIEW = "review"
 CHECK_NAME = "kernel_review_clean"
@@ -42,16 +45,15 @@ def build_review_assets() -> list:
         name=ASSET_NAME,
         partitions_def=SPECS_PARTITIONS,
         group_name=GROUP_REVIEW,
-        required_resource_keys={"specs", "taotoken", "ledger"},
+        kinds={"git", "triton", "openai"},
+        owners=OWNERS,
         description="Agent review (role review) of the kernel diff that matters to this spec, against its acceptance checklist; "
                     "offline compile-stat deltas and test coverage when no model is available.",
         check_specs=[dg.AssetCheckSpec(CHECK_NAME, asset=ASSET_NAME,
                                        description="No high-risk finding, no finding citing a line outside the diff, the new source compiles.")],
     )
-    def kernel_source_review(context: dg.AssetExecutionContext, config: ReviewConfig):
-        from resources.taotoken import GatewayError
-
-        specs = context.resources.specs
+    def kernel_source_review(context: dg.AssetExecutionContext, config: ReviewConfig, specs: SpecStore,
+                             taotoken: TaotokenResource, ledger: LedgerResource):
         spec = specs.load(context.partition_key)
         try:
             spec_path = str(specs.path_for(spec.task_id))
@@ -62,7 +64,7 @@ def build_review_assets() -> list:
             why = "use_model is off"
         else:
             try:
-                gw = context.resources.taotoken.get_gateway(context.resources.ledger.get_ledger(), log=context.log)
+                gw = taotoken.get_gateway(ledger.get_ledger(), log=context.log)
                 if gw.has_key("review"):
                     gateway = gw
                 else:
@@ -100,14 +102,14 @@ def build_review_assets() -> list:
             "slices": dg.MetadataValue.int(result.slices),
             "tokens_total": dg.MetadataValue.int(result.tokens.get("total", 0)),
         }
-        yield dg.Output(result.model_dump(mode="json"), metadata=md)
         problems = [f"{len(high)} high-risk finding(s)"] if high else []
         problems += [f"{len(outside)} finding(s) cite a line outside the diff"] if outside else []
         problems += ["the new source does not compile for the baseline config"] if broken else []
-        yield dg.AssetCheckResult(
+        check = dg.AssetCheckResult(
             check_name=CHECK_NAME, passed=not problems, severity=dg.AssetCheckSeverity.WARN,
             description="; ".join(problems) or "clean",
             metadata={"reviewed_by": result.reviewed_by, "n_high": len(high), "n_outside_diff": len(outside), "compiles": not broken},
         )
+        return dg.MaterializeResult(value=result.model_dump(mode="json"), metadata=md, check_results=[check])
 
     return [kernel_source_review]

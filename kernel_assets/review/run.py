@@ -128,7 +128,7 @@ def run_review(
     say = (lambda m: log.info(m)) if log is not None else (lambda m: None)
     home = Path(home) if home is not None else paths.home()
     scrub = KeyPool.from_env().scrub
-    family = get_family(spec.kernel_family)
+    family = get_family(spec.kernel_family).for_params(spec.params or {})
     src = family_sources(family, repo_dir or os.environ.get("KREGRESS_REVIEW_REPO", ""))
     repo, module_path = src.repo, src.module_path
 
