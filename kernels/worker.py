@@ -83,6 +83,16 @@ def handle(job: dict) -> dict:
         ms = cuda_measurements(family, job["config"], job["shapes"], job["dtype"], job.get("params", {}),
                                job["warmup_ms"], job["rep_ms"], job.get("seed", 0))
         return {"measurements": [m.model_dump() for m in ms]}
+    if op == "measure_batch":  # issue 12: the baseline re-timed in this process, interleaved with the variants
+        from kernels.measure import batch_measurements
+
+        lock = job.get("lock_clocks")
+        out = batch_measurements(
+            family, job["baseline"], job["configs"], job["shapes"], job["dtype"], job.get("params", {}),
+            job["warmup_ms"], job["rep_ms"], job.get("seed", 0), job.get("batch_id", ""), job.get("rounds", 4),
+            job.get("order", "interleaved"), tuple(lock) if lock else None,
+        )
+        return {"batch": {k: [m.model_dump() for m in ms] for k, ms in out.items()}}
     if op == "describe":  # which files the family was imported from, and the config's space check
         return {"source_files": [str(f) for f in family.source_files()],
                 "space_check": family.space.check(job["config"], job.get("params", {}), _limits(job["limits"]))}

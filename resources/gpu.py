@@ -302,12 +302,60 @@ class InterpreterBackend(CompiledBackend):
 
 
 class CudaBackend(CompiledBackend):
-    """Correctness on the GPU, then do_bench (or do_bench_cudagraph) per shape, one variant at a time."""
+    """Correctness on the GPU, then the variants timed in one batch with the baseline re-timed beside them.
+
+    Same-batch comparison (issue 12): one ``measure_batch`` job per evaluate, in one worker process on
+    one GPU, times baseline, v1, baseline, v2, ... (``batch_order``, ``batch_rounds``); every row keeps
+    the baseline samples of its batch in ``batch_baseline`` and its verdict compares with those. With
+    ``same_batch=False`` each variant is timed alone as before (do_bench per shape).
+    """
 
     kind: ClassVar[str] = "cuda"
+    same_batch: bool = Field(default=True, description="Re-time the baseline in every batch, interleaved with the variants.")
+    batch_order: str = Field(default="interleaved", description="interleaved (B v1 B v2 ... B) or random-blocks.")
+    batch_rounds: int = Field(default=4, description="Passes over the batch; each slot runs rep_ms / batch_rounds.")
+    lock_clocks: str = Field(default="", description="'' = off (default); 'SM,MEM' MHz locks the GPU clocks with "
+                                                     "triton.testing.set_gpu_clock (root) during each batch.")
+
+    def _lock(self) -> list[int] | None:
+        if not self.lock_clocks:
+            return None
+        try:
+            sm, mem = (int(x) for x in self.lock_clocks.split(","))
+        except ValueError:
+            raise BenchmarkError(f"CudaBackend.lock_clocks={self.lock_clocks!r}: expected 'SM,MEM' in MHz, "
+                                 "e.g. '1755,2619', or '' to leave the clocks alone") from None
+        return [sm, mem]
 
     def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
-        mjobs = [{"op": "measure_cuda", "family": family.lookup or family.name, "config": rows[i].config, "dtype": spec.dtype,
+        name = family.lookup or family.name
+        if self.same_batch:
+            import uuid
+
+            lock = self._lock()
+            batch_id = f"{spec.task_id}/r{rows[timed[0]].round}/{uuid.uuid4().hex[:8]}"
+            configs = {f"v{i}": rows[i].config for i in timed}
+            job = {"op": "measure_batch", "family": name, "baseline": spec.baseline, "configs": configs,
+                   "dtype": spec.dtype, "shapes": spec.shape_matrix, "params": spec.params,
+                   "warmup_ms": spec.benchmark.warmup_ms, "rep_ms": spec.benchmark.rep_ms, "batch_id": batch_id,
+                   "rounds": self.batch_rounds, "order": self.batch_order, "lock_clocks": lock}
+            log(f"timing {len(timed)} variant(s) on the GPU in batch {batch_id}: baseline re-timed between every "
+                f"two ({self.batch_order}, {self.batch_rounds} rounds" + (f", clocks locked {self.lock_clocks} MHz)" if lock else ")"))
+            pool = self.pool("cuda", 1, interpret=False)
+            (res,) = pool.run([job], timeout * (len(timed) + 1))
+            stats.measure_seconds.append(res.get("wall_s", 0.0))
+            if "batch" in res:
+                base = [Measurement(**m) for m in res["batch"]["baseline"]]
+                for i in timed:
+                    if rows[i].config == spec.baseline:
+                        rows[i].measurements = base
+                    else:
+                        rows[i].measurements = [Measurement(**m) for m in res["batch"][f"v{i}"]]
+                    rows[i].batch_baseline = base
+                    rows[i].evidence = "cuda"
+                return
+            log(f"batch {batch_id} failed ({res.get('error')}: {res.get('detail', '')[:160]}); timing one at a time")
+        mjobs = [{"op": "measure_cuda", "family": name, "config": rows[i].config, "dtype": spec.dtype,
                   "shapes": spec.shape_matrix, "params": spec.params, "warmup_ms": spec.benchmark.warmup_ms,
                   "rep_ms": spec.benchmark.rep_ms} for i in timed]
         log(f"timing {len(mjobs)} variant(s) on the GPU, one at a time")
@@ -331,7 +379,25 @@ class ReplayBackend(BenchmarkBackend):
             return f"family {family.name} compiles Triton kernels: it runs on the cuda or interpreter backend, not replay"
         return None
 
+    def _replay(self, spec, family, config) -> tuple[list[Measurement], str | None, str]:
+        measurements = []
+        for shape in spec.shape_matrix:
+            ms, error, detail = family.replay(config, shape, spec.params)
+            if error:
+                return [], error, detail
+            measurements += ms
+        return measurements, None, ""
+
     def _evaluate(self, spec, family, suggestions, log, stats):
+        import uuid
+
+        family = family.for_params(spec.params)  # the space of the recorded file the spec names
+
+        # Same-batch emulation (issue 12): each evaluate is one batch; the baseline's runs are drawn
+        # again from the same recording for it, and every variant of the batch compares with those.
+        batch_id = f"{spec.task_id}/r{suggestions[0].round if suggestions else 0}/{uuid.uuid4().hex[:8]}"
+        base, base_err, _ = self._replay(spec, family, spec.baseline)
+        base = [m.model_copy(update={"batch": batch_id}) for m in base]
         rows = []
         for s in suggestions:
             row = base_row(s, self.kind)
@@ -339,17 +405,17 @@ class ReplayBackend(BenchmarkBackend):
             if problem:
                 row.error, row.error_detail = "invalid_config", problem
             else:
-                measurements = []
-                for shape in spec.shape_matrix:
-                    ms, error, detail = family.replay(s.config, shape, spec.params)
-                    if error:
-                        row.error, row.error_detail = error, detail
-                        break
-                    measurements += ms
-                if not row.error:
-                    row.measurements, row.evidence = measurements, "replay"
+                measurements, error, detail = self._replay(spec, family, s.config)
+                if error:
+                    row.error, row.error_detail = error, detail
+                else:
+                    row.measurements = [m.model_copy(update={"batch": batch_id}) for m in measurements]
+                    row.evidence = "replay"
+                    if not base_err:
+                        row.batch_baseline = base
             rows.append(row)
-        log(f"replayed {len(rows)} variant(s) from the recorded runs ({sum(1 for r in rows if r.error)} failed)")
+        log(f"replayed {len(rows)} variant(s) from the recorded runs in batch {batch_id} "
+            f"({sum(1 for r in rows if r.error)} failed)")
         return rows
 
 

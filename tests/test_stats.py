@@ -48,8 +48,9 @@ def test_known_slowdown_is_regress(method):
     assert interval.ratio == pytest.approx(1.08, abs=0.01)
     verdict, reason = classify(interval)
     assert verdict == "REGRESS"
-    assert "entirely above the guard 1.03" in reason
-    assert f"p50 ratio {interval.ratio:.3f} [{interval.low:.3f}, {interval.high:.3f}] at 90%" in reason
+    assert "above the guard 1.03 and entirely above 1" in reason
+    assert f"{interval.label} {interval.ratio:.3f} [{interval.low:.3f}, {interval.high:.3f}] at 90%" in reason
+    assert classify(interval, rule="interval")[0] == "REGRESS"  # +8% clears the old, stricter rule too
 
 
 @pytest.mark.parametrize("method", stats.METHODS)
@@ -69,8 +70,10 @@ def test_slowdown_at_the_guard_needs_review():
     interval = ratio_ci(var, base)
     assert interval.ratio == pytest.approx(1.03)
     verdict, reason = classify(interval)
-    assert verdict == "NEEDS_REVIEW"
-    assert "straddles the guard 1.03" in reason
+    assert verdict == "NEEDS_REVIEW"  # exactly at the guard is not above it
+    assert "reaches past the guard 1.03" in reason
+    assert classify(interval, rule="interval")[1].endswith("straddles the guard 1.03: the samples cannot tell "
+                                                           "whether the variant is within it")
 
 
 def test_real_runs_aa_passes_and_injected_slowdown_regresses():
@@ -126,7 +129,7 @@ def test_interval_scales_with_the_variant(method):
 def test_bootstrap_seed_matters():
     base = lognormal(9, sigma=0.05)
     var = lognormal(10, sigma=0.05)
-    a, b = ratio_ci(var, base, seed=1), ratio_ci(var, base, seed=2)
+    a, b = ratio_ci(var, base, seed=1, method="bootstrap"), ratio_ci(var, base, seed=2, method="bootstrap")
     assert a.ratio == b.ratio
     assert (a.low, a.high) != (b.low, b.high)
 
@@ -184,22 +187,42 @@ def test_hodges_lehmann_inverts_mann_whitney():
 # --- classify edge cases --------------------------------------------------------------------------
 
 
-def test_classify_boundaries():
-    assert classify(ci(1.05, 1.0301, 1.07))[0] == "REGRESS"
-    assert classify(ci(1.05, 1.03, 1.07))[0] == "NEEDS_REVIEW"  # touching the guard is not above it
+def test_classify_boundaries_interval_rule():
+    def c(*a, **k):
+        return classify(ci(*a), rule="interval", **k)[0]
+
+    assert c(1.05, 1.0301, 1.07) == "REGRESS"
+    assert c(1.05, 1.03, 1.07) == "NEEDS_REVIEW"  # touching the guard is not above it
+    assert c(1.0, 0.98, 1.0299) == "PASS"
+    assert c(1.0, 0.98, 1.03) == "NEEDS_REVIEW"  # high == guard is not below it
+    assert c(1.03, 1.01, 1.05) == "NEEDS_REVIEW"
+    assert c(0.8, 0.7, 0.9) == "PASS"  # faster is a pass
+    assert c(1.0, 0.99, 1.01, guard=0.95) == "REGRESS"  # a guard below 1 demands a speed-up
+
+
+def test_classify_boundaries_shift_rule():
+    assert classify(ci(1.05, 1.0001, 1.09))[0] == "REGRESS"  # above the guard, and slower beyond doubt
+    assert classify(ci(1.05, 1.0, 1.09))[0] == "NEEDS_REVIEW"  # the interval touches 1: not established
+    assert classify(ci(1.05, 0.98, 1.09))[1].endswith("the slowdown is not established")
+    assert classify(ci(1.03, 1.01, 1.05))[0] == "NEEDS_REVIEW"  # estimate == guard is not above it
     assert classify(ci(1.0, 0.98, 1.0299))[0] == "PASS"
     assert classify(ci(1.0, 0.98, 1.03))[0] == "NEEDS_REVIEW"  # high == guard is not below it
-    assert classify(ci(1.03, 1.01, 1.05))[0] == "NEEDS_REVIEW"
-    assert classify(ci(0.8, 0.7, 0.9))[0] == "PASS"  # faster is a pass
-    assert classify(ci(1.0, 0.99, 1.01), guard=0.95)[0] == "REGRESS"  # a guard below 1 demands a speed-up
+    assert classify(ci(0.8, 0.7, 0.9))[0] == "PASS"
+    assert classify(ci(1.0, 0.99, 1.01), guard=0.95)[0] == "NEEDS_REVIEW"  # not slower than 1 beyond doubt
+    with pytest.raises(ValueError, match="unknown rule"):
+        classify(ci(), rule="vibes")
 
 
 def test_classify_reason_text():
-    verdict, reason = classify(RatioCI(1.0714, 1.0521, 1.0903, 0.95, "bootstrap", 32, 32))
+    verdict, reason = classify(RatioCI(1.0714, 1.0521, 1.0903, 0.95, "bootstrap", 32, 32), rule="interval")
     assert verdict == "REGRESS"
     assert reason == "p50 ratio 1.071 [1.052, 1.090] at 95% is entirely above the guard 1.03"
     verdict, reason = classify(ci(0.99, 0.985, 0.995), guard=1.05)
     assert reason == "p50 ratio 0.990 [0.985, 0.995] at 90% is entirely below the guard 1.05"
+    verdict, reason = classify(RatioCI(1.0612, 1.0123, 1.1004, 0.9, "hodges-lehmann", 32, 32))
+    assert verdict == "REGRESS"
+    assert reason == ("shift ratio 1.061 [1.012, 1.100] at 90%: above the guard 1.03 and entirely above 1 "
+                      "(slower beyond doubt)")
 
 
 def test_classify_sample_check_comes_first():
@@ -245,7 +268,7 @@ def test_bad_ratio_ci_arguments():
     with pytest.raises(ValueError, match="unknown method"):
         ratio_ci(var, base, method="t-test")
     with pytest.raises(ValueError, match="n_boot"):
-        ratio_ci(var, base, n_boot=10)
+        ratio_ci(var, base, n_boot=10, method="bootstrap")
 
 
 # --- the alternatives -----------------------------------------------------------------------------

@@ -1,0 +1,149 @@
+"""report.py and the verdict rule on hand-built sweep histories (no Dagster, no compile): causes,
+per-shape verdicts, the honest best line, model evidence without percentiles, and the plot showing
+failed and infeasible variants. The full sweep is in tests/test_sweep.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kernel_assets import report, sweep
+from kernel_assets.sweep import RoundState, verdict_for
+from kregress.core.family import get_family
+from kregress.core.records import CompileStats, Correctness, Measurement, VariantResult
+from kregress.core.spec import load_spec
+from kernels.measure import measurement_from_samples
+
+SPEC = load_spec("specs/gemm_smoke.yaml")
+FAM = get_family("gemm")
+SHAPES = [{"M": 256, "N": 256, "K": 256}, {"M": 256, "N": 512, "K": 256}]
+
+
+def _compile(spill=0, smem=16384):
+    return CompileStats(arch="sm_90a", regs_per_thread=96, spill_bytes=spill, smem_bytes=smem, num_warps=4, num_stages=3,
+                        occupancy=0.5, blocks_per_sm=2, occupancy_limiter="registers", sass_instructions=100,
+                        sass_mix={}, compile_seconds=0.1)
+
+
+def _correct():
+    return Correctness(ok=True, max_abs_err=0.249054, max_rel_err=0.01, nan_inf=False, mismatches=0, tolerance=0.3,
+                       shapes_checked=["256x256x256"], atol=0.3, rtol=0.2, dtype="bf16", ref_rounding_abs=0.249054,
+                       ref_rounding_rel=0.0039)
+
+
+def _row(vid, rnd, ms, evidence, error=None, spill=0, detail=""):
+    return VariantResult(variant_id=vid, round=rnd, source="local", config={"BLOCK_M": 64 + rnd, "BLOCK_N": len(vid)},
+                         config_hash=vid, measurements=ms, evidence=evidence if ms else None, error=error,
+                         error_detail=detail, compile=None if error else _compile(spill=spill),
+                         correctness=None if error else _correct())
+
+
+def _model(latencies):
+    return [measurement_from_samples(FAM, s, [lat], "bf16", {}, "model", "model of H100") for s, lat in zip(SHAPES, latencies)]
+
+
+def _measured(rng, centers, batch="b1", n=32, sigma=0.005):
+    out = []
+    for s, c in zip(SHAPES, centers):
+        m = measurement_from_samples(FAM, s, list(c * np.exp(rng.normal(0, sigma, n))), "bf16", {}, "replay", "Fake GPU",
+                                     identity={"host": "h", "gpu_uuid": "GPU-1", "gpu_name": "Fake GPU"}, batch=batch)
+        out.append(m)
+    return out
+
+
+def _state(history):
+    return RoundState(round=1, history=history, objective={}, best_id=history[0].variant_id, best_value=None,
+                      stopped="max_rounds reached (1)", spec=SPEC)
+
+
+@pytest.fixture()
+def model_history():
+    return [
+        _row("baseline", 0, _model([0.60, 0.90]), "model"),
+        _row("r1-a", 1, _model([0.50, 0.80]), "model"),
+        _row("r1-b", 1, _model([0.50, 0.80]), "model"),  # ties with r1-a exactly
+        _row("r1-oor", 1, [], None, error="out_of_resources", detail="shared memory 262144 B > 232448 B"),
+        _row("r1-spill", 1, _model([0.40, 0.70]), "model", spill=512),  # fastest estimate, but spills
+        _row("r1-nan", 1, [], None, error="nan_inf", detail="NaN at (0, 0)"),
+    ]
+
+
+def test_model_evidence_has_one_estimate_and_no_percentiles(model_history):
+    for r in model_history:
+        for m in r.measurements:
+            assert m.p20_ms is None and m.p80_ms is None and m.p50_ms > 0
+    variants, _, meas = report.tables(model_history, {}, [])
+    assert variants["latency_p20_ms"].isna().all() and variants["latency_p80_ms"].isna().all()
+    assert meas["p20_ms"].isna().all() and meas["p80_ms"].isna().all()
+
+
+def test_causes_summary_and_estimated_best_with_ties(model_history, tmp_path):
+    verdicts = {r.variant_id: verdict_for(r, model_history[0], SPEC) for r in model_history[1:]}
+    assert verdicts["r1-oor"].cause == "infeasible" and verdicts["r1-spill"].cause == "infeasible"
+    assert verdicts["r1-nan"].cause == "wrong"
+    assert verdicts["r1-a"].verdict == "NEEDS_REVIEW" and verdicts["r1-a"].cause is None
+    res = report.write_report(tmp_path, SPEC, "specs/gemm_smoke.yaml", _state(model_history), verdicts, [])
+    assert res["causes"] == {"slower": 0, "wrong": 1, "infeasible": 2}
+    assert res["summary_line"] == "PASS 0 / REGRESS 3 (slower 0, wrong 1, infeasible 2) / NEEDS_REVIEW 2"
+    assert res["best"]["kind"] == "estimated best" and res["best"]["ties"] == ["r1-a", "r1-b"]
+    md = (tmp_path / "report.md").read_text()
+    assert "REGRESS 3 (slower 0, wrong 1, infeasible 2)" in md
+    assert "Estimated best (model evidence, not a measurement): `r1-a`" in md
+    assert "2 variants tie at this estimate: `r1-a`, `r1-b`; tie-break:" in md
+    assert "## Per shape" in md and "## Tolerance" in md and "ref rounding abs" in md
+    vt = pd.read_parquet(tmp_path / "verdicts.parquet")
+    assert list(vt.set_index("variant_id").loc[["r1-oor", "r1-nan"], "cause"]) == ["infeasible", "wrong"]
+    by_shape = pd.read_parquet(tmp_path / "verdicts_by_shape.parquet")
+    assert set(by_shape["shape"]) == {FAM.shape_label(s) for s in SHAPES}
+    assert len(by_shape[by_shape["variant_id"] == "r1-oor"]) == 2  # a failed variant stands for every shape
+    assert by_shape.loc[by_shape["variant_id"] == "r1-a", "ratio"].round(4).tolist() == [round(0.5 / 0.6, 4),
+                                                                                       round(0.8 / 0.9, 4)]
+
+
+def test_measured_per_shape_regress_names_the_shape(tmp_path):
+    rng = np.random.default_rng(0)
+    base = _row("baseline", 0, _measured(rng, [1.0, 2.0]), "replay")
+    faster_one_slower_other = _row("r1-mixed", 1, _measured(rng, [0.90, 2.2]), "replay")
+    faster_one_slower_other.batch_baseline = base.measurements
+    same = _row("r1-same", 1, _measured(rng, [1.0, 2.0]), "replay")
+    same.batch_baseline = base.measurements
+    v = verdict_for(faster_one_slower_other, base, SPEC)
+    assert v.verdict == "REGRESS" and v.cause == "slower" and v.worst_shape == "256x512x256"
+    assert [s.verdict for s in v.shapes] == ["PASS", "REGRESS"]
+    assert v.reasons[0].startswith("slower on 256x512x256")
+    assert verdict_for(same, base, SPEC).verdict == "PASS"
+    verdicts = {r.variant_id: verdict_for(r, base, SPEC) for r in (faster_one_slower_other, same)}
+    res = report.write_report(tmp_path, SPEC, "x.yaml", _state([base, faster_one_slower_other, same]), verdicts, [])
+    assert res["best"]["kind"] == "best" and res["best"]["variant_id"] in ("baseline", "r1-same")
+    assert res["causes"]["slower"] == 1
+    meas = pd.read_parquet(tmp_path / "measurements.parquet")
+    assert {"gpu_uuid", "host", "batch", "sm_clock_mhz_start", "clocks_locked"} <= set(meas.columns)
+    assert (meas["p20_ms"] <= meas["p80_ms"]).all()
+
+
+def test_plot_contains_failed_and_infeasible_variants(model_history):
+    import matplotlib.pyplot as plt
+
+    verdicts = {r.variant_id: verdict_for(r, model_history[0], SPEC) for r in model_history[1:]}
+    variants, _, meas = report.tables(model_history, verdicts, [])
+    fig = report.latency_figure(variants, "t", meas, guard=1.03)
+    try:
+        assert len(fig.axes) == 2  # one panel per shape
+        for ax in fig.axes:
+            gids = {a.get_gid() for a in ax.get_children() if a.get_gid()}
+            assert {f"variant:{r.variant_id}" for r in model_history} <= gids
+            texts = [t.get_text() for t in ax.texts]
+            assert "out_of_resources" in texts and "nan_inf" in texts
+            assert any(line.get_label() == "guard x1.03" for line in ax.get_lines())
+            assert not any(len(c.get_segments()) for c in ax.collections if hasattr(c, "get_segments"))  # no error bars
+        assert [t.get_text() for t in fig.axes[-1].get_xticklabels()] == [r.variant_id for r in model_history]
+        legend_labels = {t.get_text() for t in fig.legends[0].get_texts()}
+        assert {"REGRESS/infeasible", "REGRESS/wrong", "NEEDS_REVIEW", "baseline"} <= legend_labels
+        # the spilling variant is grey (infeasible), not red (slower)
+        spill = [a for a in fig.axes[0].patches if a.get_gid() == "variant:r1-spill"][0]
+        assert spill.get_facecolor()[:3] == pytest.approx(tuple(int(report.CATEGORY_COLORS["REGRESS/infeasible"][i:i + 2], 16) / 255
+                                                                for i in (1, 3, 5)))
+    finally:
+        plt.close(fig)
+    assert report.latency_plot(variants, "t", meas, 1.03)[:8] == b"\x89PNG\r\n\x1a\n"
