@@ -6,6 +6,12 @@
   (content hash) re-run; removed specs drop their partition. It also keeps each kernel family's source
   hash, so a change to ``kernels/<family>.py`` re-runs just the partitions of that family (the assets'
   code_version changes too, so the UI shows them stale). The cursor is JSON.
+
+Both are OFF by default: opening the UI (``dagster dev``) starts no work. Turn them on in the UI
+(Automation -> toggle) or with ``dagster schedule start nightly_sweeps`` / ``dagster sensor start spec_sensor``.
+Even when on, the sensor never re-runs a spec whose current content hash and kernel code version were
+already swept by anyone (a CLI sweep counts): it reads the ``spec_hash`` metadata and the code version of
+``baseline_metrics``'s latest materialization for the partition, not only its own cursor.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ def build_automation(job) -> tuple[list, list]:
         return [dg.RunRequest(run_key=f"nightly-{day}-{k}", partition_key=k, tags={"kregress/trigger": "nightly"})
                 for k in sorted(keys)]
 
-    @dg.sensor(job=job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+    @dg.sensor(job=job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
                description="Adds, re-runs and removes spec partitions when spec files or kernel sources change.")
     def spec_sensor(context: dg.SensorEvaluationContext):
         return evaluate_specs(context.cursor, context.instance, SpecStore(), context.log)
@@ -70,6 +76,7 @@ def evaluate_specs(cursor: str | None, instance, store: SpecStore, log=None) -> 
     added = sorted(set(seen_specs) - existing)
     removed = sorted(existing - set(seen_specs))
     runs = []
+    code_version = None
     for task_id, h in seen_specs.items():
         old = state["specs"].get(task_id)
         fam = spec_family[task_id]
@@ -81,6 +88,16 @@ def evaluate_specs(cursor: str | None, instance, store: SpecStore, log=None) -> 
         elif fam_changed:
             why = f"kernel source of {fam} changed"
         else:
+            continue
+        if code_version is None:
+            from kernel_assets.assets import kernels_code_version
+
+            code_version = kernels_code_version()
+        done = last_sweep_of(instance, task_id)
+        if done is not None and done[0] == h and done[1] == code_version:
+            if log is not None:
+                log.info(f"{task_id}: {why}, but run {done[2]} already swept spec hash {h} with this kernel code: "
+                         "not re-run")
             continue
         runs.append(dg.RunRequest(run_key=f"{task_id}-{h}-{families[fam]}", partition_key=task_id,
                                   tags={"kregress/trigger": why, "kregress/spec_hash": h}))
@@ -94,3 +111,19 @@ def evaluate_specs(cursor: str | None, instance, store: SpecStore, log=None) -> 
         requests.append(SPECS_PARTITIONS.build_delete_request(removed))
     new_cursor = json.dumps({"specs": seen_specs, "families": {**state["families"], **families}}, sort_keys=True)
     return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=requests, cursor=new_cursor)
+
+
+def last_sweep_of(instance, task_id: str) -> tuple[str, str, str] | None:
+    """(spec_hash, code_version, run_id) of the latest ``baseline_metrics`` materialization of a partition,
+    whoever launched it (CLI, UI, schedule); None when it was never materialized."""
+    result = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("baseline_metrics"), asset_partitions=[task_id]), limit=1)
+    if not result.records:
+        return None
+    rec = result.records[0]
+    mat = rec.asset_materialization
+    if mat is None:
+        return None
+    spec_hash = mat.metadata.get("spec_hash")
+    spec_hash = getattr(spec_hash, "value", getattr(spec_hash, "text", spec_hash))
+    return str(spec_hash or ""), str((mat.tags or {}).get("dagster/code_version", "")), rec.run_id

@@ -73,3 +73,48 @@ def test_nightly_schedule_requests_every_partition(tmp_path):
         assert {r.run_key for r in reqs} == {"nightly-2026-12-03-gemm_smoke", "nightly-2026-12-03-mla_decode_h100_bf16"}
         assert sorted(r.partition_key for r in reqs) == ["gemm_smoke", "mla_decode_h100_bf16"]
         assert all(r.tags["kregress/trigger"] == "nightly" for r in reqs)
+
+
+def test_automation_is_off_by_default():
+    """Opening the UI starts no work: the schedule and the sensor are both STOPPED until someone turns them on."""
+    from kernel_assets.definitions import defs
+
+    assert defs.get_sensor_def("spec_sensor").default_status == dg.DefaultSensorStatus.STOPPED
+    assert defs.get_schedule_def("nightly_sweeps").default_status == dg.DefaultScheduleStatus.STOPPED
+
+
+def _swept(instance, task_id: str, spec_hash: str, code_version: str) -> None:
+    """The materialization baseline_metrics records (spec_hash metadata, Dagster's code-version tag)."""
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        asset_key="baseline_metrics", partition=task_id, metadata={"spec_hash": spec_hash},
+        tags={"dagster/code_version": code_version}))
+
+
+def test_sensor_never_reruns_a_spec_swept_at_its_current_hash(tmp_path, monkeypatch):
+    from kernel_assets.assets import kernels_code_version
+    from kernel_assets.definitions import defs
+    from kregress.core.spec import load_spec
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    shutil.copy(REPO / "specs" / "gemm_smoke.yaml", specs)
+    shutil.copy(REPO / "specs" / "gemm_h100_bf16.yaml", specs)
+    monkeypatch.setenv("KREGRESS_SPECS_DIR", str(specs))
+    smoke = load_spec(specs / "gemm_smoke.yaml")
+    sensor = defs.get_sensor_def("spec_sensor")
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(SPECS_PARTITIONS.name, ["gemm_smoke"])
+        _swept(instance, "gemm_smoke", smoke.content_hash(), kernels_code_version())
+        # a fresh sensor (empty cursor): without reading the materializations it would run both specs
+        result = sensor(dg.build_sensor_context(instance=instance, cursor=None))
+        assert [r.partition_key for r in result.run_requests] == ["gemm_h100_bf16"]
+
+        # the swept hash is an older one: the spec changed since, so it runs
+        _swept(instance, "gemm_smoke", "0" * 16, kernels_code_version())
+        result = sensor(dg.build_sensor_context(instance=instance, cursor=None))
+        assert sorted(r.partition_key for r in result.run_requests) == ["gemm_h100_bf16", "gemm_smoke"]
+
+        # swept at this hash but with other kernel code: runs as well
+        _swept(instance, "gemm_smoke", smoke.content_hash(), "f" * 16)
+        result = sensor(dg.build_sensor_context(instance=instance, cursor=None))
+        assert "gemm_smoke" in [r.partition_key for r in result.run_requests]
