@@ -247,7 +247,7 @@ _READY: set[str] = set()  # databases whose schema this process has created
 
 def _sqlite_engine(path: Path) -> sa.Engine:
     eng = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 60.0, "check_same_thread": False},
-                           poolclass=sa.pool.NullPool)
+                           pool_size=2, max_overflow=8)
 
     @sa.event.listens_for(eng, "connect")
     def _on_connect(dbapi_con: Any, _rec: Any) -> None:

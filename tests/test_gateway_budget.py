@@ -27,8 +27,10 @@ def test_estimate_is_not_below_what_the_server_counts():
     for rows in (0, 3, 10):
         msgs = builder(rows)
         assert estimate_messages_tokens(msgs) >= prompt_tokens_of({"messages": msgs})
-    assert estimate_tokens("") == 0 and estimate_tokens("hello world") == 2
-    assert estimate_tokens("BLOCK_M=128, num_stages") == 9
+    assert estimate_tokens("") == 0 and estimate_tokens("hello world") == 6  # 11 UTF-8 bytes / 2, rounded up
+    assert estimate_tokens("BLOCK_M=128, num_stages") == 12
+    assert estimate_tokens("{}[],:") == 6  # punctuation: one token a character, more than bytes / 2
+    assert estimate_tokens("\u6570\u636e") == 4  # two CJK characters: two tokens each
 
 
 def test_prompt_is_shrunk_to_fit_the_round_budget(srv, ledger):
@@ -73,14 +75,14 @@ def test_output_budget_counts_max_tokens(srv, ledger):
 def test_sweep_total_applies_across_rounds_and_roles(srv, ledger):
     g = make_gateway(srv, ledger, ENV)
     budget = Budget(max_input_tokens_per_round=10_000, max_output_tokens_per_round=10_000, max_total_tokens=600)
-    srv.default.prompt_tokens, srv.default.completion_tokens = 100, 100
-    g.chat("suggest", builder(1), max_tokens=150, budget=budget, ctx=CallContext(run_id="s3", round=1))
-    g.chat("suggest", builder(2), max_tokens=150, budget=budget, ctx=CallContext(run_id="s3", round=2))
+    srv.default.prompt_tokens, srv.default.completion_tokens = 50, 150  # within each reservation: no overshoot
+    g.chat("suggest", builder(1), max_tokens=200, budget=budget, ctx=CallContext(run_id="s3", round=1))
+    g.chat("suggest", builder(2), max_tokens=200, budget=budget, ctx=CallContext(run_id="s3", round=2))
     with pytest.raises(BudgetExceeded, match="sweep total: 400 used"):
-        g.chat("report", builder(3), max_tokens=150, budget=budget, ctx=CallContext(run_id="s3", round=0))
+        g.chat("report", builder(3), max_tokens=200, budget=budget, ctx=CallContext(run_id="s3", round=0))
     rep = budget_report(ledger, budget, sweep="s3")
-    assert rep.total == 400 and rep.passed
-    assert [(r.round, r.input, r.output) for r in rep.rounds] == [(0, 0, 0), (1, 100, 100), (2, 100, 100)]
+    assert rep.total == 400 and rep.passed and not rep.overshoot
+    assert [(r.round, r.input, r.output) for r in rep.rounds] == [(0, 0, 0), (1, 50, 150), (2, 50, 150)]
     assert "400 / 600 tokens" in rep.markdown()
 
 

@@ -27,34 +27,76 @@ OTHER_TOOLS_ENV = ("OPENAI_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY"
 
 
 class GatewayError(RuntimeError):
-    """A model call that could not be made or failed; ``category`` is credentials, request, content or transient."""
+    """A model call that could not be made or failed; ``category`` is credentials, request, content or transient.
+
+    The message is one line, ``[category] what happened. Fix: what to do`` (``one_line()``), so whatever shows
+    only the first line of an error (a terminal, Dagster's step failure) shows all of it.
+    """
 
     category = "gateway"
+    default_fix = "see the message; the gateway settings are TAOTOKEN_BASE_URL, TAOTOKEN_MODEL_ID and TAOTOKEN_KEY_<ROLE>"
 
-    def __init__(self, message: str, *, role: str = "", key_alias: str = "", status: int | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, role: str = "", key_alias: str = "", status: int | None = None, kind: str = "") -> None:
+        super().__init__(_one_line(message, self.category, self.default_fix))
         self.role = role
         self.key_alias = key_alias
         self.status = status
+        self.kind = kind  # transient errors: rate_limited, server_error, timeout, connection
+
+    def one_line(self) -> str:
+        """``[category] what happened. Fix: ...`` on one line (what the CLI prints)."""
+        return str(self)
+
+    @property
+    def what(self) -> str:
+        return str(self).split("] ", 1)[-1].split(" Fix: ", 1)[0].rstrip(".")
+
+    @property
+    def fix(self) -> str:
+        return str(self).split(" Fix: ", 1)[1] if " Fix: " in str(self) else ""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self)!r})"
 
 
+def _one_line(message: str, category: str, default_fix: str) -> str:
+    text = " ".join(str(message).split())
+    if not text.startswith("["):
+        text = f"[{category}] {text}"
+    if " Fix: " not in text:
+        text = f"{text.rstrip('.')}. Fix: {default_fix}"
+    return text
+
+
 class CredentialsError(GatewayError):
     category = "credentials"
+    default_fix = "export TAOTOKEN_KEY_<ROLE>=<key>[,<key2>] (or TAOTOKEN_API_KEY for every role) with a current taotoken.net key"
 
 
 class RequestError(GatewayError):
     category = "request"
+    default_fix = "check TAOTOKEN_BASE_URL (the API root, e.g. https://taotoken.net/api), TAOTOKEN_MODEL_ID and the request parameters"
 
 
 class ContentError(GatewayError):
     category = "content"
+    default_fix = "show fewer history rows (search.top_k) or lower max_tokens for this role"
 
 
 class RetriesExhausted(GatewayError):
     category = "transient"
+    default_fix = "the service is overloaded or unreachable from here; try later or add keys for this role"
+
+
+GATEWAY_ERROR_CATEGORIES = ("credentials", "request", "content", "transient")
+# A classified gateway error's one line, wherever it was embedded (Dagster's step failure text, a log).
+GATEWAY_ERROR_LINE = re.compile(r"\[(?:credentials|request|content|transient)\] [^\n]*? Fix: [^\n]*")
+
+
+def gateway_error_line(text: str) -> str | None:
+    """The first ``[class] ... Fix: ...`` line in ``text`` (e.g. a failed run's error), or None."""
+    m = GATEWAY_ERROR_LINE.search(text or "")
+    return m.group(0).strip() if m else None
 
 
 # --- base URL ----------------------------------------------------------------------------------------
