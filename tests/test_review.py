@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import dagster as dg
 import pytest
 from fake_openai import FakeOpenAI, Reply
+from review_helpers import HINTS_NEW, HINTS_OLD, REPO, git
 
 from kernel_assets.constants import SPECS_PARTITIONS
 from kernel_assets.review import (
@@ -35,17 +35,9 @@ from kregress.core.spec import load_spec
 from resources.ledger import Ledger, LedgerResource
 from resources.taotoken import TaotokenResource
 
-REPO = Path(__file__).resolve().parent.parent
 KEY = "sk" "-REVIEWCANARY-0123456789abcdef"
 MASK_OLD = "mask_m = offs_m[:, None] < M"
 MASK_NEW = "mask_m = offs_m[:, None] <= M"
-HINTS_OLD = 'divisible = ("a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm")'
-HINTS_NEW = 'divisible = ("a_ptr", "b_ptr", "c_ptr")'
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@example.org", "-c", "user.name=t", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
 
 
 def make_repo(root: Path) -> Path:

@@ -13,15 +13,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import pytest
+from review_helpers import REPO, commit_all, worktrees
 
 from kernel_assets.review import family_sources, run_review
 from kregress.core import family as registry
 from kregress.core.spec import load_spec
 
-REPO = Path(__file__).resolve().parent.parent
 TARGET = "plugk.scale:FAMILY"
 
 PLUGIN = '''"""A tiny plugin family: y = 2 x on one block per program."""
@@ -54,11 +53,6 @@ FAMILY = ScaleFamily(name="plug_scale", space=SPACE, shape_keys=("n",), headline
 '''
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@example.org", "-c", "user.name=t", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
     repo = tmp_path / "plugin-repo"
@@ -66,9 +60,8 @@ def plugin(tmp_path, monkeypatch):
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "scale.py").write_text(PLUGIN.replace("BLOCKS", "(128, 256)"))
-    git(repo, "init", "-q")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "plugin: scale kernel")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    commit_all(repo, "plugin: scale kernel")
     # the change under review (uncommitted): 128 is no longer allowed, and the store converts through fp32
     (pkg / "scale.py").write_text(PLUGIN.replace("BLOCKS", "(256,)").replace("x * 2, mask", "(x.to(tl.float32) * 2).to(tl.float16), mask"))
     monkeypatch.syspath_prepend(str(repo / "src"))
@@ -103,4 +96,4 @@ def test_plugin_kernel_is_reviewed_and_compiled_from_its_own_repository(plugin):
     assert cd.base.space_check is None and cd.new.space_check and "BLOCK=128 is not allowed" in cd.new.space_check
     assert any(f.checklist_item == "tile_scheduling" and f.risk == "high" and f.file == "src/plugk/scale.py" for f in r.findings)
     assert {row["metric"] for row in cd.rows} >= {"regs_per_thread", "sass_instructions"}
-    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1 and list(scratch.iterdir()) == []
+    assert worktrees(repo) == 1 and list(scratch.iterdir()) == []

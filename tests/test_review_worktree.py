@@ -17,31 +17,17 @@ two in the module (c1 and c2), the rest are cache hits on the module's compile c
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
+from review_helpers import HINTS_NEW, HINTS_OLD, REPO, commit_all, git, worktrees
 
 from kernel_assets.review import run_review
 from kregress.core.spec import load_spec
 
-REPO = Path(__file__).resolve().parent.parent
-HINTS_OLD = 'divisible = ("a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm")'
-HINTS_NEW = 'divisible = ("a_ptr", "b_ptr", "c_ptr")'
 API_IMPORT = "from kregress.core.family import CompileUnit, Family, Rule, Space, register\n"
 LEGACY = "\n\ndef legacy_tile_rule(config, params, limits):\n    \"\"\"The old API: gone in c2.\"\"\"\n    return True\n"
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@example.org", "-c", "user.name=t", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
-
-
-def commit(repo: Path, msg: str) -> str:
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", msg)
-    return git(repo, "rev-parse", "HEAD")
 
 
 @pytest.fixture(scope="module")
@@ -56,19 +42,19 @@ def history(tmp_path_factory):
     assert API_IMPORT in src and HINTS_OLD in src, "kernels/gemm.py changed: update the planted history"
     git(repo, "init", "-q")
     worker.unlink()
-    shas = {"c0": commit(repo, "c0: kernels before the worker protocol")}
+    shas = {"c0": commit_all(repo, "c0: kernels before the worker protocol")}
     worker.write_text(worker_src)
     gemm.write_text(src.replace(API_IMPORT, API_IMPORT + "from kregress.core.family import no_such_helper  # noqa: F401\n"))
-    shas["cB"] = commit(repo, "cB: gemm imports a name nobody defines")
+    shas["cB"] = commit_all(repo, "cB: gemm imports a name nobody defines")
     family.write_text(fam_src + LEGACY)
     gemm.write_text(src.replace(API_IMPORT, API_IMPORT + "from kregress.core.family import legacy_tile_rule  # noqa: F401\n"))
-    shas["c1"] = commit(repo, "c1: gemm on the old API")
+    shas["c1"] = commit_all(repo, "c1: gemm on the old API")
     family.write_text(fam_src)
     gemm.write_text(src.replace(HINTS_OLD, HINTS_NEW))
-    shas["c2"] = commit(repo, "c2: API moved, alignment hints dropped")
+    shas["c2"] = commit_all(repo, "c2: API moved, alignment hints dropped")
     mla = repo / "kernels" / "mla_decode.py"
     mla.write_text(mla.read_text() + "\n# unrelated edit\n")
-    shas["c3"] = commit(repo, "c3: unrelated mla edit")
+    shas["c3"] = commit_all(repo, "c3: unrelated mla edit")
     return repo, shas
 
 
@@ -98,7 +84,7 @@ def spec():
 
 
 def assert_worktree_removed(repo: Path, scratch: Path) -> None:
-    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert worktrees(repo) == 1
     assert list(scratch.iterdir()) == []
 
 
