@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "specs" / "gemm_smoke.yaml"
 REQUIRED = ["variant_id", "round", "source", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_stages", "num_warps",
             "error", "latency_p50_ms", "latency_p20_ms", "latency_p80_ms", "tflops", "regs_per_thread", "spill_bytes",
-            "smem_bytes", "occupancy", "max_abs_err", "max_rel_err", "verdict", "evidence", "reasons"]
+            "smem_bytes", "occupancy", "max_abs_err", "max_rel_err", "verdict", "cause", "worst_shape", "ref_rounding_abs",
+            "atol", "rtol", "evidence", "reasons"]
 
 
 def test_definitions_load_and_resolve():
@@ -97,6 +98,43 @@ def test_sweep_produces_report_files(swept):
         assert section in report
     md = _metadata(first, "verdict_report")
     assert md["n_PASS"] + md["n_REGRESS"] + md["n_NEEDS_REVIEW"] == 6
+
+
+def test_default_sweep_causes_and_per_shape_verdicts(swept):
+    """Issue 12: every REGRESS has a cause, counted apart; a verdict per variant per shape; model
+    evidence holds one estimate (no percentiles) and the best is an 'estimated best'."""
+    home, _, first, _ = swept
+    out = home / "reports" / "gemm_smoke"
+    spec = load_spec(SMOKE)
+    verdicts = pd.read_parquet(out / "verdicts.parquet")
+    regress = verdicts[verdicts["verdict"] == "REGRESS"]
+    assert regress["cause"].isin(["slower", "wrong", "infeasible"]).all()
+    assert verdicts.loc[verdicts["verdict"] != "REGRESS", "cause"].isna().all()
+    # on the interpreter no latency is measured: no REGRESS can be "slower"
+    assert not (regress["cause"] == "slower").any()
+    failed = verdicts[verdicts["error"].notna() | (verdicts["spill_bytes"] > 0)]
+    assert (failed["verdict"] == "REGRESS").all()
+    by_shape = pd.read_parquet(out / "verdicts_by_shape.parquet")
+    shapes = {f"{s['M']}x{s['N']}x{s['K']}" for s in spec.shape_matrix}
+    assert set(by_shape["shape"]) == shapes
+    assert len(by_shape) == len(verdicts) * len(shapes)
+    assert {"variant_id", "shape", "verdict", "cause", "ratio", "ratio_ci_low", "ratio_ci_high"} <= set(by_shape.columns)
+    merged = by_shape.merge(verdicts[["variant_id", "verdict", "cause"]], on="variant_id", suffixes=("", "_variant"))
+    assert (merged["verdict"] == merged["verdict_variant"]).all()  # model evidence: no shape differs
+    meas = pd.read_parquet(out / "measurements.parquet")
+    model = meas[meas["evidence"] == "model"]
+    assert len(model) and model["p20_ms"].isna().all() and model["p80_ms"].isna().all()
+    assert {"gpu_name", "gpu_uuid", "host", "driver", "batch", "clocks_locked"} <= set(meas.columns)
+    report = (out / "report.md").read_text()
+    md = _metadata(first, "verdict_report")
+    causes = {c: int((regress["cause"] == c).sum()) for c in ("slower", "wrong", "infeasible")}
+    line = (f"REGRESS {len(regress)} (slower {causes['slower']}, wrong {causes['wrong']}, "
+            f"infeasible {causes['infeasible']})")
+    assert line in report and line in md["summary"]
+    assert {f"n_REGRESS_{c}": n for c, n in causes.items()}.items() <= md.items()
+    assert "Estimated best (model evidence, not a measurement)" in report and md["best_kind"] == "estimated best"
+    for section in ("## Per shape", "## Tolerance", "ref rounding abs", "## Measurement conditions", "clock locking: off"):
+        assert section in report
 
 
 def test_rounds_past_max_rounds_are_skipped_with_a_reason(swept):
