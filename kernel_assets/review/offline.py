@@ -185,6 +185,8 @@ def compile_deltas(src: FamilySources, base_sha: str | None, spec: Any, home: Pa
                 return compile_side(tree, src, job, label, cache_home, cache_dir, timeout)
         except ReviewError as exc:
             return CompileSide(label=label, ok=False, error="no_worktree", detail=_one_line(exc))
+        except OSError as exc:  # a worktree that cannot be read or written: the new side still comes
+            return CompileSide(label=label, ok=False, error="no_worktree", detail=_one_line(f"{type(exc).__name__}: {exc}"))
 
     with ThreadPoolExecutor(max_workers=2) as ex:
         fut_base = ex.submit(base_side)
