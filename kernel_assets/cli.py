@@ -522,7 +522,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ha = hsub.add_parser("ack", help="accept a known step change: that sweep becomes the new reference")
     ha.add_argument("task_id")
     ha.add_argument("--by", required=True, help="who accepts it")
-    ha.add_argument("--why", required=True, help="why (e.g. 'driver 560 update, expected +4%')")
+    ha.add_argument("--why", required=True, help="why (e.g. 'driver 560 update, expected +4%%')")
     ha.add_argument("--run-id", help="default: the latest sweep of the task")
     ha.add_argument("--dagster-home")
     ha.set_defaults(func=cmd_history_ack)
