@@ -45,7 +45,6 @@ class Reply:
     completion_tokens: int | None = None  # None: counted from content
     finish_reason: str = "stop"
     drop: bool = False  # close the connection without answering
-    stream: bool = False  # answer as server-sent events (the client asked for stream=True)
 
 
 @dataclass
@@ -113,24 +112,6 @@ class FakeOpenAI:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            def _send_stream(self, seen: Seen, content: str, reply: Reply, pt: int, ct: int) -> None:
-                base = {"id": f"chatcmpl-{len(fake.requests)}", "object": "chat.completion.chunk", "created": int(time.time()), "model": seen.body.get("model", "")}
-                events = []
-                pieces = [content[i : i + 16] for i in range(0, len(content), 16)] or [""]
-                for i, piece in enumerate(pieces):
-                    delta = {"role": "assistant", "content": piece} if i == 0 else {"content": piece}
-                    events.append({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-                events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]})
-                events.append({**base, "choices": [], "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}})
-                raw = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-                data = raw.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Content-Length", str(len(data)))
-                self.send_header("x-request-id", f"req_{len(fake.requests):04d}")
-                self.end_headers()
-                self.wfile.write(data)
-
             def _record(self, method: str) -> Seen:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n) or b"{}") if n else {}
@@ -175,9 +156,6 @@ class FakeOpenAI:
                 content = reply.content or ""
                 pt = prompt_tokens_of(seen.body) if reply.prompt_tokens is None else reply.prompt_tokens
                 ct = count_tokens(content) if reply.completion_tokens is None else reply.completion_tokens
-                if reply.stream or seen.body.get("stream"):
-                    self._send_stream(seen, content, reply, pt, ct)
-                    return
                 self._send(
                     200,
                     {
@@ -260,5 +238,49 @@ def budget_race_worker(root: str, ledger_target: str, wid: int, total: int, out:
                 if refused >= 3:
                     break
         out.put((wid, ok, refused))
+    except Exception as e:  # noqa: BLE001 - report, do not hang the parent
+        out.put(f"{type(e).__name__}: {e}")
+
+
+def overshoot_worker(root: str, ledger_target: str, wid: int, out: Any) -> None:
+    """One process of the over-reporting race: its own sweep ``over-<wid>``, 3 rounds of up to 5 suggest calls
+    each, against a server that bills more than the gateway reserved. Puts ``(wid, sent, refused, reasons)``."""
+    import random
+
+    from kregress.core.spec import Budget
+    from resources.ledger import BudgetExceeded, Ledger
+    from resources.taotoken import CallContext, TaotokenResource
+
+    try:
+        g = TaotokenResource(base_url=root, model_id="kregress-test-model", verify_model=False, min_output_tokens=16).get_gateway(
+            Ledger(ledger_target), environ={"TAOTOKEN_API_KEY": "sk" "-overshoot-test-key-0000000000"},
+            sleep=FakeClock().sleep, rng=random.Random(wid))
+        budget = Budget(max_input_tokens_per_round=1000, max_output_tokens_per_round=1000, max_total_tokens=100_000)
+        sent = refused = 0
+        reasons: list[str] = []
+        for rnd in (1, 2, 3):
+            for i in range(5):
+                msgs = [{"role": "user", "content": f"worker {wid} round {rnd} call {i}: propose variants for the gemm sweep"}]
+                try:
+                    g.chat("suggest", msgs, max_tokens=100, budget=budget, ctx=CallContext(sweep=f"over-{wid}", round=rnd))
+                    sent += 1
+                except BudgetExceeded as e:
+                    refused += 1
+                    reasons.append(e.reason)
+        out.put((wid, sent, refused, reasons))
+    except Exception as e:  # noqa: BLE001 - report, do not hang the parent
+        out.put(f"{type(e).__name__}: {e}")
+
+
+def cooldown_worker(root: str, ledger_target: str, keys: str, out: Any) -> None:
+    """A second run: one suggest call with ``keys``; puts the alias that answered (or the error text)."""
+    from resources.ledger import Ledger
+    from resources.taotoken import TaotokenResource
+
+    try:
+        g = TaotokenResource(base_url=root, model_id="kregress-test-model", verify_model=False).get_gateway(
+            Ledger(ledger_target), environ={"TAOTOKEN_KEY_SUGGEST": keys}, sleep=FakeClock().sleep)
+        res = g.chat("suggest", [{"role": "user", "content": "second run"}], use_cache=False)
+        out.put(res.key_alias)
     except Exception as e:  # noqa: BLE001 - report, do not hang the parent
         out.put(f"{type(e).__name__}: {e}")

@@ -6,7 +6,7 @@ import json
 import logging
 
 import pytest
-from fake_openai import make_gateway
+from fake_openai import Reply, make_gateway
 
 from kernel_assets.agent.base import AgentContext, Proposal, validate_and_dedupe
 from kernel_assets.agent.llm import HybridPolicy, LLMPolicy, extract_json, parse_suggestions, write_narrative
@@ -14,7 +14,7 @@ from kernel_assets.agent.prompt import HEADER, SUGGEST_SYSTEM_PROMPT, build_sugg
 from kregress.core.records import CompileStats, Measurement, Suggestion, VariantResult, config_hash
 from kregress.core.family import Family, Rule, Space
 from kregress.core.spec import Budget, TaskSpec
-from resources.taotoken import CredentialsError
+from resources.taotoken import CredentialsError, RetriesExhausted
 
 KEY = "sk" "-agent-test-key-00000000000000"
 ENV = {"TAOTOKEN_KEY_SUGGEST": KEY, "TAOTOKEN_KEY_REPORT": KEY + "-report"}
@@ -223,12 +223,25 @@ def test_llm_policy_without_a_key_raises_a_credentials_error(srv, ledger):
         LLMPolicy(g).propose(make_ctx())
 
 
-def test_llm_policy_transient_failure_ends_the_round_with_a_note(srv, ledger):
-    g = make_gateway(srv, ledger, ENV, max_attempts=2)
-    srv.push(status=503)
-    srv.push(status=503)
-    prop = LLMPolicy(g).propose(make_ctx())
-    assert prop.suggestions == [] and "gave up after 2 attempts" in prop.notes[0]
+def test_llm_policy_outage_through_the_round_fails_with_one_line(srv, ledger):
+    g = make_gateway(srv, ledger, ENV, retry_horizon_s=5.0)
+    srv.default = Reply(status=503, headers={"Retry-After": "2"})  # down for good
+    with pytest.raises(RetriesExhausted) as ei:
+        LLMPolicy(g).propose(make_ctx())
+    text = str(ei.value)
+    assert text.startswith("[transient] llm round 2: no proposals, the gateway stayed down") and " Fix: " in text
+    assert "\n" not in text and ei.value.one_line() == text
+    assert len(srv.chat_requests()) == 3  # waits of 2 s + 2 s fit a 5 s horizon, a third would not
+
+
+def test_hybrid_continues_with_local_proposals_through_an_outage(srv, ledger):
+    g = make_gateway(srv, ledger, ENV, retry_horizon_s=5.0)
+    srv.default = Reply(status=429, headers={"Retry-After": "2"})
+    local = EnumPolicy()
+    prop = HybridPolicy(LLMPolicy(g), local).propose(make_ctx(n=2))
+    assert [s.source for s in prop.suggestions] == ["local", "local"] and local.calls == 1
+    assert prop.notes[0].startswith("llm unavailable (transient): [transient] llm round 2")
+    assert "round 2 continues with local proposals only" in prop.notes
 
 
 class EnumPolicy:

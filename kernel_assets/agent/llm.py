@@ -126,8 +126,10 @@ class LLMPolicy:
     """Chat completions through the gateway (role "suggest"); one call per round.
 
     Credentials and request errors (a missing key, a wrong base URL or model id) raise: every round would
-    fail the same way and the user has to fix the configuration. A budget refusal, exhausted retries or
-    unusable content end the round with no proposals and a note saying why.
+    fail the same way and the user has to fix the configuration. A gateway that stays down through the
+    round (``RetriesExhausted``: the call's whole retry horizon spent) also raises, so the sweep fails
+    instead of ending with "nothing new proposed". A budget refusal or unusable content end the round
+    with no proposals and a note saying why.
     """
 
     name = "llm"
@@ -157,7 +159,11 @@ class LLMPolicy:
         except BudgetExceeded as e:
             ctx.log.warning(f"llm round {ctx.round}: {e}")
             return Proposal([], notes=[f"BudgetExceeded: {e.reason}"])
-        except (RetriesExhausted, ContentError) as e:
+        except RetriesExhausted as e:
+            ctx.log.error(f"llm round {ctx.round}: the gateway stayed down through the round: {e}")
+            raise RetriesExhausted(f"[transient] llm round {ctx.round}: no proposals, the gateway stayed down: {e.what}. Fix: {e.fix}",
+                                   role=e.role, key_alias=e.key_alias, status=e.status, kind=e.kind) from None
+        except ContentError as e:
             ctx.log.warning(f"llm round {ctx.round}: {e}")
             return Proposal([], notes=[f"llm: {e}"])
         tokens = {"prompt": res.prompt_tokens, "completion": res.completion_tokens, "total": res.total_tokens}
@@ -177,7 +183,8 @@ class LLMPolicy:
 class HybridPolicy:
     """llm first; topped up by the local policy when fewer valid proposals come back than asked for.
 
-    When the llm cannot be used at all (no key, bad configuration) the whole round is local, with a note.
+    When the llm cannot be used at all (no key, bad configuration, the gateway down through the round, the
+    budget spent) the whole round is local, with a note saying so.
     """
 
     name = "hybrid"
@@ -190,8 +197,9 @@ class HybridPolicy:
         try:
             first = self.llm.propose(ctx)
         except (GatewayError, BudgetExceeded) as e:
-            ctx.log.warning(f"hybrid round {ctx.round}: llm unavailable, using local: {e}")
-            first = Proposal([], notes=[f"llm unavailable ({getattr(e, 'category', 'budget')}): {str(e)[:300]}"])
+            ctx.log.warning(f"hybrid round {ctx.round}: llm unavailable, continuing with local proposals: {e}")
+            first = Proposal([], notes=[f"llm unavailable ({getattr(e, 'category', 'budget')}): {str(e)[:300]}",
+                                        f"round {ctx.round} continues with local proposals only"])
         kept = list(first.suggestions)[: ctx.n]
         dropped = list(first.dropped)
         notes = list(first.notes)
