@@ -5,7 +5,8 @@ Shapes (DeepSeek-V3 MLA, weights absorbed into the query):
 - kv_cache     [num_blocks, page_size, 1, 576]   one latent head; K is all 576 dims, V the first 512
 - block_table  [batch, max_pages] int32: page i of sequence b lives in kv_cache[block_table[b, i]]
 - cache_seqlens[batch] int32: tokens in each sequence's cache (they differ per sequence)
-- out          [batch, s_q, h_q, 512] in the input dtype, lse [batch, s_q, h_q] float32 (natural log)
+- out          [batch, s_q, h_q, 512] in the input dtype, lse [batch, h_q, s_q] float32 (natural log,
+  FlashMLA's layout: ``flash_mla_with_kvcache`` returns softmax_lse as [batch, h_q, s_q])
 
 Math and why:
 - There is a single KV head, so every query head of a sequence reads the same tokens. The s_q * h_q
@@ -34,17 +35,18 @@ Math and why:
 - Splits that receive no blocks (num_splits larger than the number of KV blocks, or a short
   sequence) write o_s = 0 and lse_s = -inf, i.e. weight 0 in the combine.
 
-Zero-length policy (documented behaviour, not an error): a row that sees no key at all (a sequence
-with cache_seqlens = 0, or query i of s_q when seqlen - s_q + i < 0) gets out = 0 and lse = -inf,
-the value of an empty log-sum-exp. No NaN is produced. The float64 reference does the same.
+Zero-length policy (FlashMLA's convention, not an error): a row that sees no key at all (a sequence
+with cache_seqlens = 0, or query i of s_q when seqlen - s_q + i < 0) gets out = 0 and lse = +inf,
+as FlashMLA's kernel and reference mark it (a split partial with no key keeps lse_s = -inf inside,
+its weight 0 in the combine). No NaN is produced. The float64 reference does the same, and the
+check requires the infinities to match exactly.
 
 Family params (spec.params), all optional:
 - softmax_scale: float > 0, default 576 ** -0.5.
 - page_size: 16, 32, 64 (default), 128 or 256 tokens per KV page; BLOCK_N must divide it.
 - seqlens: "spread" (default), "uniform" or a list of non-negative ints (see ``cache_seqlens``).
-- check_lse: bool, default false. When true, ``run`` returns out with lse appended as a 513th column
-  (fp32) so the correctness check compares both; the extra concat is then inside the timed region,
-  so keep it false in specs that are timed on a GPU.
+- check_lse: bool, default true: ``run`` returns (out, lse) and the correctness check compares both
+  (the kernel writes lse anyway, so nothing extra is timed); false returns out only.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def mla_decode_kernel(
     stride_kvb, stride_kvt,
     stride_btb,
     stride_ob, stride_os, stride_oh,
-    stride_lb, stride_ls,
+    stride_lb, stride_lh,
     H_Q, S_Q, M,
     PAGE_SIZE: tl.constexpr, D_V: tl.constexpr, D_PE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -131,13 +133,15 @@ def mla_decode_kernel(
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
     if NUM_SPLITS == 1:
+        lse = tl.where(empty, float("inf"), lse)  # FlashMLA: a row that sees no key has lse = +inf
         o_row = b.to(tl.int64) * stride_ob + s_idx * stride_os + h_idx * stride_oh
         tl.store(tl.multiple_of(out_ptr + o_row[:, None] + offs_v[None, :], [16, 16]), o.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None])
-        tl.store(lse_ptr + b.to(tl.int64) * stride_lb + s_idx * stride_ls + h_idx, lse, mask=row_ok)
+        tl.store(lse_ptr + b.to(tl.int64) * stride_lb + h_idx * stride_lh + s_idx, lse, mask=row_ok)
     else:
+        lse = tl.where(empty, float("-inf"), lse)  # an empty split weighs 0 in the combine
         part = (b.to(tl.int64) * M + rows) * NUM_SPLITS + split  # o_part [batch, M, NUM_SPLITS, 512]
         tl.store(tl.multiple_of(o_part_ptr + part[:, None] * D_V + offs_v[None, :], [16, 16]), o, mask=row_ok[:, None])
         tl.store(lse_part_ptr + part, lse, mask=row_ok)
@@ -147,7 +151,7 @@ def mla_decode_kernel(
 def mla_combine_kernel(
     o_part_ptr, lse_part_ptr, out_ptr, lse_ptr,
     stride_ob, stride_os, stride_oh,
-    stride_lb, stride_ls,
+    stride_lb, stride_lh,
     H_Q, M,
     D_V: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -167,7 +171,7 @@ def mla_combine_kernel(
     denom = tl.sum(w, 1)
     empty = denom == 0.0
     w = w / tl.where(empty, 1.0, denom)[:, None]
-    lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, denom)))
+    lse = tl.where(empty, float("inf"), m_safe + tl.log(tl.where(empty, 1.0, denom)))  # FlashMLA: +inf when empty
     s_idx = rows // H_Q
     h_idx = rows % H_Q
     out_rows = b.to(tl.int64) * stride_ob + s_idx * stride_os + h_idx * stride_oh
@@ -178,7 +182,7 @@ def mla_combine_kernel(
         o = tl.sum(w[:, :, None] * o_s, 1)
         tl.store(tl.multiple_of(out_ptr + out_rows[:, None] + d0 + offs_d[None, :], [16, 16]),
                  o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(lse_ptr + b.to(tl.int64) * stride_lb + s_idx * stride_ls + h_idx, lse, mask=row_ok)
+    tl.store(lse_ptr + b.to(tl.int64) * stride_lb + h_idx * stride_lh + s_idx, lse, mask=row_ok)
 
 
 TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
@@ -198,6 +202,10 @@ def _combine_meta(splits: int) -> dict[str, int]:
 
 def _page_size(params: dict[str, Any]) -> int:
     return int((params or {}).get("page_size", 64))
+
+
+def _check_lse(params: dict[str, Any]) -> bool:
+    return bool((params or {}).get("check_lse", True))
 
 
 def _softmax_scale(params: dict[str, Any]) -> float:
@@ -332,16 +340,12 @@ class MlaDecodeFamily(Family):
     def run(self, inputs, config, params):
         out, lse = mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["cache_seqlens"],
                               _softmax_scale(params), config)
-        if (params or {}).get("check_lse"):
-            return torch.cat([out.float(), lse.unsqueeze(-1)], dim=-1)
-        return out
+        return (out, lse) if _check_lse(params) else out
 
     def reference(self, inputs, params):
         out, lse = reference_mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"],
                                         inputs["cache_seqlens"], _softmax_scale(params))
-        if (params or {}).get("check_lse"):
-            return torch.cat([out, lse.unsqueeze(-1)], dim=-1)
-        return out
+        return (out, lse) if _check_lse(params) else out
 
     # --- formulas ------------------------------------------------------------------------------
     def flops(self, shape, params):
@@ -378,7 +382,7 @@ class MlaDecodeFamily(Family):
             "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
             "stride_kvb": "i32", "stride_kvt": "i32", "stride_btb": "i32",
             "stride_ob": "i32", "stride_os": "i32", "stride_oh": "i32",
-            "stride_lb": "i32", "stride_ls": "i32",
+            "stride_lb": "i32", "stride_lh": "i32",
             "H_Q": "i32", "S_Q": "i32", "M": "i32",
             "PAGE_SIZE": "constexpr", "D_V": "constexpr", "D_PE": "constexpr",
             "BLOCK_H": "constexpr", "BLOCK_N": "constexpr", "NUM_SPLITS": "constexpr",
@@ -387,15 +391,16 @@ class MlaDecodeFamily(Family):
                   "BLOCK_H": config["BLOCK_H"], "BLOCK_N": config["BLOCK_N"], "NUM_SPLITS": splits}
         # What the GPU JIT specializes as divisible by 16 on the timed shapes: every pointer (fresh
         # torch allocations), strides built from the 576/512 head dims, and sizes built from h_q
-        # (a multiple of 16 in every DeepSeek config). Not: the block-table row stride (max pages), S_Q.
-        by_h = ("stride_lb", "stride_ls", "H_Q", "M")
+        # (a multiple of 16 in every DeepSeek config). Not: the block-table row stride (max pages), S_Q,
+        # the lse head stride (s_q).
+        by_h = ("stride_lb", "H_Q", "M")
         divisible = tuple(k for k, v in sig.items() if v.startswith("*")) + (
             "stride_qb", "stride_qs", "stride_qh", "stride_kvb", "stride_kvt", "stride_ob", "stride_os", "stride_oh") + by_h
         units = [CompileUnit(mla_decode_kernel, sig, consts, config["num_warps"], config["num_stages"], divisible)]
         if splits > 1:
             csig = {
                 "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "out_ptr": ptr, "lse_ptr": "*fp32",
-                "stride_ob": "i32", "stride_os": "i32", "stride_oh": "i32", "stride_lb": "i32", "stride_ls": "i32",
+                "stride_ob": "i32", "stride_os": "i32", "stride_oh": "i32", "stride_lb": "i32", "stride_lh": "i32",
                 "H_Q": "i32", "M": "i32",
                 "D_V": "constexpr", "NUM_SPLITS": "constexpr", "SPLITS_P2": "constexpr",
                 "BLOCK_R": "constexpr", "BLOCK_DV": "constexpr",
@@ -467,7 +472,7 @@ def _aligned_rows(t: torch.Tensor) -> bool:
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
                softmax_scale: float, config: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode attention over a paged latent cache; returns (out [B, s_q, h_q, 512], lse [B, s_q, h_q] fp32).
+    """Decode attention over a paged latent cache; returns (out [B, s_q, h_q, 512], lse [B, h_q, s_q] fp32, FlashMLA layout).
 
     (1) check shapes (metadata only: nothing here syncs with the device, so it can be captured in a
     CUDA graph), (2) allocate, (3) launch the split kernel and, when num_splits > 1, the combine.
@@ -495,7 +500,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     M = s_q * h_q
     splits = config["num_splits"]
     out = torch.empty((B, s_q, h_q, D_LATENT), device=q.device, dtype=q.dtype)
-    lse = torch.empty((B, s_q, h_q), device=q.device, dtype=torch.float32)
+    lse = torch.empty((B, h_q, s_q), device=q.device, dtype=torch.float32)  # FlashMLA's layout
     if splits > 1:
         o_part = torch.empty((B, M, splits, D_LATENT), device=q.device, dtype=torch.float32)
         lse_part = torch.empty((B, M, splits), device=q.device, dtype=torch.float32)
@@ -509,7 +514,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         kv_cache.stride(0), kv_cache.stride(1),
         block_table.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1),
+        lse.stride(0), lse.stride(1),  # batch and head strides
         h_q, s_q, M,
         PAGE_SIZE=page, D_V=D_LATENT, D_PE=D_ROPE,
         BLOCK_H=config["BLOCK_H"], BLOCK_N=config["BLOCK_N"], NUM_SPLITS=splits,
@@ -529,11 +534,12 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 
 def reference_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                          cache_seqlens: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float64 reference that gathers each sequence's pages; empty rows give out = 0, lse = -inf."""
+    """Float64 reference that gathers each sequence's pages; lse [B, h_q, s_q]; empty rows give out = 0,
+    lse = +inf (FlashMLA's convention)."""
     B, s_q, h_q, _ = q.shape
     page = kv_cache.shape[1]
     out = torch.zeros((B, s_q, h_q, D_LATENT), dtype=torch.float64)
-    lse = torch.full((B, s_q, h_q), float("-inf"), dtype=torch.float64)
+    lse = torch.full((B, h_q, s_q), float("inf"), dtype=torch.float64)
     for b in range(B):
         n = int(cache_seqlens[b])
         if n == 0:
@@ -548,7 +554,7 @@ def reference_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         seen = torch.isfinite(row_lse)
         p = torch.where(seen[..., None], torch.exp(scores - row_lse.masked_fill(~seen, 0.0)[..., None]), 0.0)
         out[b] = torch.einsum("shn,nd->shd", p, kv[:, :D_LATENT])
-        lse[b] = row_lse
+        lse[b] = torch.where(seen, row_lse, float("inf")).transpose(0, 1)  # [s_q, h_q] -> [h_q, s_q]
     return out, lse
 
 

@@ -23,7 +23,7 @@ from resources.gpu import InterpreterBackend
 REPO = Path(__file__).resolve().parent.parent
 MLA = get_family("mla_decode")
 BASE = dict(BLOCK_H=32, BLOCK_N=32, num_splits=2, num_stages=2, num_warps=8)
-EDGE = {"seqlens": [1, 63, 64, 65, 0, 130], "check_lse": True}  # around one page, two pages, empty
+EDGE = {"seqlens": [1, 63, 64, 65, 0, 130]}  # around one page, two pages, empty; lse is checked by default
 
 
 def _ok(res: dict) -> dict:
@@ -82,8 +82,8 @@ def test_too_tight_tolerance_reports_count_and_first_mismatches(interpreter):
                                   dtype="bf16", tolerance=1e-7)
     c = res["correctness"]
     assert not c["ok"] and c["mismatches"] > 0
-    assert c["mismatch_sample"].startswith("[2x1x16x40] ") and "elements outside atol=" in c["mismatch_sample"]
-    assert c["mismatch_sample"].count("got ") == 5
+    assert c["mismatch_sample"].startswith("[2x1x16x40 output 0] ")  # output 0: out, 1: lse and "elements outside atol=" in c["mismatch_sample"]
+    assert c["mismatch_sample"].count("got ") >= 5
 
 
 _DIRECT = r"""
@@ -96,8 +96,11 @@ inp = FAMILY.make_inputs({"batch": 3, "s_q": 2, "h_q": 16, "seqlen_k": 70}, torc
 out, lse = mla_decode(inp["q"], inp["kv_cache"], inp["block_table"], inp["cache_seqlens"], 0.1, cfg)
 r_out, r_lse = reference_mla_decode(inp["q"], inp["kv_cache"], inp["block_table"], inp["cache_seqlens"], 0.1)
 res = {"empty_out_zero": bool((out[0] == 0).all()) and bool((out[1, 0] == 0).all()),
-       "empty_lse": [float(lse[0].max()), float(lse[1, 0].max())],
-       "ref_lse": [float(r_lse[0].max()), float(r_lse[1, 0].max())],
+       "lse_shape": list(lse.shape),
+       # FlashMLA's layout [batch, h_q, s_q]: sequence 0 is empty, query 0 of sequence 1 sees no key
+       "empty_lse": [float(lse[0].min()), float(lse[1, :, 0].min())],
+       "ref_lse": [float(r_lse[0].min()), float(r_lse[1, :, 0].min())],
+       "seen_lse_finite": bool(torch.isfinite(lse[1, :, 1]).all() and torch.isfinite(lse[2]).all()),
        "nan": bool(torch.isnan(out).any() or torch.isnan(lse).any()),
        "lse_err": float((lse[2] - r_lse[2]).abs().max()),
        "good": compare(out, r_out, 1e-2, 1e-2)["ok"]}
@@ -120,10 +123,12 @@ def direct():
     return json.loads(line[2:])
 
 
-def test_zero_length_rows_give_zero_output_and_minus_inf_lse(direct):
+def test_zero_length_rows_give_zero_output_and_plus_inf_lse_in_flashmla_layout(direct):
     # Sequence 0 is empty; query 0 of sequence 1 (s_q = 2, one cached token) sees no key either.
-    assert direct["empty_out_zero"] and not direct["nan"]
-    assert direct["empty_lse"] == [-math.inf, -math.inf] == direct["ref_lse"]
+    # FlashMLA: lse is [batch, h_q, s_q] and a row that sees no key has lse = +inf.
+    assert direct["lse_shape"] == [3, 16, 2]
+    assert direct["empty_out_zero"] and not direct["nan"] and direct["seen_lse_finite"]
+    assert direct["empty_lse"] == [math.inf, math.inf] == direct["ref_lse"]
     assert direct["good"] and direct["lse_err"] < 1e-3
 
 
@@ -135,7 +140,7 @@ def test_wrong_pages_show_as_a_readable_mismatch(direct):
 
 def test_compare_on_a_perturbed_output_names_the_mismatches():
     inp = MLA.make_inputs({"batch": 2, "s_q": 1, "h_q": 16, "seqlen_k": 70}, torch.float16, "cpu", 3, {})
-    ref = MLA.reference(inp, {})
+    ref = MLA.reference(inp, {"check_lse": False})
     out = ref.clone()
     out[1, 0, 5, 7] += 0.5
     out[0, 0, 2, 100] = float("nan")
@@ -243,3 +248,18 @@ def test_family_runs_through_the_benchmark_resource(tmp_path):
     fields = MLA.profile_fields(spec.shape_matrix[0], BASE, m, spec.hardware, spec.params)
     assert fields["num_splits"] == 2 and fields["pages_touched"] > 0 and 0 < fields["frac_of_hbm_peak"] < 1
     assert bad.error == "invalid_config" and "BLOCK_N=128 is not allowed" in bad.error_detail
+
+
+def test_lse_is_flashmla_layout_and_its_infinities_are_checked_exactly():
+    """The old kregress convention ([batch, s_q, h_q], -inf for an empty row) fails the check against
+    FlashMLA's ([batch, h_q, s_q], +inf): the check compares infinities exactly, not only finite values."""
+    shape = {"batch": 2, "s_q": 2, "h_q": 16, "seqlen_k": 5}
+    inp = MLA.make_inputs(shape, torch.float16, "cpu", 0, {"seqlens": [0, 5]})
+    out, lse = MLA.reference(inp, {"seqlens": [0, 5]})
+    assert lse.shape == (2, 16, 2) and torch.isposinf(lse[0]).all() and torch.isfinite(lse[1]).all()
+    minus = lse.clone()
+    minus[0] = float("-inf")
+    res = compare(minus, lse, 1e-2, 1e-2)
+    assert not res["ok"] and res["mismatches"] == 16 * 2 and "got -inf, want inf" in res["sample"]
+    assert not compare(lse.transpose(1, 2), lse, 1e-2, 1e-2)["ok"]  # the [batch, s_q, h_q] layout
+    assert compare(lse.clone(), lse, 1e-2, 1e-2)["ok"]
