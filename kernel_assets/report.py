@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from kregress.core.records import Verdict, VariantResult, config_label
+from kregress.core.stats import DEFAULT_MIN_SHIFT as MIN_SHIFT
 from kregress.core.spec import TaskSpec
 
 COLUMNS = [
@@ -329,7 +330,8 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
         "compile, out of resources, spills or registers over the limit), `wrong` (numerics, NaN/Inf) or `slower`.", "",
         f"Latency rule: per shape, the Hodges-Lehmann shift of the log times (variant vs the baseline samples of "
         f"the same batch) with its {rg.confidence:g} distribution-free interval; REGRESS/slower when the shift is "
-        f"above the guard {guard:g} and the interval lies above 1, PASS when the interval lies below the guard, "
+        f"above the guard {guard:g} and the interval lies above {1 + MIN_SHIFT:g}, PASS when the interval lies "
+        "below the guard, "
         f"NEEDS_REVIEW otherwise or below {rg.min_samples} samples a side. A variant is REGRESS/slower if any "
         "shape is; `worst_shape` names it.", "",
         _md_table(verdict_df, ["variant_id", "round", "source", "config_label", "verdict", "cause", "worst_shape",

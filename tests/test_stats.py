@@ -48,7 +48,7 @@ def test_known_slowdown_is_regress(method):
     assert interval.ratio == pytest.approx(1.08, abs=0.01)
     verdict, reason = classify(interval)
     assert verdict == "REGRESS"
-    assert "above the guard 1.03 and entirely above 1" in reason
+    assert "above the guard 1.03 and entirely above 1.005" in reason
     assert f"{interval.label} {interval.ratio:.3f} [{interval.low:.3f}, {interval.high:.3f}] at 90%" in reason
     assert classify(interval, rule="interval")[0] == "REGRESS"  # +8% clears the old, stricter rule too
 
@@ -201,8 +201,9 @@ def test_classify_boundaries_interval_rule():
 
 
 def test_classify_boundaries_shift_rule():
-    assert classify(ci(1.05, 1.0001, 1.09))[0] == "REGRESS"  # above the guard, and slower beyond doubt
-    assert classify(ci(1.05, 1.0, 1.09))[0] == "NEEDS_REVIEW"  # the interval touches 1: not established
+    assert classify(ci(1.05, 1.0051, 1.09))[0] == "REGRESS"  # above the guard, and slower beyond doubt
+    assert classify(ci(1.05, 1.005, 1.09))[0] == "NEEDS_REVIEW"  # the interval touches 1.005: not established
+    assert classify(ci(1.05, 1.0001, 1.09), min_shift=0.0)[0] == "REGRESS"
     assert classify(ci(1.05, 0.98, 1.09))[1].endswith("the slowdown is not established")
     assert classify(ci(1.03, 1.01, 1.05))[0] == "NEEDS_REVIEW"  # estimate == guard is not above it
     assert classify(ci(1.0, 0.98, 1.0299))[0] == "PASS"
@@ -221,7 +222,7 @@ def test_classify_reason_text():
     assert reason == "p50 ratio 0.990 [0.985, 0.995] at 90% is entirely below the guard 1.05"
     verdict, reason = classify(RatioCI(1.0612, 1.0123, 1.1004, 0.9, "hodges-lehmann", 32, 32))
     assert verdict == "REGRESS"
-    assert reason == ("shift ratio 1.061 [1.012, 1.100] at 90%: above the guard 1.03 and entirely above 1 "
+    assert reason == ("shift ratio 1.061 [1.012, 1.100] at 90%: above the guard 1.03 and entirely above 1.005 "
                       "(slower beyond doubt)")
 
 

@@ -63,6 +63,8 @@ DEFAULT_METHOD = "hodges-lehmann"
 # How an interval becomes a verdict (see ``classify``): "shift" (default) or "interval" (the old rule).
 RULES = ("shift", "interval")
 DEFAULT_RULE = "shift"
+# The shift rule's significance floor: a REGRESS needs the whole interval above 1 + this (0.5%).
+DEFAULT_MIN_SHIFT = 0.005
 DEFAULT_CONFIDENCE = 0.90
 DEFAULT_GUARD = 1.03
 DEFAULT_MIN_SAMPLES = 10
@@ -269,14 +271,19 @@ def _pct(confidence: float) -> str:
 
 
 def classify(
-    ci: RatioCI, guard: float = DEFAULT_GUARD, min_samples: int = DEFAULT_MIN_SAMPLES, rule: str = DEFAULT_RULE
+    ci: RatioCI,
+    guard: float = DEFAULT_GUARD,
+    min_samples: int = DEFAULT_MIN_SAMPLES,
+    rule: str = DEFAULT_RULE,
+    min_shift: float = DEFAULT_MIN_SHIFT,
 ) -> tuple[str, str]:
     """(verdict, reason) for a latency comparison.
 
     ``rule="shift"`` (default):
 
-    * REGRESS when the estimate is above ``guard`` AND the interval lies entirely above 1.0: slower by
-      more than the guard, and slower beyond doubt (a one-sided test at (1 + confidence) / 2);
+    * REGRESS when the estimate is above ``guard`` AND the interval lies entirely above
+      ``1 + min_shift`` (1.005): slower by more than the guard, and slower beyond doubt (a one-sided
+      test at (1 + confidence) / 2 that the slowdown exceeds half a percent);
     * PASS when the interval lies entirely below ``guard``;
     * NEEDS_REVIEW otherwise (estimate above the guard but not significant, or an interval that
       reaches past the guard).
@@ -309,13 +316,14 @@ def classify(
         return NEEDS_REVIEW, (
             f"{head} straddles the guard {guard:g}: the samples cannot tell whether the variant is within it"
         )
-    if ci.ratio > guard and ci.low > 1.0:
-        return REGRESS, f"{head}: above the guard {guard:g} and entirely above 1 (slower beyond doubt)"
+    floor = 1.0 + min_shift
+    if ci.ratio > guard and ci.low > floor:
+        return REGRESS, f"{head}: above the guard {guard:g} and entirely above {floor:g} (slower beyond doubt)"
     if ci.high < guard:
         return PASS, f"{head} is entirely below the guard {guard:g}"
     if ci.ratio > guard:
         return NEEDS_REVIEW, (
-            f"{head}: above the guard {guard:g} but the interval reaches 1, so the slowdown is not established"
+            f"{head}: above the guard {guard:g} but the interval reaches {floor:g}, so the slowdown is not established"
         )
     return NEEDS_REVIEW, (
         f"{head} reaches past the guard {guard:g}: the samples cannot tell whether the variant is within it"
