@@ -1,5 +1,6 @@
-"""Prefill attention family: interpreter correctness over masks, windows, packed varlen and grouped
-heads; the FLOP formula against brute force; real sm_90 compile stats; the benchmark resource path."""
+"""Prefill attention family: interpreter correctness (out and lse) over masks, flash-attn windows,
+packed varlen, chunked prefill (seqlen_q < seqlen_k), d_qk != d_v and grouped heads; the FLOP formula
+against brute force; real sm_90 compile stats; the benchmark resource path."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.attention import reference_attention, seq_lengths, visible_pairs
+from kernels.attention import key_lengths, reference_attention, seq_lengths, visible_pairs, window_size
 from kernels.compile import compile_units
 from kernels.measure import compare
 from kregress.core.records import Suggestion
@@ -27,12 +28,26 @@ CASES = [
     ("causal-gqa-varlen-empty", {"batch": 3, "seqlen": 50, "h_q": 4, "h_kv": 2, "head_dim": 64},
      {"causal": True, "seqlens": [50, 0, 77]}),
     ("noncausal-d128", {"batch": 2, "seqlen": 45, "h_q": 2, "h_kv": 1, "head_dim": 128}, {"causal": False}),
-    ("causal-window-spread", {"batch": 3, "seqlen": 60, "h_q": 2, "h_kv": 2, "head_dim": 64},
-     {"causal": True, "window": 20, "seqlens": "spread"}),
-    ("noncausal-window", {"batch": 2, "seqlen": 45, "h_q": 2, "h_kv": 1, "head_dim": 64},
-     {"causal": False, "window": 17}),
+    ("causal-window-left-spread", {"batch": 3, "seqlen": 60, "h_q": 2, "h_kv": 2, "head_dim": 64},
+     {"causal": True, "window": [19, 0], "seqlens": "spread"}),
+    ("noncausal-window-left-right", {"batch": 2, "seqlen": 45, "h_q": 2, "h_kv": 1, "head_dim": 64},
+     {"causal": False, "window": [16, 5]}),
     ("window-wider-than-seq", {"batch": 2, "seqlen": 30, "h_q": 2, "h_kv": 1, "head_dim": 64},
-     {"causal": True, "window": 1000}),
+     {"causal": True, "window": [999, 0]}),
+    # chunked prefill: seqlen_q < seqlen_k, queries bottom-right aligned with their cached prefix
+    ("prefix-causal-varlen", {"batch": 3, "seqlen": 20, "h_q": 4, "h_kv": 2, "head_dim": 64},
+     {"causal": True, "seqlens": [20, 0, 33], "prefix": [5, 3, 40]}),
+    ("prefix-window-0-right", {"batch": 2, "seqlen": 30, "h_q": 2, "h_kv": 2, "head_dim": 64},
+     {"causal": False, "window": [0, 7], "prefix": 9}),
+    ("prefix-window-unbounded", {"batch": 2, "seqlen": 30, "h_q": 2, "h_kv": 2, "head_dim": 64},
+     {"causal": False, "window": [-1, -1], "prefix": [0, 17]}),
+    ("prefix-window-left-0", {"batch": 2, "seqlen": 25, "h_q": 2, "h_kv": 1, "head_dim": 64},
+     {"causal": False, "window": [6, 0], "prefix": 11}),
+    # DeepSeek MLA prefill: q/k 192 (128 + 64 rope), v 128; and a v narrower than q/k
+    ("deepseek-192-128-prefix", {"batch": 2, "seqlen": 19, "h_q": 4, "h_kv": 4, "head_dim": 192},
+     {"causal": True, "head_dims": [192], "prefix": [21, 0]}),
+    ("dqk128-dv64-window", {"batch": 2, "seqlen": 30, "h_q": 2, "h_kv": 1, "head_dim": 128},
+     {"causal": False, "window": [5, 3], "head_dim_v": 64}),
 ]
 
 
@@ -63,7 +78,7 @@ def test_too_tight_tolerance_reports_count_and_first_mismatches(interpreter):
     shape = {"batch": 1, "seqlen": 33, "h_q": 2, "h_kv": 1, "head_dim": 64}
     c = interpreter.correctness("attention", SMALL, [shape], dtype="bf16", tolerance=1e-7)["correctness"]
     assert not c["ok"] and c["mismatches"] > 0
-    assert c["mismatch_sample"].startswith("[1x33x2x1x64] ") and c["mismatch_sample"].count("got ") == 5
+    assert c["mismatch_sample"].startswith("[1x33x2x1x64 output 0] ")  # output 0: out, 1: lse and c["mismatch_sample"].count("got ") >= 5
 
 
 def test_head_dim_outside_params_is_a_clear_error(interpreter):
@@ -76,9 +91,11 @@ def test_a_wrong_mask_is_caught_with_readable_text():
     """What a kernel that forgets the causal mask would produce, through the same compare."""
     shape = {"batch": 2, "seqlen": 20, "h_q": 2, "h_kv": 1, "head_dim": 64}
     inp = ATTN.make_inputs(shape, torch.float16, "cpu", 0, {})
-    ref = ATTN.reference(inp, {"causal": True})
-    wrong = reference_attention(inp["q"], inp["k"], inp["v"], inp["cu_seqlens"], False, 0, 64 ** -0.5)
+    ref, ref_lse = ATTN.reference(inp, {"causal": True})
+    wrong, wrong_lse = reference_attention(inp["q"], inp["k"], inp["v"], inp["cu_seqlens_q"], inp["cu_seqlens_k"],
+                                           (-1, -1), 64 ** -0.5)
     atol, rtol = ATTN.tolerance(shape, "fp16", 1e-2, {})
+    assert not compare(wrong_lse, ref_lse, atol, rtol)["ok"]  # the lse shows the missing mask too
     res = compare(wrong, ref, atol, rtol)
     assert not res["ok"] and res["mismatches"] > 100
     # the last query of each sequence sees every key either way: only earlier rows differ
@@ -87,19 +104,20 @@ def test_a_wrong_mask_is_caught_with_readable_text():
 
 
 def test_visible_pairs_match_brute_force():
-    for n in (1, 2, 7, 33):
-        for window in (0, 1, 5, 40):
-            for causal in (True, False):
-                i = torch.arange(n)[:, None]
-                j = torch.arange(n)[None, :]
-                ok = torch.ones(n, n, dtype=torch.bool)
-                if causal:
-                    ok &= j <= i
-                if window:
-                    ok &= j > i - window
-                    if not causal:
-                        ok &= j < i + window
-                assert visible_pairs(n, causal, window) == int(ok.sum()), (n, window, causal)
+    for n_q in (1, 2, 7, 33):
+        for prefix in (0, 1, 9):
+            n_k = n_q + prefix
+            for left in (-1, 0, 1, 5, 40):
+                for right in (-1, 0, 3, 50):
+                    pos = torch.arange(n_q)[:, None] + prefix  # bottom-right alignment
+                    j = torch.arange(n_k)[None, :]
+                    ok = torch.ones(n_q, n_k, dtype=torch.bool)
+                    if right >= 0:
+                        ok &= j <= pos + right
+                    if left >= 0:
+                        ok &= j >= pos - left
+                    assert visible_pairs(n_q, n_k, left, right) == int(ok.sum()), (n_q, n_k, left, right)
+    assert visible_pairs(0, 5, -1, 0) == 0
 
 
 def test_flops_bytes_and_masked_fraction():
@@ -108,9 +126,14 @@ def test_flops_bytes_and_masked_fraction():
     assert full == 4.0 * 128 * 8 * 2 * 1000 * 1000
     causal = ATTN.flops(shape, {"causal": True})
     assert causal == 4.0 * 128 * 8 * 2 * (1000 * 1001 // 2)
-    windowed = ATTN.flops(shape, {"causal": True, "window": 100})
+    windowed = ATTN.flops(shape, {"causal": True, "window": [99, 0]})
     assert windowed < causal / 4
-    assert ATTN.bytes_moved(shape, 2, {}) == 2 * 2000 * 128 * (2 * 8 + 2 * 2)
+    assert ATTN.bytes_moved(shape, 2, {}) == 2 * 2000 * 128 * (2 * 8 + 2 * 2) + 4 * 2000 * 8  # + fp32 lse
+    # d_qk = 192, d_v = 128: 2 * 192 for the score, 2 * 128 for P @ V per visible pair
+    ds = dict(shape, head_dim=192)
+    assert ATTN.flops(ds, {"causal": False}) == 2.0 * (192 + 128) * 8 * 2 * 1000 * 1000
+    # a cached prefix of 500: every query sees the whole prefix plus its causal part
+    assert ATTN.flops(shape, {"causal": True, "prefix": 500}) == 4.0 * 128 * 8 * 2 * (1000 * 500 + 1000 * 1001 // 2)
     assert ATTN.masked_fraction(shape, {"causal": False}) == 0.0
     assert abs(ATTN.masked_fraction(shape, {"causal": True}) - (1 - 1001 / 2000)) < 1e-12
 
@@ -124,7 +147,8 @@ def test_seqlen_patterns():
     assert seq_lengths(shape, {"seqlens": [3, 0]}) == [3, 0, 3, 0]
     inp = ATTN.make_inputs(dict(shape, batch=3, seqlen=10, h_q=4, h_kv=2, head_dim=64), torch.float16, "cpu", 0,
                            {"seqlens": [10, 0, 7]})
-    assert inp["cu_seqlens"].tolist() == [0, 10, 10, 17] and inp["max_seqlen"] == 10
+    assert inp["cu_seqlens_q"].tolist() == [0, 10, 10, 17] and inp["max_seqlen_q"] == 10
+    assert torch.equal(inp["cu_seqlens_k"], inp["cu_seqlens_q"])  # no prefix: self-attention
     assert inp["q"].shape == (17, 4, 64) and inp["k"].shape == (17, 2, 64)
 
 
@@ -134,19 +158,25 @@ def test_tolerance_by_dtype_and_length():
     assert ATTN.tolerance(short, "bf16", 1e-2, {}) > ATTN.tolerance(short, "fp16", 1e-2, {})
     assert ATTN.tolerance(long, "fp16", 1e-2, {})[0] > ATTN.tolerance(short, "fp16", 1e-2, {})[0]
     # a window bounds the reduction length
-    assert ATTN.tolerance(long, "fp16", 1e-2, {"window": 64}) == ATTN.tolerance(short, "fp16", 1e-2, {})
+    assert ATTN.tolerance(long, "fp16", 1e-2, {"causal": False, "window": [63, 0]}) == ATTN.tolerance(short, "fp16", 1e-2, {})
 
 
 def test_shapes_and_params_are_validated_with_clear_messages():
     good = {"batch": 1, "seqlen": 8, "h_q": 8, "h_kv": 2, "head_dim": 128}
     assert ATTN.check_shape(good) is None
-    assert "allowed: 64, 128" in ATTN.check_shape(dict(good, head_dim=96))
+    assert "allowed: 64, 128, 192" in ATTN.check_shape(dict(good, head_dim=96))
+    assert ATTN.check_shape(dict(good, head_dim=192)) is None
     assert "h_kv=3 must divide h_q=8" in ATTN.check_shape(dict(good, h_kv=3))
-    assert ATTN.check_params({"causal": False, "window": 128, "seqlens": "spread", "head_dims": [64]}) is None
+    assert ATTN.check_params({"causal": False, "window": [127, 127], "seqlens": "spread", "head_dims": [64]}) is None
+    assert ATTN.check_params({"window": [-1, 0], "prefix": [0, 512], "head_dims": [192], "head_dim_v": 128}) is None
     assert "must be true or false" in ATTN.check_params({"causal": "yes"})
     assert "window=-1" in ATTN.check_params({"window": -1})
+    assert "[left, right] with integers >= -1" in ATTN.check_params({"window": [3]})
+    assert "causal=true means right = 0" in ATTN.check_params({"causal": True, "window": [3, 2]})
+    assert "prefix=-3 must be an integer >= 0" in ATTN.check_params({"prefix": -3})
+    assert "head_dim_v=192 is not allowed; allowed: 64, 128" in ATTN.check_params({"head_dim_v": 192})
     assert "allowed: uniform, spread" in ATTN.check_params({"seqlens": "zipf"})
-    assert "drawn from 64, 128" in ATTN.check_params({"head_dims": [96]})
+    assert "drawn from 64, 128, 192" in ATTN.check_params({"head_dims": [96]})
     assert "unknown param(s) page_size" in ATTN.check_params({"page_size": 64})
 
 
@@ -158,7 +188,7 @@ def test_registered_like_any_family():
 def test_sm90_compile_stats_per_head_dim():
     lim = HardwareLimits()
     both = ATTN.compile_units(BASE, "bf16", {})
-    assert [u.constexprs["HEAD_DIM"] for u in both] == [64, 128]
+    assert [u.constexprs["D_QK"] for u in both] == [64, 128]
     d64 = compile_units(ATTN.compile_units(BASE, "bf16", {"head_dims": [64]}), "sm_90", lim)
     d128 = compile_units(ATTN.compile_units(BASE, "bf16", {"head_dims": [128]}), "sm_90", lim)
     assert d128.smem_bytes > d64.smem_bytes > 0 and d128.spill_bytes == 0 and d128.regs_per_thread <= 255
@@ -172,7 +202,7 @@ def test_family_runs_through_the_benchmark_resource(tmp_path):
         "task_id": "attn_unit", "kernel_family": "attention", "dtype": "fp16",
         "shape_matrix": [{"batch": 2, "seqlen": 4096, "h_q": 128, "h_kv": 128, "head_dim": 128}],
         "correctness_shapes": [{"batch": 2, "seqlen": 40, "h_q": 2, "h_kv": 1, "head_dim": 128}],
-        "params": {"causal": True, "window": 24, "head_dims": [128]},
+        "params": {"causal": True, "window": [23, 0], "head_dims": [128]},
         "baseline": BASE, "benchmark": {"timeout_s": 240},
     })
     bench = InterpreterBackend(cache_dir=str(tmp_path), workers=2)
@@ -186,3 +216,45 @@ def test_family_runs_through_the_benchmark_resource(tmp_path):
     fields = ATTN.profile_fields(spec.shape_matrix[0], BASE, m, spec.hardware, spec.params)
     assert fields["masked_fraction"] > 0.99 and fields["programs"] == 2 * 32 * 128
     assert bad.error == "invalid_config" and "acc_in_registers" in bad.error_detail
+
+
+def test_sm90_compile_stats_deepseek_192_128():
+    """d_qk = 192 compiles as a 128-dim and a 64-dim dot into one score; v stays 128 wide."""
+    lim = HardwareLimits()
+    units = ATTN.compile_units(BASE, "bf16", {"head_dims": [192]})
+    assert [(u.constexprs["D_QK"], u.constexprs["D_PE"], u.constexprs["D_V"]) for u in units] == [(128, 64, 128)]
+    stats = compile_units(units, "sm_90", lim)
+    assert stats.spill_bytes == 0 and stats.sass_mix.get("tensor_wgmma", 0) > 0
+    # the Q tile (192 wide) plus one K (192) and V (128) tile per pipeline stage, 2 bytes each
+    assert stats.smem_bytes == (128 * 192 + 3 * 64 * (192 + 128)) * 2
+    assert "smem_ring" in ATTN.space.check(dict(BASE, num_stages=4, BLOCK_N=128), {"head_dims": [192]})
+
+
+def test_deprecated_single_window_maps_to_flash_attn_left_right():
+    with pytest.warns(FutureWarning, match=r"window: 32 .* maps to flash-attn's window \[left, right\] = \[31, 0\]"):
+        assert ATTN.check_params({"causal": True, "window": 32}) is None
+    with pytest.warns(FutureWarning, match=r"\[31, 31\] \(causal=false\)"):
+        assert ATTN.check_params({"causal": False, "window": 32}) is None
+    assert window_size({"window": 32}) == (31, 0) and window_size({"causal": False, "window": 32}) == (31, 31)
+    assert window_size({}) == (-1, 0) and window_size({"causal": False}) == (-1, -1)
+    assert window_size({"window": 0}) == (-1, 0) and window_size({"window": [-1, -1]}) == (-1, 0)
+    shape = {"batch": 1, "seqlen": 40, "h_q": 2, "h_kv": 1, "head_dim": 64}
+    assert ATTN.flops(shape, {"window": 32}) == ATTN.flops(shape, {"window": [31, 0]})
+
+
+def test_lse_layout_and_prefix_inputs():
+    shape = {"batch": 2, "seqlen": 10, "h_q": 4, "h_kv": 2, "head_dim": 192}
+    params = {"head_dims": [192], "seqlens": [10, 3], "prefix": [6, 0]}
+    assert key_lengths(shape, params) == [16, 3]
+    inp = ATTN.make_inputs(shape, torch.float16, "cpu", 0, params)
+    assert inp["cu_seqlens_q"].tolist() == [0, 10, 13] and inp["cu_seqlens_k"].tolist() == [0, 16, 19]
+    assert inp["q"].shape == (13, 4, 192) and inp["k"].shape == (19, 2, 192) and inp["v"].shape == (19, 2, 128)
+    out, lse = ATTN.reference(inp, params)
+    assert out.shape == (13, 4, 128) and lse.shape == (4, 13) and torch.isfinite(lse).all()  # flash-attn varlen lse
+    # the last query of sequence 0 sees all 16 keys: its lse is the full log-sum-exp
+    k = inp["k"][:16].double().repeat_interleave(2, dim=1)  # [16 keys, 4 heads, 192]
+    scores = torch.einsum("hd,nhd->hn", inp["q"][9].double(), k) * 192 ** -0.5
+    assert torch.allclose(lse[:, 9], torch.logsumexp(scores, dim=-1))
+    # the first query of sequence 0 sits at position 6: it sees keys 0..6 only (bottom-right causal)
+    scores0 = torch.einsum("hd,nhd->hn", inp["q"][0].double(), k[:7]) * 192 ** -0.5
+    assert torch.allclose(lse[:, 0], torch.logsumexp(scores0, dim=-1))
