@@ -63,6 +63,7 @@ class FakeOpenAI:
         self.requests: list[Seen] = []
         self.default = Reply()
         self.handler: Callable[[Seen], Reply] | None = None  # overrides the queue when set
+        self.models_handler: Callable[[Seen], Reply | None] | None = None  # GET /models: a Reply, or None for the model list
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -123,7 +124,10 @@ class FakeOpenAI:
 
             def do_GET(self) -> None:
                 seen = self._record("GET")
-                if seen.path.endswith("/v1/models"):
+                special = fake.models_handler(seen) if fake.models_handler is not None and seen.path.endswith("/v1/models") else None
+                if special is not None:
+                    self._send(special.status, special.body, special.headers)
+                elif seen.path.endswith("/v1/models"):
                     self._send(200, {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "fake"} for m in fake.models]})
                 else:
                     self._send(404, "<html><body>Not Found</body></html>")

@@ -40,7 +40,7 @@ MAX_TOKENS_PARAMS = ("max_tokens", "max_completion_tokens")
 
 _MODEL_MISSING = re.compile(
     r"\bmodel\b[^.;]{0,80}?\b(?:not found|does not exist|is not (?:served|available|supported)|not supported|unknown)"
-    r"|\b(?:unknown|invalid|no such|unsupported) model\b",
+    r"|\b(?:unknown|invalid|no such|unsupported) model\b|\bnot a valid model\b",
     re.I,
 )
 _LENGTH = re.compile(r"context[_ ]length|maximum context|too many tokens|prompt is too long|reduce the length|input is too long", re.I)
@@ -131,7 +131,7 @@ def classify(status: int | None, body: ErrorBody, w: Where) -> GatewayError | No
     if status in RETRYABLE_STATUS and not (codes & CREDENTIAL_CODES):
         return None
     method = "POST" if w.path.endswith("completions") else "GET"
-    said = f": {w.scrub(body.message)[:300]}" if body.message else ""
+    said = f": {w.scrub(body.message)[:300].rstrip('.')}" if body.message else ""
     head = f"HTTP {status} from {method} {w.sdk_base}{w.path} (role {w.role}, key {w.alias or '-'}, model {w.model or '-'}){said}."
 
     def make(cls: type[GatewayError], fix: str) -> GatewayError:
