@@ -91,7 +91,6 @@ from kregress.core.recorded import ReplayTable, replay_dir  # noqa: E402
 THRESHOLDS = (0.05, 0.01)
 BUDGETS = (50, 100, 200, 400)
 N_PER_ROUND = 8
-SPEC_FILE = _ROOT / "specs" / "replay_clblast_rtx3090.yaml"
 SHIPPED_DIR = _ROOT / "data" / "replay"
 KT_DEFAULT = ("genetic_algorithm", "pso", "dual_annealing", "greedy_ils", "bayes_opt")
 # Kernel Tuner strategies that take a start point (strategy_options x0); the others start where they like.
@@ -257,15 +256,29 @@ def recorded_family(table: ReplayTable):
 _FAMILIES: dict[str, Any] = {}
 
 
+def bench_spec(start_cfg: dict[str, int], seed: int):
+    """The TaskSpec the policy reads (search seed, baseline, params, hardware limits, constraints): a
+    minimal valid spec with the file's start config as baseline. The recorded space's rule reads no
+    params or limits, and replay rows carry no compile stats, so its family and shapes do not matter."""
+    from kregress.core.spec import parse_spec
+
+    spec = parse_spec({
+        "task_id": "search_bench", "kernel_family": "gemm", "shape_matrix": [{"M": 64, "N": 64, "K": 64}],
+        "correctness_shapes": [{"M": 32, "N": 32, "K": 32}],
+        "baseline": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_stages=3, num_warps=8),
+        "search": {"strategy": "local", "variants_per_round": N_PER_ROUND, "seed": seed},
+    })
+    return spec.model_copy(update={"baseline": dict(start_cfg), "params": {}})
+
+
 def prepare_local(problem: Problem) -> None:
     """Family, spec limits and the policy's enumerated valid set, built once (in the parent, before fork)."""
     from kernel_assets.agent.local import _features, valid_set
-    from kregress.core.spec import load_spec
 
     table = load_table(problem.path)
     fam = _FAMILIES.get(problem.path) or recorded_family(table)
     _FAMILIES[problem.path] = fam
-    vs = valid_set(fam.space, {}, load_spec(SPEC_FILE).hardware.limits)
+    vs = valid_set(fam.space, {}, bench_spec(problem.config(problem.start), 0).hardware.limits)
     if vs is not None and len(vs):
         _features(vs)
 
@@ -284,16 +297,12 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
     from kernel_assets.agent.base import AgentContext
     from kernel_assets.agent.local import LocalPolicy
     from kregress.core.records import VariantResult, config_hash
-    from kregress.core.spec import load_spec
-
     table = load_table(problem.path)
     family = _FAMILIES.get(problem.path) or recorded_family(table)
     _FAMILIES[problem.path] = family
-    spec = load_spec(SPEC_FILE)
     start_cfg = problem.config(problem.start)
     shape = {"M": 1, "N": 1, "K": 1}
-    spec = spec.model_copy(update={"baseline": start_cfg, "params": {},
-                                   "search": spec.search.model_copy(update={"seed": seed})})
+    spec = bench_spec(start_cfg, seed)
 
     def measure(vid: str, rnd: int, cfg: dict[str, int], parent: str | None) -> VariantResult:
         """One row as the replay backend builds it: the recorded runs, or the recorded failure."""
@@ -511,6 +520,26 @@ def write_kt_cache(problem: Problem, dest_dir: str) -> str:
     return out
 
 
+def file_stamp(path: str) -> str:
+    """The file's name and the sha256 of its contents (first 16 hex digits)."""
+    import hashlib
+
+    return f"{Path(path).name}:{hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]}"
+
+
+def method_stamp(method: str) -> str:
+    """What a method's runs depend on besides the file: the policy's and harness counting code for local,
+    the Kernel Tuner version for kt:, the sampler for random."""
+    import hashlib
+
+    if method == "local":
+        srcs = [_ROOT / "kernel_assets" / "agent" / "local.py", _ROOT / "kernel_assets" / "agent" / "base.py"]
+        return hashlib.sha256(b"".join(p.read_bytes() for p in srcs)).hexdigest()[:16]
+    if method.startswith("kt:"):
+        return f"kernel_tuner {kt_version()}"
+    return "numpy permutation"
+
+
 def kt_version() -> str | None:
     try:
         from importlib.metadata import version
@@ -633,6 +662,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="Kernel Tuner cache file (repeatable, or a comma list; default: every file in "
                          f"{replay_dir()}, else those in {SHIPPED_DIR})")
     ap.add_argument("--json", default=None, metavar="OUT", help="write the per-file, per-method figures as JSON")
+    ap.add_argument("--runs", default=None, metavar="JSONL",
+                    help="append every finished run (one seed of one method on one file) to this file, and reuse "
+                         "the runs it already holds that match file contents, method, seed, cap, objective and "
+                         "the code that made them (the policy's source for local, the Kernel Tuner version for kt:)")
     args = ap.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in ("local", "random") and not m.startswith("kt:")]
@@ -678,13 +711,43 @@ def main(argv: list[str] | None = None) -> int:
              if not (kt_error and m.startswith("kt:"))]
     tasks.sort(key=lambda t: SLOW_FIRST.index(t[1]) if t[1] in SLOW_FIRST else len(SLOW_FIRST))
     results: list[dict[str, Any]] = []
+    stamps = {p: file_stamp(p) for p in _PROBLEMS}
+
+    def run_key(t: tuple[str, str, int, int]) -> str:
+        return json.dumps([stamps[t[0]], t[1], method_stamp(t[1]), t[2], t[3], args.objective])
+
+    if args.runs and Path(args.runs).exists():
+        have = {}
+        for line in Path(args.runs).read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by an interrupted run
+            if "key" in row and "evals" in row:
+                have[row["key"]] = row
+        reused = [dict(have[run_key(t)], file=t[0]) for t in tasks if run_key(t) in have]
+        tasks = [t for t in tasks if run_key(t) not in have]
+        results += reused
+        print(f"reused {len(reused)} runs from {args.runs}; {len(tasks)} to run", flush=True)
+    sink = open(args.runs, "a") if args.runs else None
+
+    def keep(t: tuple[str, str, int, int], row: dict[str, Any]) -> None:
+        results.append(row)
+        if sink and "evals" in row:
+            sink.write(json.dumps(dict(row, key=run_key(t))) + "\n")
+            sink.flush()
+
     try:
         if args.workers > 1:
             with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("fork")) as pool:
-                results = list(pool.map(run_task, tasks, chunksize=1))
+                for t, row in zip(tasks, pool.map(run_task, tasks, chunksize=1)):
+                    keep(t, row)
         else:
-            results = [run_task(t) for t in tasks]
+            for t in tasks:
+                keep(t, run_task(t))
     finally:
+        if sink:
+            sink.close()
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
 

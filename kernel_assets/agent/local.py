@@ -1,24 +1,30 @@
-"""The local policy (embedded default, no network): a constrained Optuna ask/tell search.
+"""The local policy (embedded default, no network): Bayesian search over the enumerated valid set.
 
-Each round rebuilds a study from everything measured in this sweep (the baseline is trial 0), so the
-search is deterministic given the spec's seed and resumes from any round. Half of the proposals
-are neighbours of the best variant so far (exploitation); the rest come from a TPE sampler with a
-constraint function over registers, spills and shared memory (exploration).
-Configs outside the space, or already measured, are never proposed.
+Each round is rebuilt from everything measured in this sweep (the baseline is round 0), so the search
+is deterministic given the spec's seed and the history, and resumes from any round. Configs outside
+the space, or already measured, are never proposed.
 
-Spaces where most Cartesian points break a validity rule (a recorded Kernel Tuner space keeps 17,956
-of 82,944) are handled through the valid set when the space is small enough to enumerate
-(``ENUMERATE_LIMIT`` Cartesian points; enumerated once per process and space):
+Spaces small enough to enumerate (``ENUMERATE_LIMIT`` Cartesian points; the valid set is built once
+per process and space) get the model-based search:
 
-* neighbours are the unmeasured valid configs nearest to the incumbent: first those one step away
-  along one tunable's ordered values (what the policy always proposed), then two steps (one tunable
-  two steps, or two tunables one step each), and so on; a rule that forbids changing one tunable
-  alone no longer strands the search, and an exhausted neighbourhood widens instead of emptying;
-* a TPE proposal that is invalid or already measured is moved to the nearest unmeasured valid
-  config, instead of being rejected and asked again (rejection wasted most asks on such a space,
-  and each ask costs a pass over the whole history).
+* A model of the shape of the space: Bayesian linear regression of log(objective) on second-order
+  features of each config's ordinal positions (one-hot main effects, ordinal trends, pairwise
+  interactions; see ``Features``), fitted to every row that ran. Its Gaussian posterior is exact and
+  cheap (one Cholesky factor of a features x features matrix a round).
+* A model of failures: the same features, regressed on "this row failed" (a recorded failure, a
+  failed compile or run, or a constraint broken: registers, spills, shared memory). A failure
+  teaches where the feasible region ends: candidates whose predicted failure chance is above
+  ``FAIL_P_MAX`` are not proposed while other candidates remain.
+* A portfolio each round of n proposals: first the incumbent's unmeasured one-tunable changes, best
+  first by the posterior mean (``N_LOCAL`` of them: local search that ends at a local optimum
+  over single-tunable moves), then one Thompson draw from the posterior per remaining proposal, each
+  taking the draw's best unmeasured candidate (global search; the draws' spread shrinks where the
+  model is sure, so exploration and exploitation balance by themselves).
+* Before the model has a few points (round 1 from the baseline alone): half the round is the
+  incumbent's nearest valid configs by steps along the ordered values, half uniform random picks.
 
-Larger spaces keep the plain path: one-step neighbours, then TPE with rejection and an attempt cap.
+Larger spaces keep the plain path: one-step neighbours of the incumbent, then Optuna's TPE with a
+constraint function over registers, spills and shared memory, with rejection and an attempt cap.
 """
 
 from __future__ import annotations
@@ -329,6 +335,7 @@ class LocalPolicy:
             free = np.sort(rng.choice(free, CANDIDATES_MAX, replace=False))
         # Failure model: which candidates look like the failures seen so far.
         fail_p = np.zeros(len(free))
+        base, w = 0.0, None
         if any(fail) and len(all_rows) >= 2:
             t = np.asarray(fail)
             base = float(t.mean())
@@ -337,15 +344,14 @@ class LocalPolicy:
             fail_p = base + feats.predict(free, w[:, None])[:, 0]
         feasible = fail_p <= FAIL_P_MAX
         anchor_pos = valid.position(anchor)
-        # 1. The incumbent's nearest unmeasured neighbours that do not look like failures.
-        n_local = max(1, n // 2) if len(ok_rows) <= 1 else min(N_LOCAL, n)
-        if anchor_pos is not None:
-            mask = taken.copy()
-            mask[free[~feasible]] = True
-            for i in valid.nearest(anchor_pos, mask, n_local, tie_rng):
-                pick(i)
-        # 2. Until the model has a few points: space-filling random picks.
         if len(ok_rows) < max(4, n // 2):
+            # Until the model has a few points: the incumbent's nearest unmeasured neighbours that do
+            # not look like failures (half the round), then space-filling random picks.
+            if anchor_pos is not None:
+                mask = taken.copy()
+                mask[free[~feasible]] = True
+                for i in valid.nearest(anchor_pos, mask, max(1, n // 2), tie_rng):
+                    pick(i)
             cand = free[feasible & ~taken[free]]
             if not len(cand):
                 cand = free[~taken[free]]
@@ -353,12 +359,30 @@ class LocalPolicy:
             for i in rng.choice(cand, k, replace=False) if k > 0 else []:
                 pick(i)
             return [valid.config(i) for i in picked]
-        # 3. Thompson sampling: one posterior draw per remaining proposal, its best candidate.
         y = np.asarray(ok_y)
         mu, sd = float(y.mean()), float(y.std()) or 1.0
         X = feats.design(np.asarray(ok_rows))
         mean, L = _posterior(X, (y - mu) / sd, feats.prior_prec, NOISE_VAR)
+        # 1. Local search: the incumbent's unmeasured one-tunable changes (any value of one tunable), best
+        #    first by the posterior mean, skipping likely failures; then its nearest configs by steps.
+        if anchor_pos is not None:
+            ap = np.asarray(anchor_pos, dtype=np.int16)
+            one = np.flatnonzero(((valid.idx != ap).sum(axis=1) == 1) & ~taken)
+            if len(one):
+                if w is not None:
+                    one = one[base + feats.predict(one, w[:, None])[:, 0] <= FAIL_P_MAX]
+                score = feats.predict(one, mean[:, None])[:, 0] + 1e-9 * rng.standard_normal(len(one))
+                for i in one[np.argsort(score)][:N_LOCAL]:
+                    pick(i)
+            if len(picked) < min(N_LOCAL, n):
+                mask = taken.copy()
+                mask[free[~feasible]] = True
+                for i in valid.nearest(anchor_pos, mask, min(N_LOCAL, n) - len(picked), tie_rng):
+                    pick(i)
+        # 2. Thompson sampling: one posterior draw per remaining proposal, its best candidate.
         s = n - len(picked)
+        if s <= 0:
+            return [valid.config(i) for i in picked]
         draws = mean[:, None] + np.linalg.solve(L.T, rng.standard_normal((feats.width, s)))
         pred = feats.predict(free, draws)
         pred += 1e-9 * rng.standard_normal(pred.shape)  # seeded tie break
