@@ -29,6 +29,7 @@ from typing import Any
 
 from kregress.core.family import Family, Space, check_param_keys, register
 from kregress.core.recorded import (
+    ENV_DIR,
     ReplayError,
     ReplayTable,
     resolve_cache_file,
@@ -48,6 +49,15 @@ def shape_keys_for(table: ReplayTable) -> tuple[str, ...]:
 def shape_for(table: ReplayTable) -> dict[str, int]:
     """The one problem the file records, as a spec shape (``{"x": 4096, "y": 4096}``)."""
     return dict(zip(shape_keys_for(table), table.problem_size))
+
+
+def where(name: Any) -> str:
+    """Where a cache_file name was looked for, for messages about a file that was found but is unusable."""
+    import os
+
+    env = os.environ.get(ENV_DIR, "").strip()
+    return (f"cache_file {name!r} resolves against the spec's folder, ${ENV_DIR} "
+            f"({repr(env) if env else 'unset'}), then the shipped data/replay/")
 
 
 class _LazySpace(Space):
@@ -104,7 +114,7 @@ class ReplayFamily(Family):
         try:
             self.table(params)
         except ReplayError as exc:  # a missing or corrupt file is a spec problem, said once
-            return str(exc)
+            return str(exc) if ENV_DIR in str(exc) else f"{exc} ({where(name)})"
         return None
 
     def for_params(self, params) -> "ReplayFamily":

@@ -27,6 +27,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_configure(config):
+    """Collection-time guard: the default replay spec and many tests read the recorded file shipped in
+    data/replay/ (a same-named file in $KREGRESS_REPLAY_DIR shadows it). Missing or unreadable, that is
+    one line here instead of a traceback in every module that loads the spec."""
+    from kregress.core.recorded import ENV_DIR, SHIPPED_FILE, ReplayError, ReplayTable, resolve_cache_file
+
+    try:
+        ReplayTable.load(resolve_cache_file(SHIPPED_FILE))
+    except ReplayError as exc:
+        env = os.environ.get(ENV_DIR, "").strip()
+        raise pytest.UsageError(f"the tests' recorded data: {exc} (the default replay spec needs {SHIPPED_FILE}, "
+                                f"shipped in data/replay/; ${ENV_DIR} is {repr(env) if env else 'unset'} and is "
+                                "searched first)") from None
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line when benchmark replay files are absent: which, where, and how to point at them."""
+    from kregress.core.recorded import ENV_DIR, SHIPPED_FILE, missing_benchmark_files, replay_dir
+
+    missing = missing_benchmark_files()
+    if missing:
+        env = os.environ.get(ENV_DIR, "").strip()
+        terminalreporter.write_line(
+            f"recorded data: {len(missing)} benchmark file(s) absent from {replay_dir()} ({ENV_DIR} is "
+            f"{repr(env) if env else 'unset'}): {', '.join(missing)}; the tests on them skip, the rest use the "
+            f"shipped data/replay/{SHIPPED_FILE}")
+
+
 class InterpreterWorker:
     """One long-lived `python -m kernels.worker` with TRITON_INTERPRET=1 (kernels must be decorated
     in interpreter mode, so it cannot share the test process). Jobs are the worker's JSON jobs."""

@@ -49,6 +49,9 @@ ENV_DIR = "KREGRESS_REPLAY_DIR"
 DEFAULT_FILE = "gemm_clblast_RTX_3090.json.gz"  # the full benchmark file, in replay_dir()
 SHIPPED_DIR = REPO_ROOT / "data" / "replay"  # recorded files shipped with the project (MIT, see NOTICE there)
 SHIPPED_FILE = "gemm_clblast_RTX_3090_trimmed.json.gz"  # cut by scripts/trim_replay.py
+# The benchmark sets kept beside the repository (../shared/data/replay/README.md), never shipped
+BENCHMARK_FILES = ("gemm_clblast_RTX_3090.json.gz", "convolution_milo_A4000.json.gz",
+                   "dedispersion_milo_A4000.json.gz", "pnpoly_RTX_3090.json.gz")
 HEADER_KEYS = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params", "objective", "cache")
 
 # Kernel Tuner failure markers -> the error classes of kregress.core.records.ERROR_CLASSES
@@ -84,6 +87,11 @@ def replay_path(name: str = DEFAULT_FILE) -> Path:
 def shipped_path(name: str = SHIPPED_FILE) -> Path:
     """``name`` in the project's own ``data/replay/`` (the trimmed RTX 3090 GEMM file by default)."""
     return SHIPPED_DIR / name
+
+
+def missing_benchmark_files() -> list[str]:
+    """The benchmark files absent from ``replay_dir()`` (tests on them skip; benchmarks say so)."""
+    return [n for n in BENCHMARK_FILES if not (replay_dir() / n).is_file()]
 
 
 def search_dirs(spec_dir: str | os.PathLike[str] | None = None) -> list[Path]:
