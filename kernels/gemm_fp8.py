@@ -231,9 +231,9 @@ def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, config: dict[str, int],
 
 
 def _smem_fits(c: dict[str, int], _p: dict[str, Any], lim: Any) -> bool:
-    # Coarse pre-compile bound: the stages' A+B ring (1-byte fp8) plus the bf16 output staging tile.
-    ring = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * c["num_stages"]
-    return ring + c["BLOCK_M"] * c["BLOCK_N"] * 2 <= lim.max_shared_memory_per_block
+    # Pre-compile bound: the stages' A+B ring of 1-byte fp8 slabs. On sm_90 this is exactly what Triton
+    # 3.9 allocates for this kernel (the bf16 output is stored from registers, no staging tile).
+    return (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * c["num_stages"] <= lim.max_shared_memory_per_block
 
 
 def _layout(params: dict[str, Any]) -> str:
@@ -248,8 +248,8 @@ RULES = (
          lambda c, p, lim: c["BLOCK_M"] * c["BLOCK_N"] <= 128 * 32 * c["num_warps"]),
     Rule("warps_fit_tile", "num_warps <= BLOCK_M / 16 (a warpgroup's FP8 WGMMA takes 64 rows; fewer rows idle warps)",
          lambda c, p, lim: c["num_warps"] * 16 <= c["BLOCK_M"]),
-    Rule("smem_ring", "(BLOCK_M + BLOCK_N) * BLOCK_K * 1 byte * num_stages + BLOCK_M * BLOCK_N * 2 bytes "
-         "<= hardware.limits.max_shared_memory_per_block", _smem_fits),
+    Rule("smem_ring", "(BLOCK_M + BLOCK_N) * BLOCK_K * 1 byte * num_stages <= hardware.limits.max_shared_memory_per_block",
+         _smem_fits),
 )
 
 SPACE = Space(
