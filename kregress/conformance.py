@@ -142,6 +142,8 @@ def _scaled(shape: dict, key: str, factor: int = 64) -> dict:
 def check_formulas(family: Family, spec: TaskSpec) -> Check:
     from kernels.measure import DTYPE_BYTES
 
+    if family.recorded:  # one recorded problem: nothing to scale, FLOPs from the recorded GFLOP/s
+        return Check("formulas", "SKIP", "recorded family: the file records one problem and no byte count")
     nbytes = DTYPE_BYTES.get(spec.dtype, 2)
     for shape in spec.shape_matrix:
         f, b = family.flops(shape, spec.params), family.bytes_moved(shape, nbytes, spec.params)
@@ -268,6 +270,7 @@ def run_checks(name: str, spec_path: str | Path | None = None,
         return [Check("spec", "FAIL", str(exc).splitlines()[0], "fix the spec (kregress specs validate FILE)")]
     if spec.kernel_family != name and get_family(spec.kernel_family) is not family:
         return [Check("spec", "FAIL", f"{path} is a spec of family {spec.kernel_family}, not {name}", "pass a spec of this family")]
+    family = family.for_params(spec.params)  # replay: the recorded file the spec names
     out = [Check("spec", "PASS", str(path))]
     if on_check:
         on_check(out[0])
