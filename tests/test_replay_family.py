@@ -161,3 +161,14 @@ def test_params_are_checked(tmp_path):
     assert fam.check_params({}) is None and fam.for_params({}).table().path == shipped_path()
     data = copy.deepcopy(spec_data(shipped_path().name, {"x": 4096, "y": 4096}, ReplayTable.load().median().config))
     assert load_spec(write_spec(tmp_path, data)).params["cache_file"] == shipped_path().name  # found in data/replay
+
+
+def test_conformance_kit_passes_on_the_default_spec_and_another_file(tmp_path):
+    from kregress.conformance import run_checks
+
+    write(tmp_path / "tiny.json.gz", tiny())
+    for spec in (DEFAULT_SPEC, write_spec(tmp_path, spec_data("tiny.json.gz"))):
+        checks = run_checks("replay", spec)
+        assert [c.status for c in checks if c.status not in ("PASS", "SKIP")] == [], [(c.name, c.detail) for c in checks]
+        space = next(c for c in checks if c.name == "space")
+        assert ("754" if spec == DEFAULT_SPEC else "4 valid") in space.detail
