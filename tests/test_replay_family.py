@@ -101,7 +101,7 @@ def test_a_spec_for_another_file_is_not_checked_against_the_default(tmp_path):
 def test_recorded_failures_are_rows_with_their_error(tmp_path):
     write(tmp_path / "tiny.json.gz", tiny())
     spec = load_spec(write_spec(tmp_path, spec_data("tiny.json.gz")))
-    rows, _ = ReplayBackend().evaluate(spec, get_family("replay"), [  # the unbound family: bound by the backend
+    rows, _ = ReplayBackend().evaluate(spec, get_family("replay").for_params(spec.params), [  # as the assets bind it
         sugg("ok", {"block_size_x": 64, "tile": 1}), sugg("run", {"block_size_x": 64, "tile": 2}),
         sugg("comp", {"block_size_x": 128, "tile": 2}), sugg("absent", {"block_size_x": 128, "tile": 1})],
         log=lambda m: None)
@@ -123,7 +123,7 @@ def test_every_recorded_failure_of_a_real_file_comes_back_with_its_error(tmp_pat
     table = ReplayTable.load(CONV)
     failures = table.failures()
     assert len(failures) == 161
-    rows, _ = ReplayBackend().evaluate(spec, get_family("replay"),
+    rows, _ = ReplayBackend().evaluate(spec, get_family("replay").for_params(spec.params),
                                        [sugg(f"f{i}", r.config) for i, r in enumerate(failures)], log=lambda m: None)
     want = {"RuntimeFailedConfig": "runtime_error", "CompilationFailedConfig": "compile_failed"}
     assert [r.error for r in rows] == [want[f.failure] for f in failures]
