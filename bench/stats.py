@@ -1,34 +1,40 @@
-"""Regression-statistics benchmark on real GPU timing noise.
+"""Regression-statistics benchmark on real GPU timing noise, on every recorded file.
 
-Every configuration in the replay file (``kernels/replay.py``) carries 32 real runs measured on an RTX
-3090. A trial picks configurations ("shapes"), draws a baseline and a variant sample from the SAME
-configuration's runs, multiplies the variant by 1 + slowdown, and asks each rule for a verdict:
+Each recorded Kernel Tuner file (``../shared/data/replay/``: CLBlast GEMM on an RTX 3090, convolution
+and dedispersion on an RTX A4000, pnpoly on an RTX 3090; or any file given with ``--replay``) carries
+the individual runs of every configuration (32, or 10 for pnpoly; failures, whose ``time`` is a
+string, are skipped). A trial picks a configuration, draws a baseline and a variant sample from the
+SAME configuration's runs, multiplies the variant by 1 + slowdown and asks each rule for a verdict:
 
-* ours        ``classify(ratio_ci(...))`` with the defaults of ``kregress.core.stats`` (interval of the p50
-              ratio, REGRESS only when the whole interval is above the guard 1.03);
-* ours-<alt>  the same with the other interval method, for the method choice;
+* ours        the default of ``kregress.core.stats``: Hodges-Lehmann shift of the log times with its
+              distribution-free (Mann-Whitney) interval, shift rule: REGRESS when the estimate is
+              above the guard 1.03 and the interval lies above 1.005; PASS when it lies below the guard;
+* ours-boot   the same shift rule on the percentile-bootstrap interval of the p50 ratio;
+* old         the rule before issue 12: bootstrap interval of the p50 ratio entirely above the guard;
 * asv         asv-style: p50 ratio > 1.03 AND two-sided Mann-Whitney U p < 0.002;
 * median      plain threshold: p50 ratio > 1.03.
 
 Scenarios: A/A (no slowdown: any REGRESS is a false alarm), +3%, +6%, +10% (REGRESS is a detection).
 A +3% slowdown sits exactly on the guard, so it is not meant to be detected reliably; the target is
-false alarms <= 1% and detection >= 95% at +6%. The "CI excl. 1" column is the A/A rate at which the
-interval excludes 1.0: the interval's real error rate, which should be about 1 - confidence (5%); it is
-what separates the two interval methods (at the guard, both are far from false alarms on this data).
+false alarms <= 1% and detection >= 95% at +6%. "CI excl 1" is the A/A rate at which the interval
+excludes 1.0 (its real error rate; about 1 - confidence = 10% two-sided when it is honest).
 
 How the two sides are drawn (``--modes``):
 
-* resample    each side: 32 draws with replacement from the configuration's 32 runs (both sides come
-              from the same empirical distribution, the textbook A/A);
-* split       a random half of the runs (16) is the baseline, the other half the variant: real,
-              distinct runs on both sides, fewer samples;
-* sequential  the first 16 runs are the baseline, the last 16 the variant: adds the drift within a
-              measurement session (warm-up, clocks), the harshest A/A.
+* resample     each side: 32 draws with replacement from the configuration's runs (the textbook A/A);
+* split        a random half of the runs is the baseline, the other half the variant;
+* sequential   the first half of the runs is the baseline, the second half the variant: the drift
+               within a session (clock regimes, warm-up) that separate steps, processes or pods add;
+* interleaved  same-batch pairing: even-numbered runs are the baseline, odd-numbered the variant, as
+               ``kregress.core.batching`` times them (baseline, v, baseline, v, ... in one process).
+               Compare with sequential: the same runs, the same drift, shared by both sides.
 
 Strata (``--strata``): ``all`` configurations, or the ``noisy`` 5% with the largest spread (IQR / median
-of their 32 runs), where the rules actually differ.
+of their runs), where the rules actually differ. ``min_samples`` is lowered to the runs per side when
+a file has fewer (pnpoly: 5 per side in split/sequential/interleaved); the header says so.
 
-Run: ``.venv/bin/python bench/stats.py`` (about a minute on 2 cores); ``--trials`` per cell.
+Run: ``.venv/bin/python bench/stats.py`` (every file, about 15 minutes on 2 cores with --trials 1000);
+``--replay FILE`` (repeatable) for one file; ``--trials`` per cell.
 """
 
 from __future__ import annotations

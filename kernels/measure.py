@@ -177,8 +177,9 @@ def cuda_measurements(family: Family, config: dict, shapes: list[dict], dtype: s
 IDENTITY_FIELDS = ("gpu_name", "gpu_uuid", "host", "driver", "sm_clock_mhz", "mem_clock_mhz")
 
 
-def _nvidia_smi(index: int) -> dict:
-    """uuid, driver and current SM / memory clocks of GPU ``index`` from nvidia-smi ({} when absent)."""
+def _nvidia_smi(gpu: str) -> dict:
+    """uuid, driver and current SM / memory clocks of ``gpu`` (a UUID, or an index when the UUID is
+    unknown: CUDA_VISIBLE_DEVICES may renumber) from nvidia-smi ({} when it is absent or fails)."""
     import shutil
     import subprocess
 
@@ -187,7 +188,7 @@ def _nvidia_smi(index: int) -> dict:
         return {}
     try:
         out = subprocess.run(
-            [exe, f"--id={index}", "--query-gpu=uuid,driver_version,clocks.sm,clocks.mem",
+            [exe, f"--id={gpu}", "--query-gpu=uuid,driver_version,clocks.sm,clocks.mem",
              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10, check=True,
         ).stdout.strip().splitlines()
     except (OSError, subprocess.SubprocessError):
@@ -223,7 +224,7 @@ def device_identity() -> dict:
     uuid = getattr(props, "uuid", None)
     if uuid is not None:
         ident["gpu_uuid"] = str(uuid) if str(uuid).startswith("GPU-") else f"GPU-{uuid}"
-    smi = _nvidia_smi(idx)
+    smi = _nvidia_smi(ident["gpu_uuid"] or str(idx))
     for k, v in smi.items():
         if v not in (None, "") and (k != "gpu_uuid" or not ident["gpu_uuid"]):
             ident[k] = v

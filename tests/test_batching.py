@@ -156,3 +156,33 @@ def test_cuda_batch_measurements_interleave_on_the_gpu():
     (b,), (v,) = out["baseline"], out["v1"]
     assert b.batch == v.batch == "gpu-test" and b.gpu_name and b.host
     assert len(b.samples_ms) >= 10 and len(v.samples_ms) >= 10 and b.p20_ms <= b.p50_ms <= b.p80_ms
+
+
+def test_nvidia_smi_identity_is_parsed(tmp_path, monkeypatch):
+    """nvidia-smi cannot exist on this host: a stand-in script on PATH prints what the real one prints
+    for --query-gpu=uuid,driver_version,clocks.sm,clocks.mem --format=csv,noheader,nounits."""
+    from kernels import measure
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho \"$@\" > \"$(dirname \"$0\")/args\"\n"
+                    "echo 'GPU-3f2a9c1e-0000-1111-2222-333344445555, 550.54.15, 1980, 2619'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    got = measure._nvidia_smi("GPU-3f2a9c1e-0000-1111-2222-333344445555")
+    assert got == {"gpu_uuid": "GPU-3f2a9c1e-0000-1111-2222-333344445555", "driver": "550.54.15",
+                   "sm_clock_mhz": 1980.0, "mem_clock_mhz": 2619.0}
+    assert "--id=GPU-3f2a9c1e-0000-1111-2222-333344445555" in (tmp_path / "args").read_text()
+    ident = measure.measurement_identity({**got, "host": "h", "gpu_name": "H200"}, {**got, "sm_clock_mhz": 1755.0},
+                                         clocks_locked="")
+    m = Measurement(shape="1", samples_ms=[1.0], p50_ms=1.0, tflops=0, gbps=0, evidence="cuda", device="H200",
+                    torch_version="x", triton_version="y", **ident)
+    assert (m.sm_clock_mhz_start, m.sm_clock_mhz_end, m.mem_clock_mhz_end) == (1980.0, 1755.0, 2619.0)
+    assert m.device_key() == ("h", "GPU-3f2a9c1e-0000-1111-2222-333344445555")
+    assert m.p20_ms is None and m.p80_ms is None
+
+
+def test_no_nvidia_smi_means_no_fields(monkeypatch, tmp_path):
+    from kernels import measure
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert measure._nvidia_smi("0") == {}
