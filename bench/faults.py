@@ -43,7 +43,7 @@ def spec(task_id: str, strategy: str = "llm") -> dict:
         "task_id": task_id, "kernel_family": "gemm", "dtype": "fp16",
         "shape_matrix": [{"M": 256, "N": 256, "K": 256}], "correctness_shapes": [{"M": 40, "N": 24, "K": 40}],
         "search": {"strategy": strategy, "variants_per_round": 1, "max_rounds": 1, "no_improve_rounds": 1, "seed": 1},
-        "budget": {"max_input_tokens_per_round": 1000, "max_output_tokens_per_round": 2000, "max_total_tokens": 5000},
+        "budget": {"max_input_tokens_per_round": 4000, "max_output_tokens_per_round": 2000, "max_total_tokens": 20000},
         "benchmark": {"timeout_s": 120}, "baseline": BASELINE,
     }
 
@@ -129,7 +129,7 @@ def run_parallel(sc: Scenario, srv: FakeOpenAI) -> dict:
 
 
 def run_over_reporting(sc: Scenario, srv: FakeOpenAI) -> dict:
-    srv.handler = lambda seen: suggestion(seen, prompt_tokens=4000)  # 4x the round's input budget
+    srv.handler = lambda seen: suggestion(seen, prompt_tokens=16000)  # 4x the round's input budget
     r = sc.sweep(sc.spec_file("fault_over"), srv)
     return {"rc": r.returncode, "note": one_line(r.stderr)}
 

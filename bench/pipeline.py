@@ -1,15 +1,24 @@
-"""Cold vs warm sweep of one spec, side by side in one run.
+"""Cold vs warm sweep of one spec, side by side in one run: in-process and as a user runs the CLI.
 
-    .venv/bin/python bench/pipeline.py [specs/gemm_h100_bf16.yaml] [--env local|gpu]
+    .venv/bin/python bench/pipeline.py [specs/gemm_h100_bf16.yaml] [--env local|gpu] [--skip-in-process]
 
-Prints the cold sweep time (empty caches), the warm re-run time (unchanged spec: zero compiles), their
-ratio, and the seconds per variant spent compiling (AOT for the spec's arch) and checking correctness
-(Triton interpreter), read from the assets' metadata. Uses a fresh temp DAGSTER_HOME.
+Prints:
+- `kregress --help` and `kregress sweep --help` wall time (fresh processes, median of 3) and whether they
+  imported dagster/torch/triton;
+- the CLI as a user runs it (whole `kregress sweep` processes, fresh DAGSTER_HOME): cold, warm (unchanged
+  spec: answered from the last sweep's record) and warm --force (the whole graph again on warm caches), with
+  ratios, and where the forced warm seconds go (interpreter start, imports, instance set-up, the run itself,
+  event-log records written);
+- the in-process figures (one process, job.execute_in_process twice): cold vs warm wall time, compiles,
+  cache hits, compile and correctness seconds per variant, read from the assets' metadata.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,18 +27,93 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+HEAVY = ("dagster", "torch", "triton")
 
 
-def main() -> int:
-    import argparse
+def _env(home: Path | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREGRESS_TEST_")}
+    if home is not None:
+        env["DAGSTER_HOME"] = str(home)
+    return env
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("spec", nargs="?", default=str(REPO / "specs" / "gemm_h100_bf16.yaml"))
-    ap.add_argument("--env", default="local", choices=["local", "gpu"], help="resource set: gpu = the cuda backend")
-    args = ap.parse_args()
-    spec_path = Path(args.spec)
+
+def _wall(cmd: list[str], env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=REPO, env=env or _env(), capture_output=True, text=True)
+    return time.perf_counter() - t0, p
+
+
+def _fresh_home() -> Path:
     home = Path(tempfile.mkdtemp(prefix="kregress-bench-"))
     (home / "dagster.yaml").write_text((REPO / "dagster_home" / "dagster.yaml").read_text())
+    return home
+
+
+def help_lines() -> list[str]:
+    probe = ("import sys\nfrom kernel_assets.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             f"print(','.join(m for m in {HEAVY!r} if m in sys.modules) or 'none', file=sys.stderr)")
+    out = []
+    for argv in (["--help"], ["sweep", "--help"]):
+        walls = []
+        for _ in range(3):
+            w, p = _wall([sys.executable, "-c", probe, *argv])
+            walls.append(w)
+        heavy = p.stderr.strip().splitlines()[-1]
+        base, _ = _wall([sys.executable, "-c", "pass"])
+        out.append(f"kregress {' '.join(argv):<14} {statistics.median(walls):6.2f} s (median of 3; bare python start "
+                   f"{base:.2f} s); heavy modules imported: {heavy}")
+    return out
+
+
+def _import_s(stmt: str) -> float:
+    w, p = _wall([sys.executable, "-c", stmt])
+    if p.returncode:
+        raise RuntimeError(p.stderr[-500:])
+    return w
+
+
+def cli_lines(spec_path: Path, env_name: str) -> list[str]:
+    home = _fresh_home()
+    cmd = [sys.executable, "-m", "kernel_assets.cli", "sweep", str(spec_path), "--env", env_name]
+    cold, p_cold = _wall(cmd, _env(home))
+    warm, p_warm = _wall(cmd, _env(home))
+    forced, p_forced = _wall(cmd + ["--force"], _env(home))
+    for label, p in (("cold", p_cold), ("warm", p_warm), ("warm --force", p_forced)):
+        if p.returncode:
+            return [f"CLI {label} run failed (exit {p.returncode}): {p.stderr.strip().splitlines()[-1:]}"]
+    short_circuit = "unchanged since run" in p_warm.stderr
+    # where the forced warm seconds go
+    py = _import_s("pass")
+    spec_load = _import_s(f"from kregress.core.spec import load_spec; load_spec({str(spec_path)!r})")
+    defs_import = _import_s("import kernel_assets.definitions")
+    prep = _import_s("import os, sys; from pathlib import Path; os.environ['DAGSTER_HOME'] = sys.argv[1]; "
+                     "from kernel_assets.run_guard import prepared_instance; import time; t = time.perf_counter(); "
+                     "prepared_instance(Path(sys.argv[1]), 'bench'); print(time.perf_counter() - t)"
+                     .replace("sys.argv[1]", repr(str(home))))
+    os.environ["DAGSTER_HOME"] = str(home)
+    import dagster as dg
+
+    instance = dg.DagsterInstance.get()
+    runs = instance.get_runs(limit=1)
+    n_events = len(instance.all_logs(runs[0].run_id)) if runs else 0
+    last_step = [ln for ln in p_forced.stderr.splitlines() if ln.strip() and ln.strip()[0].isdigit()]
+    run_s = float(last_step[-1].split("s", 1)[0]) if last_step else float("nan")
+    lines = [
+        f"{'CLI run':<16}{'wall s':>9}",
+        f"{'cold':<16}{cold:>9.1f}",
+        f"{'warm':<16}{warm:>9.1f}   ({'answered as unchanged since the last sweep' if short_circuit else 'ran the graph'})",
+        f"{'warm --force':<16}{forced:>9.1f}   (the whole graph again on warm caches)",
+        f"CLI cold/warm ratio: {cold / warm:.1f}x; cold/(warm --force): {cold / forced:.1f}x",
+        f"warm --force breakdown: python start {py:.1f} s; spec load incl. family import (torch, triton) {spec_load:.1f} s; "
+        f"import kernel_assets.definitions (dagster + assets) {defs_import:.1f} s; instance set-up under the lock "
+        f"(process incl. imports) {prep:.1f} s; graph run until its last step started {run_s:.1f} s; "
+        f"{n_events} event-log records written by the run",
+    ]
+    return lines
+
+
+def in_process_lines(spec_path: Path, env_name: str) -> list[str]:
+    home = _fresh_home()
     os.environ["DAGSTER_HOME"] = str(home)
     import dagster as dg
 
@@ -42,7 +126,7 @@ def main() -> int:
     instance = dg.DagsterInstance.get()
     instance.add_dynamic_partitions(SPECS_PARTITIONS.name, [spec.task_id])
     os.environ["KREGRESS_SPEC_FILES"] = str(spec_path.resolve())
-    resources = build_resources(args.env)
+    resources = build_resources(env_name)
     resources["specs"] = SpecStore()
     job = build_definitions(resources).resolve_job_def("sweep_job")
     quiet = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
@@ -65,14 +149,35 @@ def main() -> int:
         variants = md["verdict_report"]
         runs.append((label, wall, compiles, hits, sum(c_s) / len(c_s) if c_s else 0.0, sum(k_s) / len(k_s) if k_s else 0.0,
                      int(variants["n_PASS"]) + int(variants["n_REGRESS"]) + int(variants["n_NEEDS_REVIEW"])))
-
-    print(f"spec {spec_path.name} (env {args.env}, backend {resources['bench'].resolved_backend(spec)}): "
-          f"{spec.search.variants_per_round} variants x up to {spec.search.max_rounds} rounds, "
-          f"{len(spec.correctness_shapes)} correctness shapes, {os.cpu_count()} CPUs")
-    print(f"{'run':<6}{'wall s':>9}{'compiles':>10}{'cache hits':>12}{'compile s/var':>15}{'check s/var':>13}{'variants':>10}")
+    lines = [f"{'in-process':<12}{'wall s':>9}{'compiles':>10}{'cache hits':>12}{'compile s/var':>15}{'check s/var':>13}{'variants':>10}"]
     for label, wall, compiles, hits, cs, ks, n in runs:
-        print(f"{label:<6}{wall:>9.1f}{compiles:>10}{hits:>12}{cs:>15.2f}{ks:>13.2f}{n:>10}")
-    print(f"cold/warm ratio: {runs[0][1] / runs[1][1]:.1f}x")
+        lines.append(f"{label:<12}{wall:>9.1f}{compiles:>10}{hits:>12}{cs:>15.2f}{ks:>13.2f}{n:>10}")
+    lines.append(f"in-process cold/warm ratio: {runs[0][1] / runs[1][1]:.1f}x")
+    return lines
+
+
+def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("spec", nargs="?", default=str(REPO / "specs" / "gemm_h100_bf16.yaml"))
+    ap.add_argument("--env", default="local", choices=["local", "gpu"], help="resource set: gpu = the cuda backend")
+    ap.add_argument("--skip-in-process", action="store_true", help="only the CLI and --help figures")
+    args = ap.parse_args()
+    spec_path = Path(args.spec).resolve()
+    from kregress.core.spec import load_spec
+
+    spec = load_spec(spec_path)
+    print(f"spec {spec_path.name} (env {args.env}): {spec.search.variants_per_round} variants x up to "
+          f"{spec.search.max_rounds} rounds, {len(spec.correctness_shapes)} correctness shapes, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    for line in help_lines():
+        print(line, flush=True)
+    for line in cli_lines(spec_path, args.env):
+        print(line, flush=True)
+    if not args.skip_in_process:
+        for line in in_process_lines(spec_path, args.env):
+            print(line, flush=True)
     return 0
 
 

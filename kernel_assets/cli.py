@@ -99,7 +99,7 @@ class _Progress(logging.Handler):
     A failed step prints one line with the user-facing reason; a failed check names the variants and why;
     a skipped round prints once ("round 3 skipped: ...") and its later steps print nothing."""
 
-    def __init__(self, total_steps: int, stream=sys.stderr):
+    def __init__(self, total_steps: int, stream=None):
         super().__init__(logging.DEBUG)
         self.total = total_steps
         self.done = 0
@@ -162,7 +162,7 @@ class _Progress(logging.Handler):
             self._pending = None
 
     def _line(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        print(text, file=self.stream or sys.stderr, flush=True)
         if self.kill_at.startswith("log:") and self.kill_at[4:] in text:
             self._die()
 

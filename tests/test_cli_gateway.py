@@ -40,7 +40,7 @@ def spec_file(tmp_path):
     spec.update(task_id="cli_gateway", correctness_shapes=[{"M": 40, "N": 24, "K": 40}],
                 shape_matrix=[{"M": 256, "N": 256, "K": 256}],
                 baseline=dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_stages=2, num_warps=4),
-                budget={"max_input_tokens_per_round": 1000, "max_output_tokens_per_round": 2000, "max_total_tokens": 5000})
+                budget={"max_input_tokens_per_round": 4000, "max_output_tokens_per_round": 2000, "max_total_tokens": 20000})
     spec["search"].update(strategy="llm", variants_per_round=1, max_rounds=1, no_improve_rounds=1)
     p = tmp_path / "cli_gateway.yaml"
     p.write_text(yaml.safe_dump(spec))
@@ -100,14 +100,14 @@ def test_model_not_listed_is_one_line(gateway, spec_file, capsys):
 
 
 def test_over_reporting_server_exceeds_the_budget_and_the_exit_code_says_so(gateway, spec_file, capsys):
-    gateway.handler = lambda seen: _suggestion(seen, prompt_tokens=4000)  # 4x the round's input budget
+    gateway.handler = lambda seen: _suggestion(seen, prompt_tokens=16000)  # 4x the round's input budget
     rc = main(["sweep", str(spec_file), "--force"])
     err = capsys.readouterr().err
     assert rc == EXIT_BUDGET, err[-3000:]
     assert "token budget EXCEEDED in sweep cli_gateway" in err and "warning" not in err
-    assert "1000" in err.split("token budget EXCEEDED", 1)[1].splitlines()[0]  # names the limit it went over
+    assert "4000" in err.split("token budget EXCEEDED", 1)[1].splitlines()[0]  # names the limit it went over
 
-    gateway.handler = lambda seen: _suggestion(seen, prompt_tokens=4000)
+    gateway.handler = lambda seen: _suggestion(seen, prompt_tokens=16000)
     rc = main(["sweep", str(spec_file), "--force", "--budget-overshoot", "warn"])
     err = capsys.readouterr().err
     assert rc == 0, err[-3000:]
