@@ -258,3 +258,26 @@ def test_lse_layout_and_prefix_inputs():
     # the first query of sequence 0 sits at position 6: it sees keys 0..6 only (bottom-right causal)
     scores0 = torch.einsum("hd,nhd->hn", inp["q"][0].double(), k[:7]) * 192 ** -0.5
     assert torch.allclose(lse[:, 0], torch.logsumexp(scores0, dim=-1))
+
+
+def test_deepseek_prefill_spec_sweeps_end_to_end_on_the_embedded_default(dagster_home, tmp_path):
+    """specs/attention_prefill_deepseek_h100.yaml as shipped (192/128 heads, cached prefixes, lse
+    checked), searched for one round of two variants."""
+    import math
+
+    import pandas as pd
+    import yaml
+
+    from kernel_assets.cli import main
+
+    raw = yaml.safe_load((REPO / "specs" / "attention_prefill_deepseek_h100.yaml").read_text())
+    raw["search"] = {"strategy": "local", "variants_per_round": 2, "max_rounds": 1, "no_improve_rounds": 1, "seed": 0}
+    path = tmp_path / "attention_prefill_deepseek_h100.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["sweep", str(path), "--backend", "interpreter"]) == 0
+    out = dagster_home / "reports" / "attention_prefill_deepseek_h100"
+    variants = pd.read_parquet(out / "variants.parquet")
+    base = variants.iloc[0]
+    assert base["error"] is None or (isinstance(base["error"], float) and math.isnan(base["error"])), base.to_dict()
+    assert base["evidence"] == "model" and base["latency_p50_ms"] > 0 and 0 < base["max_abs_err"] < 0.05
+    assert base["smem_bytes"] == (128 * 192 + 3 * 64 * (192 + 128)) * 2 and len(variants) >= 2
