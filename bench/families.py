@@ -1,6 +1,7 @@
 """What each kernel family costs the pipeline on a CPU host: cold AOT compile and interpreter checks.
 
-For every family (gemm, mla_decode, attention) and its shipped spec:
+For every family and its shipped spec (gemm, gemm_fp8, grouped_gemm_fp8 contiguous and masked,
+mla_decode, attention, attention on the DeepSeek 192/128 prefill spec):
 
 * compile   seconds to compile one variant ahead of time for the spec's arch (sm_90), cold: a fresh
             TRITON_CACHE_DIR per family and configs that differ in their constexprs, so nothing is
@@ -13,10 +14,18 @@ For every family (gemm, mla_decode, attention) and its shipped spec:
 
 Both run through ``python -m kernels.worker``, the child process the benchmark resource uses, so
 the numbers are what a sweep pays per variant. Wall times on the interpreter mean nothing about the
-GPU; they size correctness_shapes and the test suite.
+GPU; they size correctness_shapes and the test suite. The FP8 families run for real in the
+interpreter: Triton 3.9's CPU interpreter executes tl.dot on float8e4nv operands (nothing is
+dequantized before the kernel).
 
-    .venv/bin/python bench/families.py                 # all three families, 3 configs each
+With ``--cuda`` (a GPU host; scripts/gpu_check.sh) each spec's baseline is instead checked on the
+GPU against the float64 reference and timed on every shape of its shape_matrix with the cuda
+backend; the table gives TFLOP/s against the FP8 peak (fp8_e4m3 specs: params.fp8_peak_tflops or 2 x
+hardware.limits.peak_tflops) or the BF16 peak, and GB/s against HBM for mla_decode.
+
+    .venv/bin/python bench/families.py                 # every family, 3 configs each
     .venv/bin/python bench/families.py --configs 5 --families mla_decode --json out.json
+    .venv/bin/python bench/families.py --cuda --families gemm_fp8 grouped_gemm_fp8
 """
 
 from __future__ import annotations
@@ -31,10 +40,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+# label -> spec; the family is the spec's kernel_family
 SPECS = {
     "gemm": "specs/gemm_h100_bf16.yaml",
+    "gemm_fp8": "specs/gemm_fp8_h100.yaml",
+    "grouped_gemm_fp8": "specs/grouped_gemm_fp8_h100.yaml",
+    "grouped_gemm_fp8_masked": "specs/grouped_gemm_fp8_masked_h100.yaml",
     "mla_decode": "specs/mla_decode_h100_bf16.yaml",
     "attention": "specs/attention_prefill_h100_bf16.yaml",
+    "attention_deepseek": "specs/attention_prefill_deepseek_h100.yaml",
 }
 
 
@@ -62,7 +76,8 @@ def bench_family(name: str, n_configs: int) -> dict:
 
     spec = load_spec(REPO / SPECS[name])
     fam = get_family(spec.kernel_family)
-    result = {"family": name, "spec": SPECS[name], "compile": [], "interp": []}
+    label, name = name, spec.kernel_family
+    result = {"family": label, "spec": SPECS[label], "compile": [], "interp": []}
 
     with tempfile.TemporaryDirectory(prefix=f"kregress-bench-{name}-") as cache:
         worker = Worker(worker_env(Path(cache), interpret=False))  # TRITON_CACHE_DIR=<cache>/triton, fresh
@@ -107,6 +122,49 @@ def bench_family(name: str, n_configs: int) -> dict:
     return result
 
 
+def peak_of(spec, fam) -> tuple[str, float]:
+    """(unit, peak) the headline is set against: FP8 or BF16 TFLOP/s, or HBM GB/s."""
+    lim = spec.hardware.limits
+    if fam.headline_metric == "gbps":
+        return "GB/s HBM", lim.hbm_gbps
+    if spec.dtype == "fp8_e4m3":
+        return "TFLOP/s FP8", float(spec.params.get("fp8_peak_tflops") or 2.0 * lim.peak_tflops)
+    return "TFLOP/s BF16", lim.peak_tflops
+
+
+def cuda_family(label: str) -> list[str]:
+    """Baseline of the spec on the GPU: correctness on device, then cuda-backend timing per shape."""
+    from kregress.core.family import get_family
+    from kregress.core.spec import load_spec
+    from resources.workers import Worker, worker_env
+
+    spec = load_spec(REPO / SPECS[label])
+    fam = get_family(spec.kernel_family)
+    unit, peak = peak_of(spec, fam)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix=f"kregress-cuda-{label}-") as cache:
+        worker = Worker(worker_env(Path(cache), interpret=False))
+        worker.wait_ready(180)
+        try:
+            base = {"family": spec.kernel_family, "config": spec.baseline, "dtype": spec.dtype, "params": spec.params, "seed": 0}
+            res = worker.call({**base, "op": "correctness", "shapes": spec.correctness_shapes + spec.shape_matrix[:1],
+                               "tolerance": spec.constraints.numeric_tolerance, "device": "cuda", "interpret": False}, 900)
+            c = res.get("correctness") or {}
+            rows.append(f"| {label} | correctness on GPU | {len(spec.correctness_shapes) + 1} shapes | "
+                        f"{'ok' if c.get('ok') else 'FAIL'} | {res.get('error') or c.get('mismatch_sample', '')[:120] or 'max_abs_err=%.2e' % c.get('max_abs_err', 0)} |")
+            res = worker.call({**base, "op": "measure_cuda", "shapes": spec.shape_matrix,
+                               "warmup_ms": spec.benchmark.warmup_ms, "rep_ms": spec.benchmark.rep_ms}, 1800)
+            for m in res.get("measurements", []):
+                value = m["gbps"] if fam.headline_metric == "gbps" else m["tflops"]
+                rows.append(f"| {label} | {m['shape']} | p50 {m['p50_ms']:.4f} ms | {value:.1f} {unit} | "
+                            f"{value / peak:.1%} of {peak:.0f} |")
+            if "error" in res:
+                rows.append(f"| {label} | measure_cuda | - | {res['error']} | {res.get('detail', '')[:200]} |")
+        finally:
+            worker.kill()
+    return rows
+
+
 def table(results: list[dict]) -> str:
     lines = ["| family | what | config / shape | seconds | detail |", "|---|---|---|---|---|"]
     for r in results:
@@ -129,7 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", nargs="+", default=list(SPECS), choices=list(SPECS))
     ap.add_argument("--configs", type=int, default=3, help="configs compiled per family (baseline first)")
     ap.add_argument("--json", default="", help="also write the raw numbers here")
+    ap.add_argument("--cuda", action="store_true", help="GPU host: check and time each spec's baseline on the cuda backend")
     args = ap.parse_args(argv)
+    if args.cuda:
+        lines = ["| spec | shape | latency | headline | vs peak |", "|---|---|---|---|---|"]
+        for name in args.families:
+            print(f"timing {name} on the cuda backend ...", file=sys.stderr, flush=True)
+            lines += cuda_family(name)
+        print("\n".join(lines))
+        return 0
     results = []
     for name in args.families:
         print(f"benchmarking {name} ...", file=sys.stderr, flush=True)
