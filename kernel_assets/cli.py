@@ -195,28 +195,71 @@ def _code_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def sweep_fingerprint(spec, args: argparse.Namespace) -> dict[str, str]:
-    """What decides a sweep's outcome besides the caches: if all of it equals the last successful sweep's,
-    re-running it would redo the same work to write the same report."""
-    from kregress.core.family import get_family
+def _gpu_probe() -> str:
+    """Whether this host exposes an NVIDIA device to us, without importing torch (device nodes and the
+    visibility variable): part of what picks the `auto` backend."""
+    return f"{os.path.exists('/dev/nvidiactl')}:{os.environ.get('CUDA_VISIBLE_DEVICES', '')}"
 
-    torch = sys.modules.get("torch")
+
+def _file_sha(path: str | Path) -> str:
     try:
-        gpu = str(bool(torch and torch.cuda.is_available()))
-    except Exception:  # noqa: BLE001 - a broken CUDA set-up is simply "no GPU" here
-        gpu = "False"
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return "missing"
+
+
+def _run_inputs(args: argparse.Namespace, code_hash: str) -> dict[str, str]:
+    """What decides a sweep's outcome outside the spec and the kernels: code, environment, CLI overrides."""
     return {
-        "spec_hash": spec.content_hash(),
-        "family_hash": get_family(spec.kernel_family).source_hash(),
-        "code_hash": _code_hash(),
+        "code_hash": code_hash,
         "env": getattr(args, "env", None) or os.environ.get("KREGRESS_ENV", "local"),
-        "backend": args.backend or spec.benchmark.backend,
-        "strategy": args.strategy or spec.search.strategy,
-        "gpu_visible": gpu,
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "backend_arg": args.backend or "",
+        "strategy_arg": args.strategy or "",
+        "gpu": _gpu_probe(),
         "model": os.environ.get("TAOTOKEN_MODEL_ID", ""),
         "base_url": os.environ.get("TAOTOKEN_BASE_URL", ""),
     }
+
+
+def sweep_fingerprint(spec, args: argparse.Namespace, code_hash: str | None = None) -> dict:
+    """What decides a sweep's outcome besides the caches: if all of it equals the last successful sweep's,
+    re-running it would redo the same work to write the same report. ``quick`` is the part that can be
+    checked without validating the spec (no pydantic model, no family import, no torch/Triton): the spec
+    file's bytes and the family's source files, as hashed when the spec last validated."""
+    from kregress.core.family import get_family
+
+    fam = get_family(spec.kernel_family).for_params(spec.params)
+    inputs = _run_inputs(args, code_hash or _code_hash())
+    return {
+        "spec_hash": spec.content_hash(),
+        "family_hash": fam.source_hash(),
+        **inputs,
+        "quick": {"spec_file": _file_sha(args.spec), **inputs,
+                  "family_files": {str(f): _file_sha(f) for f in fam.source_files()}},
+    }
+
+
+def _quick_unchanged(home: Path, args: argparse.Namespace) -> dict | None:
+    """The last sweep's record when the spec file's bytes, the family's files and every run input are
+    unchanged since a successful sweep of it (then validation would pass exactly as it did), else None."""
+    try:
+        import yaml
+
+        from kregress.core.spec import StrictLoader
+
+        data = yaml.load(Path(args.spec).read_text(), Loader=StrictLoader)  # noqa: S506 - a SafeLoader
+        task_id = data.get("task_id") if isinstance(data, dict) else None
+        if not isinstance(task_id, str) or "/" in task_id or task_id.startswith("."):
+            return None
+        last = json.loads(_last_sweep_file(home, task_id).read_text())
+    except Exception:  # noqa: BLE001 - anything unexpected: take the full path
+        return None
+    quick = (last.get("fingerprint") or {}).get("quick") or {}
+    want = {"spec_file": _file_sha(args.spec), **_run_inputs(args, _code_hash()),
+            "family_files": {f: _file_sha(f) for f in quick.get("family_files", {})}}
+    if not quick.get("family_files") or quick != want or not Path(last.get("report", "")).is_file():
+        return None
+    return last
 
 
 def _last_sweep_file(home: Path, task_id: str) -> Path:
@@ -228,7 +271,8 @@ def _unchanged(home: Path, task_id: str, fingerprint: dict[str, str]) -> dict | 
         last = json.loads(_last_sweep_file(home, task_id).read_text())
     except (OSError, ValueError):
         return None
-    if last.get("fingerprint") != fingerprint or not Path(last.get("report", "")).is_file():
+    strip = lambda fp: {k: v for k, v in (fp or {}).items() if k != "quick"}  # noqa: E731
+    if strip(last.get("fingerprint")) != strip(fingerprint) or not Path(last.get("report", "")).is_file():
         return None
     return last
 
@@ -294,7 +338,23 @@ def _budget_verdict(resources: dict, spec, run_id: str) -> list[str]:
     return reasons
 
 
+def _say_unchanged(task_id: str, last: dict) -> int:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(last.get("ts", 0)))
+    _say(f"kregress: sweep {task_id} unchanged since run {last['run_id']} ({when}): same spec hash "
+         f"{last['fingerprint']['spec_hash']}, kernel and code versions, backend and strategy; nothing re-run "
+         f"(--force re-runs it)")
+    print(f"report: {last['report']}")
+    if last.get("verdicts"):
+        print(last["verdicts"])
+    return EXIT_OK
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if not args.force:  # an unchanged spec file and code: answered before anything heavy is imported
+        home = paths.home() if not args.dagster_home else Path(args.dagster_home).resolve()
+        last = _quick_unchanged(home, args)
+        if last is not None:
+            return _say_unchanged(last.get("task_id") or Path(args.spec).stem, last)
     spec = _load(args)
     if spec is None:
         return EXIT_BAD_SPEC
@@ -302,14 +362,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     fingerprint = sweep_fingerprint(spec, args)
     last = None if args.force else _unchanged(home, spec.task_id, fingerprint)
     if last is not None:
-        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(last.get("ts", 0)))
-        _say(f"kregress: sweep {spec.task_id} unchanged since run {last['run_id']} ({when}): same spec hash "
-             f"{fingerprint['spec_hash']}, kernel and code versions, backend and strategy; nothing re-run "
-             f"(--force re-runs it)")
-        print(f"report: {last['report']}")
-        if last.get("verdicts"):
-            print(last["verdicts"])
-        return EXIT_OK
+        return _say_unchanged(spec.task_id, last)
     prepared = _prepare(args, spec)
     if prepared is None:
         return EXIT_BAD_SPEC
@@ -371,6 +424,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(verdicts + (f"; budget EXCEEDED" if over else ""))
     if not over:
         _record_sweep(home, spec.task_id, {"run_id": result.run_id, "ts": time.time(), "fingerprint": fingerprint,
+                                           "task_id": spec.task_id,
                                            "report": report, "verdicts": verdicts})
     return budget_rc
 
