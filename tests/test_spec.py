@@ -89,11 +89,11 @@ def test_cli_validate_exit_codes(tmp_path, capsys):
     good = REPO / "specs" / "gemm_smoke.yaml"
     assert cli_main(["specs", "validate", str(good)]) == 0
     data = copy.deepcopy(SMOKE)
-    data["dtype"] = "fp8"
+    data["dtype"] = "fp64"
     bad = write(tmp_path, data)
     assert cli_main(["specs", "validate", str(good), str(bad)]) == 1
     err = capsys.readouterr().err
-    assert "field 'dtype'" in err and "'fp16', 'bf16' or 'fp32'" in err
+    assert "field 'dtype'" in err and "'fp16', 'bf16', 'fp32'" in err
 
 
 def test_sweep_refuses_bad_spec_and_runs_nothing(tmp_path, dagster_home, capsys):
@@ -181,7 +181,7 @@ MALFORMED = [
     ("hardware.arch", "sm90", "did you mean 'sm_90'"),
     ("hardware.arch", "ampere", "sm_80"),
     # values from a closed list, with "did you mean"
-    ("dtype", "fp8", "'fp16', 'bf16' or 'fp32'"),
+    ("dtype", "fp64", "'fp16', 'bf16', 'fp32'"),
     ("dtype", "bf61", "did you mean 'bf16'"),
     ("search.strategy", "hybird", "did you mean 'hybrid'"),
     ("objective.aggregate", "geomaen", "did you mean 'geomean'"),
