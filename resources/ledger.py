@@ -118,6 +118,23 @@ _CHARGED_OUT = sa.case((_r.state == "reserved", _r.est_output), (_r.state == "se
 _OVER_IN = sa.case((sa.and_(_r.state == "settled", _r.input_tokens > _r.est_input), _r.input_tokens - _r.est_input), else_=0)
 _OVER_OUT = sa.case((sa.and_(_r.state == "settled", _r.output_tokens > _r.est_output), _r.output_tokens - _r.est_output), else_=0)
 _OVERSHOT = sa.and_(_r.state == "settled", sa.or_(_r.input_tokens > _r.est_input, _r.output_tokens > _r.est_output))
+_in_round = _r.round == sa.bindparam("round")
+# Everything a reservation checks, in one statement built once (binds: sweep, round).
+_BUDGET_STATE = sa.select(
+    sa.func.coalesce(sa.func.sum(sa.case((_in_round, _CHARGED_IN), else_=0)), 0).label("round_in"),
+    sa.func.coalesce(sa.func.sum(sa.case((_in_round, _CHARGED_OUT), else_=0)), 0).label("round_out"),
+    sa.func.coalesce(sa.func.sum(_CHARGED_IN + _CHARGED_OUT), 0).label("total"),
+    sa.func.count(sa.case((_OVERSHOT, 1))).label("over_calls"),
+    sa.func.coalesce(sa.func.sum(_OVER_IN), 0).label("over_in"),
+    sa.func.coalesce(sa.func.sum(_OVER_OUT), 0).label("over_out"),
+    sa.func.min(sa.case((_OVERSHOT, _r.round))).label("over_first"),
+).where(_r.sweep == sa.bindparam("sweep"))
+_INSERT_RESERVATION = sa.insert(reservations_t).returning(_r.id)
+_INSERT_USAGE = sa.insert(usage_t).returning(usage_t.c.id)
+_SETTLE = sa.update(reservations_t).where(_r.id == sa.bindparam("b_id"), _r.state == "reserved").values(
+    state=sa.bindparam("b_state"), input_tokens=sa.bindparam("b_in"), output_tokens=sa.bindparam("b_out"), settled_ts=sa.bindparam("b_ts"))
+_COOLDOWNS = sa.select(cooldowns_t.c.key_alias, cooldowns_t.c.cool_until, cooldowns_t.c.reason, cooldowns_t.c.owner).where(
+    cooldowns_t.c.key_alias.in_(sa.bindparam("aliases", expanding=True)), cooldowns_t.c.cool_until > sa.bindparam("now"))
 
 
 class LedgerConfigError(ValueError):
@@ -398,8 +415,7 @@ class Ledger:
         data = rec.model_dump()
         data["cache_hit"] = int(bool(data["cache_hit"]))
         with self._write() as con:
-            res = con.execute(sa.insert(usage_t).values(**data, sweep=sweep, reservation_id=reservation_id).returning(usage_t.c.id))
-            return int(res.scalar_one())
+            return int(con.execute(_INSERT_USAGE, {**data, "sweep": sweep, "reservation_id": reservation_id}).scalar_one())
 
     @staticmethod
     def _where(table: sa.Table, filters: dict[str, Any], allowed: Sequence[str]) -> list[Any]:
@@ -487,18 +503,17 @@ class Ledger:
         now = time.time()
         reason = ""
         with self._write(lock=sweep) as con:  # every check below reads this sweep's reservations only
+            over = Overshoot()
             if budget is not None:
-                over = self._overshoot(con, sweep)
+                st = con.execute(_BUDGET_STATE, {"sweep": sweep, "round": round}).one()
+                over = Overshoot(int(st.over_calls), int(st.over_in), int(st.over_out), None if st.over_first is None else int(st.over_first))
+                used_in, used_out, used_total = int(st.round_in), int(st.round_out), int(st.total)
                 if over:
                     reason = (
                         f"sweep blocked: {over.calls} call(s) from round {over.first_round} on were billed {over.tokens} tokens more "
                         "than they reserved (the server reported more usage than estimated); no further calls in this sweep"
                     )
                 if not reason and round >= 1:
-                    used_in, used_out = (int(v) for v in con.execute(
-                        sa.select(sa.func.coalesce(sa.func.sum(_CHARGED_IN), 0), sa.func.coalesce(sa.func.sum(_CHARGED_OUT), 0))
-                        .where(_r.sweep == sweep, _r.round == round)
-                    ).one())
                     left_out = budget.max_output_tokens_per_round - used_out
                     if used_in + est_input > budget.max_input_tokens_per_round:
                         reason = (
@@ -513,9 +528,6 @@ class Ledger:
                     else:
                         est_output = min(est_output, left_out)
                 if not reason:
-                    used_total = int(con.execute(
-                        sa.select(sa.func.coalesce(sa.func.sum(_CHARGED_IN + _CHARGED_OUT), 0)).where(_r.sweep == sweep)
-                    ).scalar_one())
                     left = budget.max_total_tokens - used_total - est_input
                     if left < floor:
                         reason = (
@@ -526,11 +538,11 @@ class Ledger:
                         est_output = min(est_output, left)
             state = "refused" if reason else "reserved"
             rid = 0
-            if not (reason and not record_refusal):
-                rid = int(con.execute(sa.insert(reservations_t).values(
+            if not reason or record_refusal or over:  # a blocked sweep's refusal is final: always on record
+                rid = int(con.execute(_INSERT_RESERVATION, dict(
                     ts=now, sweep=sweep, run_id=run_id, partition=partition, round=round, role=role, task=task,
                     est_input=est_input, est_output=est_output, state=state, reason=reason,
-                ).returning(_r.id)).scalar_one())
+                )).scalar_one())
         if reason:
             raise BudgetExceeded(reason, scope=sweep, round=round)
         return Reservation(rid, sweep, round, est_input, est_output)
@@ -543,21 +555,13 @@ class Ledger:
         rid = reservation.id if isinstance(reservation, Reservation) else int(reservation)
         state = "settled" if (input_tokens or output_tokens) else "released"
         with self._write() as con:
-            con.execute(sa.update(reservations_t).where(_r.id == rid, _r.state == "reserved").values(
-                state=state, input_tokens=int(input_tokens), output_tokens=int(output_tokens), settled_ts=time.time()))
-
-    @staticmethod
-    def _overshoot(con: sa.Connection, sweep: str) -> Overshoot:
-        calls, over_in, over_out, first = con.execute(
-            sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_OVER_IN), 0), sa.func.coalesce(sa.func.sum(_OVER_OUT), 0),
-                      sa.func.min(_r.round)).where(_r.sweep == sweep, _OVERSHOT)
-        ).one()
-        return Overshoot(int(calls), int(over_in), int(over_out), None if first is None else int(first))
+            con.execute(_SETTLE, {"b_id": rid, "b_state": state, "b_in": int(input_tokens), "b_out": int(output_tokens), "b_ts": time.time()})
 
     def overshoot(self, sweep: str) -> Overshoot:
         """How much the server billed beyond the reservations of ``sweep`` (falsy when it never did)."""
         with self._read() as con:
-            return self._overshoot(con, sweep)
+            st = con.execute(_BUDGET_STATE, {"sweep": sweep, "round": -1}).one()
+        return Overshoot(int(st.over_calls), int(st.over_in), int(st.over_out), None if st.over_first is None else int(st.over_first))
 
     def exceeded(self, sweep: str, budget: Budget) -> list[str]:
         """Why ``sweep`` is over ``budget`` (settled usage + in-flight estimates; overshoots), one reason a line; [] if within."""
@@ -626,10 +630,11 @@ class Ledger:
     def cooldowns(self, aliases: Sequence[str], *, now_wall: float | None = None) -> dict[str, tuple[float, str, str]]:
         """alias -> (cool_until wall time, reason, owner) for the given aliases still cooling down."""
         now_wall = time.time() if now_wall is None else now_wall
-        c = cooldowns_t.c
+        if not aliases:
+            return {}
         with self._read() as con:
-            q = sa.select(c.key_alias, c.cool_until, c.reason, c.owner).where(c.key_alias.in_(list(aliases)), c.cool_until > now_wall)
-            return {r.key_alias: (float(r.cool_until), r.reason, r.owner) for r in con.execute(q)}
+            rows = con.execute(_COOLDOWNS, {"aliases": list(aliases), "now": now_wall})
+            return {r.key_alias: (float(r.cool_until), r.reason, r.owner) for r in rows}
 
     # -- response cache ----------------------------------------------------------------------
     def cache_get(self, request_hash: str) -> dict[str, Any] | None:
