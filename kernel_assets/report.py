@@ -131,11 +131,11 @@ def _short_reason(rec) -> str:
 
 
 def latency_plot(variants: pd.DataFrame, title: str, measurements: pd.DataFrame | None = None,
-                 guard: float | None = None):
+                 guard: float | None = None, by_shape: pd.DataFrame | None = None):
     """PNG bytes of ``latency_figure`` (see there)."""
     import matplotlib.pyplot as plt
 
-    fig = latency_figure(variants, title, measurements, guard)
+    fig = latency_figure(variants, title, measurements, guard, by_shape)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     plt.close(fig)
@@ -143,13 +143,14 @@ def latency_plot(variants: pd.DataFrame, title: str, measurements: pd.DataFrame 
 
 
 def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFrame | None = None,
-                   guard: float | None = None):
+                   guard: float | None = None, by_shape: pd.DataFrame | None = None):
     """p50 per variant, coloured by verdict and cause, one panel per shape when there are several.
 
     Every variant is on the x axis: one without a latency (failed, infeasible) gets a hatched grey
     slot with its reason written in it, never a made-up bar height. Measured evidence has p20-p80
     error bars; model evidence is one estimate and has none. The dashed line is the baseline, the
-    dotted red one the guard (baseline x guard ratio). The legend sits outside the axes.
+    dotted red one the guard (baseline x guard ratio). The legend sits outside the axes. With
+    ``by_shape`` (the verdicts_by_shape table) each shape's panel is coloured by that shape's verdict.
     """
     import matplotlib
 
@@ -158,6 +159,9 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
 
     order = list(variants["variant_id"])
     info = {r["variant_id"]: r for r in variants.to_dict("records")}
+    per_shape = {}
+    if by_shape is not None and len(by_shape):
+        per_shape = {(r["variant_id"], r["shape"]): (r["verdict"], r["cause"]) for r in by_shape.to_dict("records")}
     shapes = []
     if measurements is not None and len(measurements):
         shapes = list(dict.fromkeys(measurements["shape"]))
@@ -180,11 +184,17 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
         top = max(vals.values()) if vals else 1.0
         for x, vid in enumerate(order):
             rec = info[vid]
-            cat = _category(rec.get("verdict"), rec.get("cause"))
+            verdict, cause = per_shape.get((vid, shape), (rec.get("verdict"), rec.get("cause")))
+            cat = _category(verdict, cause)
             color = CATEGORY_COLORS[cat]
             if vid in vals:
-                bar = ax.bar(x, vals[vid], color=color, label=cat)[0]
+                failed = cat in ("REGRESS/infeasible", "REGRESS/wrong")
+                bar = ax.bar(x, vals[vid], color=color, label=cat, hatch="///" if failed else None,
+                             edgecolor="white" if failed else None)[0]
                 bar.set_gid(f"variant:{vid}")
+                if failed:  # an estimate exists, but the variant is out: say why on the bar
+                    ax.text(x, 0.02, _short_reason(rec), rotation=90, fontsize=6, ha="center", va="bottom",
+                            transform=ax.get_xaxis_transform(), color="white")
                 l, h = lo.get(vid), hi.get(vid)
                 if rec.get("evidence") in ("cuda", "replay") and l is not None and h is not None \
                         and not _isnan(l) and not _isnan(h):
@@ -196,9 +206,11 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
                         transform=ax.get_xaxis_transform(), color="#333")
         base = vals.get(order[0]) if order else None
         if base is not None:
-            ax.axhline(base, ls="--", color=CATEGORY_COLORS["BASELINE"], lw=1, label="baseline")
+            ax.axhline(base, ls="--", color=CATEGORY_COLORS["BASELINE"], lw=1, label="baseline p50")
             if guard:
                 ax.axhline(base * guard, ls=":", color="#c62828", lw=1.2, label=f"guard x{guard:g}")
+                ax.text(1.0, base * guard, f" guard x{guard:g}", transform=ax.get_yaxis_transform(), fontsize=6,
+                        va="bottom", ha="left", color="#c62828")
                 top = max(top, base * guard)
         ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
         ax.set_ylabel("p50 ms" + ("" if shape else " (geomean)"), fontsize=8)
@@ -301,7 +313,7 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     by_shape.to_parquet(out_dir / "verdicts_by_shape.parquet", index=False)
     meas.to_parquet(out_dir / "measurements.parquet", index=False)
     guard = spec.regression_guard.not_worse_than_baseline_ratio
-    png = latency_plot(variants, spec.task_id, meas, guard)
+    png = latency_plot(variants, spec.task_id, meas, guard, by_shape)
     (out_dir / "latency.png").write_bytes(png)
     counts = verdict_df["verdict"].value_counts().to_dict() if len(verdict_df) else {}
     counts = {k: int(counts.get(k, 0)) for k in ("PASS", "REGRESS", "NEEDS_REVIEW")}

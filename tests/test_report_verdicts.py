@@ -117,6 +117,16 @@ def test_measured_per_shape_regress_names_the_shape(tmp_path):
     res = report.write_report(tmp_path, SPEC, "x.yaml", _state([base, faster_one_slower_other, same]), verdicts, [])
     assert res["best"]["kind"] == "best" and res["best"]["variant_id"] in ("baseline", "r1-same")
     assert res["causes"]["slower"] == 1
+    # per-shape panels are coloured by that shape's verdict: r1-mixed is green where it passes
+    fig = report.latency_figure(res["variants"], "t", res["measurements"], 1.03, res["verdicts_by_shape"])
+    try:
+        colors = [[p.get_facecolor()[:3] for p in ax.patches if p.get_gid() == "variant:r1-mixed"][0] for ax in fig.axes]
+        hexes = ["#%02x%02x%02x" % tuple(round(c * 255) for c in col) for col in colors]
+        assert hexes == [report.CATEGORY_COLORS["PASS"], report.CATEGORY_COLORS["REGRESS/slower"]]
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
     meas = pd.read_parquet(tmp_path / "measurements.parquet")
     assert {"gpu_uuid", "host", "batch", "sm_clock_mhz_start", "clocks_locked"} <= set(meas.columns)
     assert (meas["p20_ms"] <= meas["p80_ms"]).all()
@@ -135,11 +145,12 @@ def test_plot_contains_failed_and_infeasible_variants(model_history):
             assert {f"variant:{r.variant_id}" for r in model_history} <= gids
             texts = [t.get_text() for t in ax.texts]
             assert "out_of_resources" in texts and "nan_inf" in texts
+            assert "spills over limit" in texts  # has an estimate, still marked with its reason
             assert any(line.get_label() == "guard x1.03" for line in ax.get_lines())
             assert not any(len(c.get_segments()) for c in ax.collections if hasattr(c, "get_segments"))  # no error bars
         assert [t.get_text() for t in fig.axes[-1].get_xticklabels()] == [r.variant_id for r in model_history]
         legend_labels = {t.get_text() for t in fig.legends[0].get_texts()}
-        assert {"REGRESS/infeasible", "REGRESS/wrong", "NEEDS_REVIEW", "baseline"} <= legend_labels
+        assert {"REGRESS/infeasible", "REGRESS/wrong", "NEEDS_REVIEW", "baseline p50", "guard x1.03"} <= legend_labels
         # the spilling variant is grey (infeasible), not red (slower)
         spill = [a for a in fig.axes[0].patches if a.get_gid() == "variant:r1-spill"][0]
         assert spill.get_facecolor()[:3] == pytest.approx(tuple(int(report.CATEGORY_COLORS["REGRESS/infeasible"][i:i + 2], 16) / 255
