@@ -45,6 +45,11 @@ Family params (spec.params), all optional:
 - softmax_scale: float > 0, default 576 ** -0.5.
 - page_size: 16, 32, 64 (default), 128 or 256 tokens per KV page; BLOCK_N must divide it.
 - seqlens: "spread" (default), "uniform" or a list of non-negative ints (see ``cache_seqlens``).
+- kv_dtype: "fp8_e4m3" for an FP8 KV cache: e4m3 values with one fp32 scale per token
+  (``kv_scale`` [num_blocks, page_size]; a cached token is ``kv_fp8 * scale``, quantized with
+  amax / 448 over its 576 values). The kernel dequantizes each tile in fp32 and rounds it to q's
+  dtype before the same two dots; the float64 reference dequantizes the same way. Default: the
+  cache has q's dtype.
 - check_lse: bool, default true: ``run`` returns (out, lse) and the correctness check compares both
   (the kernel writes lse anyway, so nothing extra is timed); false returns out only.
 """
@@ -68,7 +73,7 @@ D_QK = D_LATENT + D_ROPE
 @triton.jit
 def mla_decode_kernel(
     q_ptr, kv_ptr, block_table_ptr, seqlens_ptr,
-    out_ptr, lse_ptr, o_part_ptr, lse_part_ptr,
+    out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, kv_scale_ptr,
     sm_scale,
     stride_qb, stride_qs, stride_qh,
     stride_kvb, stride_kvt,
@@ -77,7 +82,7 @@ def mla_decode_kernel(
     stride_lb, stride_lh,
     H_Q, S_Q, M,
     PAGE_SIZE: tl.constexpr, D_V: tl.constexpr, D_PE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     pid_h = tl.program_id(0)
     b = tl.program_id(1)
@@ -119,6 +124,10 @@ def mla_decode_kernel(
             kv_rows = kv_ptr + page * stride_kvb + ((start_n % PAGE_SIZE) + offs_n)[:, None] * stride_kvt
             kv = tl.load(tl.multiple_of(kv_rows + offs_v[None, :], [16, 16]), mask=tok_ok[:, None], other=0.0)  # K_nope = V
             k_pe = tl.load(tl.multiple_of(kv_rows + D_V + offs_pe[None, :], [16, 16]), mask=tok_ok[:, None], other=0.0)
+            if KV_FP8:  # e4m3 cache, one fp32 scale per token: dequantize in fp32, round to q's dtype
+                tok_scale = tl.load(kv_scale_ptr + page * PAGE_SIZE + (start_n % PAGE_SIZE) + offs_n, mask=tok_ok, other=0.0)
+                kv = (kv.to(tl.float32) * tok_scale[:, None]).to(q_nope.dtype)
+                k_pe = (k_pe.to(tl.float32) * tok_scale[:, None]).to(q_nope.dtype)
             qk = tl.dot(q_pe, tl.trans(k_pe), acc=tl.dot(q_nope, tl.trans(kv)))
             visible = tok_ok[None, :] & (tok[None, :] <= last_key[:, None])
             qk = tl.where(visible, qk * qk_scale, float("-inf"))
@@ -188,7 +197,9 @@ def mla_combine_kernel(
 TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
 PAGE_SIZES = (16, 32, 64, 128, 256)
 SEQLEN_PATTERNS = ("spread", "uniform")
-PARAM_KEYS = ("softmax_scale", "page_size", "seqlens", "check_lse")
+PARAM_KEYS = ("softmax_scale", "page_size", "seqlens", "check_lse", "kv_dtype")
+KV_DTYPES = ("fp8_e4m3",)
+FP8_MAX = 448.0
 COMBINE_WARPS = 4
 COMBINE_ROWS = 8
 
@@ -198,6 +209,18 @@ def _combine_meta(splits: int) -> dict[str, int]:
     p2 = triton.next_power_of_2(splits)
     return {"NUM_SPLITS": splits, "SPLITS_P2": p2, "BLOCK_R": COMBINE_ROWS,
             "BLOCK_DV": max(16, min(128, 4096 // (COMBINE_ROWS * p2)))}
+
+
+def _kv_fp8(params: dict[str, Any]) -> bool:
+    return (params or {}).get("kv_dtype") == "fp8_e4m3"
+
+
+def quantize_kv_per_token(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[num_blocks, page, 1, 576] -> (e4m3 cache, fp32 scale [num_blocks, page]): amax / 448 per token
+    (clamped at 1e-4); a NaN token (poison) stays NaN."""
+    x = kv.float()
+    scale = x.abs().amax(dim=(2, 3)).clamp(min=1e-4) / FP8_MAX
+    return (x / scale[:, :, None, None]).to(torch.float8_e4m3fn), scale
 
 
 def _page_size(params: dict[str, Any]) -> int:
@@ -305,6 +328,8 @@ class MlaDecodeFamily(Family):
                 return problem
         if "check_lse" in params and not isinstance(params["check_lse"], bool):
             return f"check_lse={params['check_lse']!r} must be true or false"
+        if "kv_dtype" in params and params["kv_dtype"] not in KV_DTYPES:
+            return f"kv_dtype={params['kv_dtype']!r} is not allowed; allowed: {', '.join(KV_DTYPES)} (absent: q's dtype)"
         return None
 
     # --- inputs, launch, reference -------------------------------------------------------------
@@ -335,16 +360,19 @@ class MlaDecodeFamily(Family):
             if n % page:  # tail of the last page
                 kv[block_table[b, n // page].long(), n % page:] = float("nan")
         seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
-        return {"q": q, "kv_cache": kv, "block_table": block_table, "cache_seqlens": seqlens}
+        out = {"q": q, "kv_cache": kv, "block_table": block_table, "cache_seqlens": seqlens}
+        if _kv_fp8(params):
+            out["kv_cache"], out["kv_scale"] = quantize_kv_per_token(kv)
+        return out
 
     def run(self, inputs, config, params):
         out, lse = mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["cache_seqlens"],
-                              _softmax_scale(params), config)
+                              _softmax_scale(params), config, kv_scale=inputs.get("kv_scale"))
         return (out, lse) if _check_lse(params) else out
 
     def reference(self, inputs, params):
         out, lse = reference_mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"],
-                                        inputs["cache_seqlens"], _softmax_scale(params))
+                                        inputs["cache_seqlens"], _softmax_scale(params), kv_scale=inputs.get("kv_scale"))
         return (out, lse) if _check_lse(params) else out
 
     # --- formulas ------------------------------------------------------------------------------
@@ -359,7 +387,8 @@ class MlaDecodeFamily(Family):
         lens = cache_seqlens(shape, params)
         rows = shape["batch"] * shape["s_q"] * shape["h_q"]
         pages = sum(math.ceil(n / _page_size(params)) for n in lens)
-        return float(dtype_bytes * (sum(lens) * D_QK + rows * (D_QK + D_LATENT)) + 4 * rows + 4 * (pages + shape["batch"]))
+        token = D_QK + 4 if _kv_fp8(params) else D_QK * dtype_bytes  # fp8: 576 bytes + the fp32 scale
+        return float(sum(lens) * token + dtype_bytes * rows * (D_QK + D_LATENT) + 4 * rows + 4 * (pages + shape["batch"]))
 
     def tolerance(self, shape, dtype, base_tol, params):
         """The output is a convex mix of V rows (|v| ~ 1), so the absolute error is what matters:
@@ -376,8 +405,8 @@ class MlaDecodeFamily(Family):
         splits = config["num_splits"]
         ptr = TRITON_PTR[dtype]
         sig = {
-            "q_ptr": ptr, "kv_ptr": ptr, "block_table_ptr": "*i32", "seqlens_ptr": "*i32",
-            "out_ptr": ptr, "lse_ptr": "*fp32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32",
+            "q_ptr": ptr, "kv_ptr": "*fp8e4nv" if _kv_fp8(params) else ptr, "block_table_ptr": "*i32", "seqlens_ptr": "*i32",
+            "out_ptr": ptr, "lse_ptr": "*fp32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "kv_scale_ptr": "*fp32",
             "sm_scale": "fp32",
             "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
             "stride_kvb": "i32", "stride_kvt": "i32", "stride_btb": "i32",
@@ -385,10 +414,11 @@ class MlaDecodeFamily(Family):
             "stride_lb": "i32", "stride_lh": "i32",
             "H_Q": "i32", "S_Q": "i32", "M": "i32",
             "PAGE_SIZE": "constexpr", "D_V": "constexpr", "D_PE": "constexpr",
-            "BLOCK_H": "constexpr", "BLOCK_N": "constexpr", "NUM_SPLITS": "constexpr",
+            "BLOCK_H": "constexpr", "BLOCK_N": "constexpr", "NUM_SPLITS": "constexpr", "KV_FP8": "constexpr",
         }
         consts = {"PAGE_SIZE": _page_size(params), "D_V": D_LATENT, "D_PE": D_ROPE,
-                  "BLOCK_H": config["BLOCK_H"], "BLOCK_N": config["BLOCK_N"], "NUM_SPLITS": splits}
+                  "BLOCK_H": config["BLOCK_H"], "BLOCK_N": config["BLOCK_N"], "NUM_SPLITS": splits,
+                  "KV_FP8": _kv_fp8(params)}
         # What the GPU JIT specializes as divisible by 16 on the timed shapes: every pointer (fresh
         # torch allocations), strides built from the 576/512 head dims, and sizes built from h_q
         # (a multiple of 16 in every DeepSeek config). Not: the block-table row stride (max pages), S_Q,
@@ -426,7 +456,7 @@ class MlaDecodeFamily(Family):
         lens = cache_seqlens(shape, params)
         rows = shape["s_q"] * shape["h_q"]
         tiles_h = math.ceil(rows / bh)
-        token_bytes = D_QK * dtype_bytes
+        token_bytes = D_QK + 4 if _kv_fp8(params) else D_QK * dtype_bytes
         kv_bytes = sum(lens) * token_bytes
         traffic = kv_bytes * (1.0 + 0.15 * (tiles_h - 1)) + shape["batch"] * rows * (D_QK + D_LATENT) * dtype_bytes
         if splits > 1:
@@ -471,7 +501,8 @@ def _aligned_rows(t: torch.Tensor) -> bool:
 
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
-               softmax_scale: float, config: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+               softmax_scale: float, config: dict[str, int],
+               kv_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode attention over a paged latent cache; returns (out [B, s_q, h_q, 512], lse [B, h_q, s_q] fp32, FlashMLA layout).
 
     (1) check shapes (metadata only: nothing here syncs with the device, so it can be captured in a
@@ -481,8 +512,14 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         raise ValueError(f"mla_decode: q must be [batch, s_q, h_q, {D_QK}], got {tuple(q.shape)}")
     if kv_cache.ndim != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != D_QK:
         raise ValueError(f"mla_decode: kv_cache must be [num_blocks, page_size, 1, {D_QK}], got {tuple(kv_cache.shape)}")
-    if q.dtype != kv_cache.dtype or q.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"mla_decode: q and kv_cache must both be fp16 or bf16, got {q.dtype} and {kv_cache.dtype}")
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    if q.dtype not in (torch.float16, torch.bfloat16) or (kv_cache.dtype != q.dtype and not fp8):
+        raise ValueError(f"mla_decode: q must be fp16 or bf16 and kv_cache the same or float8_e4m3fn, got {q.dtype} and {kv_cache.dtype}")
+    if fp8 != (kv_scale is not None):
+        raise ValueError("mla_decode: an float8_e4m3fn kv_cache needs kv_scale (one fp32 scale per token), and only it")
+    if fp8 and (kv_scale.shape != kv_cache.shape[:2] or kv_scale.dtype != torch.float32 or not kv_scale.is_contiguous()):
+        raise ValueError(f"mla_decode: kv_scale must be contiguous fp32 [{kv_cache.shape[0]}, {kv_cache.shape[1]}], "
+                         f"got {kv_scale.dtype} {tuple(kv_scale.shape)}")
     B, s_q, h_q, _ = q.shape
     page = kv_cache.shape[1]
     if block_table.ndim != 2 or block_table.shape[0] != B or block_table.dtype != torch.int32:
@@ -508,7 +545,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         o_part = lse_part = lse  # unused by the kernel when NUM_SPLITS == 1
     grid = lambda META: (triton.cdiv(M, META["BLOCK_H"]), B, META["NUM_SPLITS"])  # noqa: E731
     mla_decode_kernel[grid](
-        q, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part,
+        q, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part, kv_scale if fp8 else lse,
         softmax_scale,
         q.stride(0), q.stride(1), q.stride(2),
         kv_cache.stride(0), kv_cache.stride(1),
@@ -517,7 +554,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         lse.stride(0), lse.stride(1),  # batch and head strides
         h_q, s_q, M,
         PAGE_SIZE=page, D_V=D_LATENT, D_PE=D_ROPE,
-        BLOCK_H=config["BLOCK_H"], BLOCK_N=config["BLOCK_N"], NUM_SPLITS=splits,
+        BLOCK_H=config["BLOCK_H"], BLOCK_N=config["BLOCK_N"], NUM_SPLITS=splits, KV_FP8=fp8,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     if splits > 1:
@@ -533,7 +570,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 
 
 def reference_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                         cache_seqlens: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                         cache_seqlens: torch.Tensor, softmax_scale: float,
+                         kv_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 reference that gathers each sequence's pages; lse [B, h_q, s_q]; empty rows give out = 0,
     lse = +inf (FlashMLA's convention)."""
     B, s_q, h_q, _ = q.shape
@@ -546,6 +584,8 @@ def reference_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
             continue
         pages = block_table[b, : math.ceil(n / page)].long()
         kv = kv_cache[pages].reshape(-1, D_QK)[:n].double()  # [n, 576]
+        if kv_scale is not None:  # FP8 cache: fp8 value times its token's scale, rounded to q's dtype as the kernel does
+            kv = (kv.float() * kv_scale[pages].reshape(-1)[:n, None]).to(q.dtype).double()
         scores = torch.einsum("shd,nd->shn", q[b].double(), kv) * softmax_scale
         keys = torch.arange(n)
         last = n - s_q + torch.arange(s_q)  # causal: query s sees keys <= n - s_q + s

@@ -263,3 +263,48 @@ def test_lse_is_flashmla_layout_and_its_infinities_are_checked_exactly():
     assert not res["ok"] and res["mismatches"] == 16 * 2 and "got -inf, want inf" in res["sample"]
     assert not compare(lse.transpose(1, 2), lse, 1e-2, 1e-2)["ok"]  # the [batch, s_q, h_q] layout
     assert compare(lse.clone(), lse, 1e-2, 1e-2)["ok"]
+
+
+def test_fp8_kv_cache_matches_the_dequantizing_reference(interpreter):
+    """e4m3 cache with one fp32 scale per token; lengths 0 and 1, s_q = 2, split-K; NaN poison past the ends."""
+    cfg = dict(BLOCK_H=16, BLOCK_N=32, num_splits=3, num_stages=1, num_warps=4)
+    params = {"kv_dtype": "fp8_e4m3", "seqlens": [0, 1, 70, 33]}
+    c = _ok(interpreter.correctness("mla_decode", cfg, [{"batch": 4, "s_q": 2, "h_q": 16, "seqlen_k": 70}],
+                                    dtype="bf16", params=params))
+    assert c["max_abs_err"] > 0
+
+
+def test_fp8_kv_cache_inputs_formulas_and_sm90_compile():
+    from kernels.mla_decode import quantize_kv_per_token, reference_mla_decode
+
+    shape = {"batch": 2, "s_q": 1, "h_q": 16, "seqlen_k": 70}
+    params = {"kv_dtype": "fp8_e4m3", "seqlens": [70, 5]}
+    assert MLA.check_params(params) is None
+    assert "kv_dtype='fp8_e5m2' is not allowed; allowed: fp8_e4m3" in MLA.check_params({"kv_dtype": "fp8_e5m2"})
+    inp = MLA.make_inputs(shape, torch.bfloat16, "cpu", 0, params)
+    kv, scale = inp["kv_cache"], inp["kv_scale"]
+    assert kv.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == kv.shape[:2]
+    assert torch.isnan(kv[inp["block_table"][1, 0].long(), 5:].float()).all()  # the page tail is still poison
+    q8, s8 = quantize_kv_per_token(torch.randn(3, 16, 1, 576))
+    assert torch.allclose(q8.float().abs().amax(dim=(2, 3)), torch.full((3, 16), 448.0))
+    # the reference reads the fp8 values times their token's scale: without the scales it is far off
+    ref, _ = reference_mla_decode(inp["q"], kv, inp["block_table"], inp["cache_seqlens"], 0.1, kv_scale=scale)
+    raw, _ = reference_mla_decode(inp["q"], kv, inp["block_table"], inp["cache_seqlens"], 0.1,
+                                  kv_scale=torch.ones_like(scale))
+    assert not compare(raw, ref, 1e-2, 1e-2)["ok"]
+    uniform = {"seqlens": "uniform"}
+    assert MLA.bytes_moved(shape, 2, dict(uniform, kv_dtype="fp8_e4m3")) < MLA.bytes_moved(shape, 2, uniform)
+    assert (MLA.bytes_moved(shape, 2, uniform) - MLA.bytes_moved(shape, 2, dict(uniform, kv_dtype="fp8_e4m3"))
+            == 2 * 70 * (576 * 2 - 576 - 4))
+    lim = HardwareLimits()
+    cfg = dict(BLOCK_H=16, BLOCK_N=32, num_splits=1, num_stages=2, num_warps=4)
+    units = MLA.compile_units(cfg, "bf16", {"kv_dtype": "fp8_e4m3"})
+    assert units[0].signature["kv_ptr"] == "*fp8e4nv" and units[0].constexprs["KV_FP8"] is True
+    fp8 = compile_units(units, "sm_90", lim)
+    bf16 = compile_units(MLA.compile_units(cfg, "bf16", {}), "sm_90", lim)
+    assert fp8.spill_bytes == 0 and 0 < fp8.regs_per_thread <= 255
+    assert fp8.sass_mix.get("convert", 0) > bf16.sass_mix.get("convert", 0)  # the in-kernel dequantization
+    # (shared memory is not smaller: Triton 3.9 stages the dequantized tile for the MMA besides the fp8 ring)
+    assert fp8.smem_bytes > 0
+    # measured, not assumed: the dequantized 32-token tile at 8 warps runs out of registers
+    assert compile_units(MLA.compile_units(BASE, "bf16", {"kv_dtype": "fp8_e4m3"}), "sm_90", lim).spill_bytes > 0
