@@ -25,6 +25,8 @@ scales [G, ceil(N / 128), K / 128]:
   padding row. A tile (BLOCK_M divides 128) therefore belongs to one group or is all padding.
 - masked: A [G, max_m, K]; ``masked_m`` [G] int32 valid rows per group (the decode layout for CUDA
   graphs: shapes fixed, counts change); D [G, max_m, N].
+- As in DeepGEMM, whole row tiles are computed (padding rows and rows past masked_m are in bounds
+  of A) and only the store is restricted to the valid rows; tiles with no valid row exit at once.
 - Rows that are not valid (padding / beyond masked_m) are never written: the output buffer is
   allocated once with the inputs (zeros), as DeepGEMM's callers pass ``out``, so the check sees 0
   there and no memset is timed. Groups of 0 rows launch programs that exit at once.
@@ -78,16 +80,16 @@ def fp8_gemm_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = offs_m < M
+    in_m = offs_m < M
+    col_ok = offs_n < N
     g = pid * 0  # dense: group 0
-    if LAYOUT == 1:  # contiguous: the tile's group is its first row's; padding rows hold -1
+    m_valid = M
+    if LAYOUT == 1:  # contiguous: the tile's group is its first row's (groups are 128-row aligned); -1 = padding
         g = tl.load(grp_ptr + pid_m * BLOCK_M)
-        row_ok = row_ok & (tl.load(grp_ptr + offs_m, mask=row_ok, other=-1) == g)
     if LAYOUT == 2:  # masked: one grid column per group, masked_m[g] valid rows
         g = tl.program_id(1)
-        row_ok = offs_m < tl.load(grp_ptr + g)
-    col_ok = offs_n < N
-    if (g >= 0) & (pid_m * BLOCK_M < M):
+        m_valid = tl.load(grp_ptr + g)
+    if (g >= 0) & (pid_m * BLOCK_M < m_valid):
         g64 = g.to(tl.int64)
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + g64 * stride_ag + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
@@ -95,16 +97,23 @@ def fp8_gemm_kernel(
         as_ptrs = as_ptr + g64 * stride_asg + offs_m * stride_asm
         bs_ptrs = bs_ptr + g64 * stride_bsg + (offs_n // SCALE_N) * stride_bsn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # Like DeepGEMM, whole tiles are computed (padding rows and rows past masked_m are in bounds);
+        # only the store is restricted to the valid rows.
         for k in range(0, K // BLOCK_K):
-            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            a = tl.load(a_ptrs, mask=in_m[:, None], other=0.0)
             b = tl.load(b_ptrs, mask=col_ok[:, None], other=0.0)
             kb = (k * BLOCK_K) // SCALE_K
-            sa = tl.load(as_ptrs + kb * stride_ask, mask=row_ok, other=0.0)
+            sa = tl.load(as_ptrs + kb * stride_ask, mask=in_m, other=0.0)
             sb = tl.load(bs_ptrs + kb * stride_bsk, mask=col_ok, other=0.0)
             # Promotion: this K block's FP8 product is scaled and added in full fp32.
             acc += tl.dot(a, tl.trans(b)) * (sa[:, None] * sb[None, :])
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
+        row_ok = in_m
+        if LAYOUT == 1:
+            row_ok = row_ok & (tl.load(grp_ptr + offs_m, mask=in_m, other=-1) == g)
+        if LAYOUT == 2:
+            row_ok = row_ok & (offs_m < m_valid)
         d_ptrs = d_ptr + g64 * stride_dg + offs_m[:, None].to(tl.int64) * stride_dm + offs_n[None, :]
         tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 

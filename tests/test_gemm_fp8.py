@@ -214,3 +214,14 @@ def test_spec_sweeps_end_to_end_on_the_embedded_default(dagster_home, tmp_path, 
     assert len(variants) >= 2
     v = pd.read_parquet(out / "verdicts.parquet")
     assert len(v) >= 1 and set(v["evidence"].dropna()) <= {"model"}
+
+
+def test_shipped_fp8_baselines_compile_without_spills_on_sm90():
+    """The specs' constraints say max_spill_bytes 0: their baselines must meet it (measured, sm_90)."""
+    for name in ("grouped_gemm_fp8_h100", "grouped_gemm_fp8_masked_h100"):
+        spec = load_spec(REPO / "specs" / f"{name}.yaml")
+        fam = get_family(spec.kernel_family)
+        stats = compile_units(fam.compile_units(spec.baseline, spec.dtype, spec.params), spec.hardware.arch,
+                              spec.hardware.limits)
+        assert stats.spill_bytes <= spec.constraints.max_spill_bytes, (name, stats.spill_bytes)
+        assert stats.smem_bytes <= spec.constraints.max_shared_memory_bytes
