@@ -216,6 +216,22 @@ def make_gateway(srv: FakeOpenAI, ledger: Any, env: dict[str, str], clock: FakeC
     return res.get_gateway(ledger, environ=env, sleep=clock.sleep, clock=clock, rng=random.Random(7), log=overrides.get("log"))
 
 
+def run_spawned(target: Callable[..., None], arglists: list[tuple[Any, ...]], timeout_s: float = 120.0) -> list[Any]:
+    """Run ``target(*args, queue)`` in one spawned process per ``args``; returns what each put on the queue."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, q)) for args in arglists]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=timeout_s) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0, p.exitcode
+    return results
+
+
 def budget_race_worker(root: str, ledger_target: str, wid: int, total: int, out: Any) -> None:
     """One process of a shared-budget race: up to 40 suggest calls against ``total`` tokens of the sweep
     "shared" in the ledger at ``ledger_target`` (a SQLite path or a PostgreSQL URL). Puts

@@ -7,10 +7,8 @@ later calls still allowed. Now a settlement above the reservation (an overshoot)
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
-from fake_openai import Reply, make_gateway, overshoot_worker
+from fake_openai import Reply, make_gateway, overshoot_worker, run_spawned
 
 from kernel_assets.usage import budget_report
 from kregress.core.spec import Budget
@@ -27,14 +25,7 @@ def test_four_parallel_sweeps_stop_after_the_first_overshoot(srv, tmp_path):
     Ledger(db).rows()  # create the schema once
     # every reply bills 4x what the gateway estimated for the prompt (the estimate is an upper bound for honest servers)
     srv.handler = lambda seen: Reply(content="[]", prompt_tokens=4 * estimate_messages_tokens(seen.body["messages"]), completion_tokens=10)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=overshoot_worker, args=(srv.root, db, w, q)) for w in range(4)]
-    for p in procs:
-        p.start()
-    results = [q.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
+    results = run_spawned(overshoot_worker, [(srv.root, db, w) for w in range(4)])
     assert all(isinstance(r, tuple) for r in results), results
     led = Ledger(db)
     budget = Budget(max_input_tokens_per_round=1000, max_output_tokens_per_round=1000, max_total_tokens=100_000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import pytest
-from fake_openai import budget_race_worker, make_gateway, prompt_tokens_of
+from fake_openai import budget_race_worker, make_gateway, prompt_tokens_of, run_spawned
 
 from kregress.core.spec import Budget
 from kernel_assets.usage import budget_report
@@ -115,15 +115,7 @@ def test_parallel_processes_never_exceed_the_shared_budget(srv, tmp_path):
     srv.default.completion_tokens = 100  # every call uses all of its max_tokens
     srv.default.delay_s = 0.02  # calls overlap in time
     total = 2_000  # about 15 calls' worth
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=budget_race_worker, args=(srv.root, db, w, total, q)) for w in range(4)]
-    for p in procs:
-        p.start()
-    results = [q.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    results = run_spawned(budget_race_worker, [(srv.root, db, w, total) for w in range(4)])
     ledger = Ledger(db)
     rows = ledger.rows()
     spent = sum(r.total_tokens for r in rows)
@@ -160,14 +152,7 @@ def test_reservations_are_atomic_under_contention(tmp_path):
     """Processes race for the last tokens of many small budgets: exactly budget / cost reservations succeed in each."""
     db = str(tmp_path / "ledger.sqlite")
     Ledger(db).rows()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_reserver, args=(db, w, q)) for w in range(6)]
-    for p in procs:
-        p.start()
-    results = [q.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
+    results = run_spawned(_reserver, [(db, w) for w in range(6)])
     assert all(isinstance(r, int) for r in results), results
     led = Ledger(db)
     over = {s: led.spend(f"tight-{s}")[1]["total"] for s in range(SWEEPS)}

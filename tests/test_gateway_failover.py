@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 
 import pytest
-from fake_openai import FakeClock, Reply, cooldown_worker, make_gateway
+from fake_openai import FakeClock, Reply, cooldown_worker, make_gateway, run_spawned
 
 from resources.ledger import Ledger
 from resources.taotoken import CredentialsError, RetriesExhausted, TaotokenResource, fingerprint
@@ -87,12 +86,7 @@ def test_an_outage_longer_than_the_horizon_gives_up_with_one_line(srv, tmp_path)
 
 
 def _second_run(srv, db: str, keys: str) -> str:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=cooldown_worker, args=(srv.root, db, keys, q))
-    p.start()
-    got = q.get(timeout=60)
-    p.join(timeout=30)
+    (got,) = run_spawned(cooldown_worker, [(srv.root, db, keys)])
     return got
 
 

@@ -402,21 +402,14 @@ def test_processes_racing_for_one_budget_never_overshoot(pg_db):
 
 
 def test_gateway_processes_share_one_postgres_budget(pg_db):
-    from fake_openai import FakeOpenAI, budget_race_worker
+    from fake_openai import FakeOpenAI, budget_race_worker, run_spawned
 
     _, url, _ = pg_db
     total = 2_000
     with FakeOpenAI() as srv:
         srv.default.completion_tokens = 100
         srv.default.delay_s = 0.02
-        ctx = mp.get_context("spawn")
-        q = ctx.Queue()
-        procs = [ctx.Process(target=budget_race_worker, args=(srv.root, url, w, total, q)) for w in range(4)]
-        for p in procs:
-            p.start()
-        results = [q.get(timeout=60) for _ in procs]
-        for p in procs:
-            p.join(timeout=30)
+        results = run_spawned(budget_race_worker, [(srv.root, url, w, total) for w in range(4)])
         assert all(isinstance(r, tuple) for r in results), results
         led = Ledger(url)
         rows = led.rows()
