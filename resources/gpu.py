@@ -334,7 +334,7 @@ class CudaBackend(CompiledBackend):
 
             lock = self._lock()
             batch_id = f"{spec.task_id}/r{rows[timed[0]].round}/{uuid.uuid4().hex[:8]}"
-            configs = {f"v{i}": rows[i].config for i in timed}
+            configs = {f"v{i}": rows[i].config for i in timed if rows[i].config != spec.baseline}  # baseline: once
             job = {"op": "measure_batch", "family": name, "baseline": spec.baseline, "configs": configs,
                    "dtype": spec.dtype, "shapes": spec.shape_matrix, "params": spec.params,
                    "warmup_ms": spec.benchmark.warmup_ms, "rep_ms": spec.benchmark.rep_ms, "batch_id": batch_id,

@@ -210,3 +210,40 @@ def test_replay_backend_emulates_a_same_batch_baseline():
     base_row = backend.evaluate(spec, fam, [Suggestion(variant_id="baseline", config=spec.baseline,
                                                        patch_summary="", round=0)], log=lambda m: None)[0][0]
     assert rows[0].batch_baseline[0].samples_ms == base_row.measurements[0].samples_ms  # the same recording
+
+
+def test_cuda_backend_sends_one_batch_and_hands_each_row_its_batch_baseline():
+    """No GPU here: the cuda worker (which runs kernels.measure.batch_measurements) is replaced by a
+    stand-in pool that answers the one measure_batch job the backend sends; what is tested is the
+    backend's side: one job with the baseline and every variant, rows with the batch's baseline."""
+    from kregress.core.family import get_family
+    from resources.gpu import BenchmarkError, CudaBackend, EvaluationStats
+
+    spec = load_spec("specs/gemm_smoke.yaml")
+    sent = []
+
+    class StandInPool:
+        def run(self, jobs, timeout):
+            sent.extend(jobs)
+            job = jobs[0]
+
+            def ms(center, batch):
+                return [_meas([center] * 12, batch).model_dump()]
+
+            out = {"baseline": ms(1.0, job["batch_id"]), **{k: ms(1.1, job["batch_id"]) for k in job["configs"]}}
+            return [{"batch": out, "wall_s": 0.1}]
+
+    backend = CudaBackend(lock_clocks="1755,2619")
+    backend._pools["cuda"] = StandInPool()
+    rows = [_row("baseline", [], []), _row("v1", [], []), _row("v2", [], [])]
+    rows[0].config = dict(spec.baseline)
+    rows[1].config, rows[2].config = {**spec.baseline, "BLOCK_N": 128}, {**spec.baseline, "BLOCK_K": 64}
+    backend._time(spec, get_family("gemm"), rows, {}, [0, 1, 2], 10.0, EvaluationStats(), lambda m: None)
+    (job,) = sent
+    assert job["op"] == "measure_batch" and job["baseline"] == spec.baseline and job["lock_clocks"] == [1755, 2619]
+    assert set(job["configs"]) == {"v1", "v2"}  # the baseline row is not timed twice
+    assert rows[0].measurements == rows[0].batch_baseline and rows[0].measurements[0].p50_ms == 1.0
+    assert all(r.batch_baseline[0].batch == job["batch_id"] == r.measurements[0].batch for r in rows)
+    assert rows[1].measurements[0].p50_ms == pytest.approx(1.1) and rows[1].evidence == "cuda"
+    with pytest.raises(BenchmarkError, match="lock_clocks"):
+        CudaBackend(lock_clocks="fast")._lock()
