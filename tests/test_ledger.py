@@ -189,3 +189,25 @@ def test_token_assets_materialize_with_table_and_check(tmp_path, limit, passed):
 def test_budget_report_on_an_empty_partition(tmp_path):
     rep = budget_report(Ledger(tmp_path / "l.sqlite"), Budget(), partition="nothing")
     assert rep.sweep is None and rep.passed and rep.total == 0
+
+
+def test_an_overshoot_fails_the_budget_check_and_blocks_the_sweep(tmp_path):
+    from resources.ledger import BudgetExceeded
+
+    led = Ledger(tmp_path / "ledger.sqlite")
+    budget = Budget(max_input_tokens_per_round=10_000, max_output_tokens_per_round=10_000, max_total_tokens=100_000)
+    r = led.reserve(sweep="run1", round=1, est_input=100, est_output=50, budget=budget, partition="p1", role="suggest")
+    led.settle(r, 400, 50)  # the server billed 300 input tokens more than reserved: far inside every limit, still an overshoot
+    led.record(rec(prompt_tokens=400, completion_tokens=50, total_tokens=450), sweep="run1", reservation_id=r.id)
+    assert led.overshoot("run1").input == 300 and led.exceeded("run1", budget) == [
+        "1 call(s) billed 300 tokens beyond their reservation (from round 1)"]
+    with pytest.raises(BudgetExceeded, match="sweep blocked"):
+        led.reserve(sweep="run1", round=2, est_input=1, est_output=1, budget=budget, partition="p1", role="suggest", record_refusal=False)
+    assert led.refusals("run1")[0]["reason"].startswith("sweep blocked")  # recorded even when the caller would not
+    led.reserve(sweep="run2", round=1, est_input=1, est_output=1, budget=budget)  # other sweeps are not affected
+    result = dg.materialize(build_token_assets(dg.StaticPartitionsDefinition(["p1"]), lambda key: toy_spec(budget)), partition_key="p1",
+                            resources={"ledger": LedgerResource(url=str(tmp_path / "ledger.sqlite"))}, raise_on_error=True)
+    (ev,) = result.get_asset_check_evaluations()
+    assert ev.passed is False and ev.metadata["overshoot_tokens"].value == 300
+    assert "overshoot: 300 tokens billed beyond reservations" in ev.metadata["result"].value
+    assert "OVERSHOOT" in ev.metadata["per_round"].value
