@@ -147,9 +147,10 @@ def test_short_run_writes_the_json_schema(tmp_path, capsys):
         methods.append("kt:greedy_ils")
     except ImportError:
         pass
-    rc = search.main(["--replay", str(f), "--seeds", "2", "--cap", "60", "--methods", ",".join(methods),
-                      "--workers", "1", "--json", str(out)])
-    assert rc == 0
+    runs = tmp_path / "runs.jsonl"
+    argv = ["--replay", str(f), "--seeds", "2", "--cap", "60", "--methods", ",".join(methods), "--workers", "1",
+            "--json", str(out), "--runs", str(runs)]
+    assert search.main(argv) == 0
     text = capsys.readouterr().out
     assert "toy.json.gz" in text and "target:" in text
     res = json.loads(out.read_text())
@@ -161,6 +162,10 @@ def test_short_run_writes_the_json_schema(tmp_path, capsys):
         assert all(q >= 1.0 for q in qs) and qs == sorted(qs, reverse=True)  # best so far never worsens
         for k in ("evals_to_5", "evals_to_1"):
             assert s[k] is None or 1 <= s[k] <= 60
+    # a rerun with the same runs file reuses every run and reports the same figures
+    first = out.read_text()
+    assert search.main(argv) == 0
+    assert f"reused {2 * len(methods)} runs" in capsys.readouterr().out and out.read_text() == first
 
 
 def test_local_policy_climbs_a_space_where_single_moves_are_invalid():

@@ -15,11 +15,12 @@ per process and space) get the model-based search:
   failed compile or run, or a constraint broken: registers, spills, shared memory). A failure
   teaches where the feasible region ends: candidates whose predicted failure chance is above
   ``FAIL_P_MAX`` are not proposed while other candidates remain.
-* A portfolio each round of n proposals: first the incumbent's unmeasured one-tunable changes, best
-  first by the posterior mean (``N_LOCAL`` of them: local search that ends at a local optimum
-  over single-tunable moves), then one Thompson draw from the posterior per remaining proposal, each
-  taking the draw's best unmeasured candidate (global search; the draws' spread shrinks where the
-  model is sure, so exploration and exploitation balance by themselves).
+* A portfolio each round of n proposals: local search around the incumbent (its ``N_LOCAL`` nearest
+  unmeasured configs by steps along the ordered values, model-free, and its ``N_MOVE`` best unmeasured
+  one-tunable change by the posterior mean: round after round this sweeps every single-tunable move of
+  the incumbent, so the search ends at a local optimum), then one Thompson draw from the posterior per
+  remaining proposal, each taking the draw's best unmeasured candidate (global search; the draws'
+  spread shrinks where the model is sure, so exploration and exploitation balance by themselves).
 * Before the model has a few points (round 1 from the baseline alone): half the round is the
   incumbent's nearest valid configs by steps along the ordered values, half uniform random picks.
 
@@ -170,6 +171,7 @@ CANDIDATES_MAX = 30_000  # candidates scored per round (a random subset of large
 NOISE_VAR = 0.05  # residual variance of standardised log(objective): measurement noise plus model misfit
 FAIL_P_MAX = 0.5  # a candidate whose predicted chance of failing is above this is not proposed while others remain
 N_LOCAL = 2  # proposals per round that are the unmeasured valid configs nearest the incumbent
+N_MOVE = 1  # proposals per round that are the incumbent's best unmeasured one-tunable change (model-ranked)
 
 
 class Features:
@@ -363,21 +365,22 @@ class LocalPolicy:
         mu, sd = float(y.mean()), float(y.std()) or 1.0
         X = feats.design(np.asarray(ok_rows))
         mean, L = _posterior(X, (y - mu) / sd, feats.prior_prec, NOISE_VAR)
-        # 1. Local search: the incumbent's unmeasured one-tunable changes (any value of one tunable), best
-        #    first by the posterior mean, skipping likely failures; then its nearest configs by steps.
+        # 1. Local search around the incumbent: its nearest unmeasured configs by steps along the ordered
+        #    values (``N_LOCAL``, model-free), and its best one-tunable change (any value of one tunable)
+        #    by the posterior mean (``N_MOVE``), skipping likely failures; repeated round after round this
+        #    sweeps every single-tunable move of the incumbent.
         if anchor_pos is not None:
+            mask = taken.copy()
+            mask[free[~feasible]] = True
+            for i in valid.nearest(anchor_pos, mask, min(N_LOCAL, n), tie_rng):
+                pick(i)
             ap = np.asarray(anchor_pos, dtype=np.int16)
             one = np.flatnonzero(((valid.idx != ap).sum(axis=1) == 1) & ~taken)
-            if len(one):
-                if w is not None:
-                    one = one[base + feats.predict(one, w[:, None])[:, 0] <= FAIL_P_MAX]
+            if len(one) and w is not None:
+                one = one[base + feats.predict(one, w[:, None])[:, 0] <= FAIL_P_MAX]
+            if len(one) and len(picked) < n:
                 score = feats.predict(one, mean[:, None])[:, 0] + 1e-9 * rng.standard_normal(len(one))
-                for i in one[np.argsort(score)][:N_LOCAL]:
-                    pick(i)
-            if len(picked) < min(N_LOCAL, n):
-                mask = taken.copy()
-                mask[free[~feasible]] = True
-                for i in valid.nearest(anchor_pos, mask, min(N_LOCAL, n) - len(picked), tie_rng):
+                for i in one[np.argsort(score)][:min(N_MOVE, n - len(picked))]:
                     pick(i)
         # 2. Thompson sampling: one posterior draw per remaining proposal, its best candidate.
         s = n - len(picked)
