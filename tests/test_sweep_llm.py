@@ -103,3 +103,40 @@ def test_llm_sweep_end_to_end_and_no_key_leaks(tmp_path, dagster_home, monkeypat
         blob = p.read_bytes()
         for n in needles:
             assert n.encode() not in blob, f"key material in {p.relative_to(dagster_home)}"
+
+
+@pytest.mark.timeout(600)
+def test_llm_sweep_with_every_key_rejected_fails_with_the_one_line(tmp_path, dagster_home, monkeypatch, capsys):
+    """Both suggest keys rejected (the gateway fails over once, then gives up): the sweep exits non-zero and the
+    run's failure carries the classified line intact (what the CLI prints)."""
+    from kregress.core.endpoints import gateway_error_line
+
+    spec = yaml.safe_load((REPO / "specs" / "gemm_smoke.yaml").read_text())
+    spec.update(task_id="gemm_llm_rejected", correctness_shapes=[{"M": 40, "N": 24, "K": 40}])
+    spec["search"].update(strategy="llm", variants_per_round=2, max_rounds=1)
+    spec_file = tmp_path / "gemm_llm_rejected.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    with FakeOpenAI() as srv:
+        srv.default = Reply(status=401, body={"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                                                        "code": "invalid_api_key"}})
+        monkeypatch.setenv("TAOTOKEN_BASE_URL", srv.root)
+        monkeypatch.setenv("TAOTOKEN_MODEL_ID", "kregress-test-model")
+        for k, v in KEYS.items():
+            monkeypatch.setenv(k, v)
+        from kernel_assets.cli import main
+
+        rc = main(["sweep", str(spec_file)])
+        tokens = [s.token for s in srv.requests]
+    out = capsys.readouterr()
+    assert rc != 0
+    assert "all 2 keys of role suggest were rejected" in out.out + out.err  # the CLI names the failure
+    suggest_keys = KEYS["TAOTOKEN_KEY_SUGGEST"].split(",")
+    assert sorted(set(tokens)) == sorted(suggest_keys)  # each key tried, then the role gave up
+    instance = dg.DagsterInstance.get()
+    failures = [e for run in instance.get_runs() for e in instance.all_logs(run.run_id)
+                if e.dagster_event is not None and e.dagster_event.event_type_value == "STEP_FAILURE"]
+    assert failures
+    line = gateway_error_line(failures[0].dagster_event.step_failure_data.error.to_string())
+    assert line is not None and line.startswith("[credentials] all 2 keys of role suggest were rejected") and " Fix: " in line
+    for n in suggest_keys + ["SWEEPCANARY"]:
+        assert n not in out.out + out.err and n not in line
