@@ -28,7 +28,7 @@ _TRITON_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 # SASS opcode -> class shown in the mix. The first matching prefix wins.
 _SASS_CLASSES = (
-    ("HGMMA", "tensor_wgmma"), ("HMMA", "tensor_mma"), ("IMMA", "tensor_mma"),
+    ("HGMMA", "tensor_wgmma"), ("QGMMA", "tensor_wgmma"), ("HMMA", "tensor_mma"), ("IMMA", "tensor_mma"),
     ("UTMALDG", "tma_load"), ("UTMASTG", "tma_store"), ("UBLKCP", "tma_load"),
     ("LDGSTS", "async_copy"), ("LDGDEPBAR", "async_copy"),
     ("LDG", "global_load"), ("STG", "global_store"), ("LDSM", "shared_load"), ("LDS", "shared_load"),

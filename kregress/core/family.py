@@ -303,6 +303,8 @@ BUILTIN: dict[str, str] = {
     "attention": "kernels.attention:FAMILY",
     "replay": "kernels.replay_family:FAMILY",
     "torch_sdpa": "kernels.torch_sdpa:FAMILY",
+    "gemm_fp8": "kernels.gemm_fp8:FAMILY",
+    "grouped_gemm_fp8": "kernels.gemm_fp8:GROUPED_FAMILY",
 }
 
 FAMILIES: dict[str, Family] = {}
