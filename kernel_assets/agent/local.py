@@ -16,11 +16,10 @@ per process and space) get the model-based search:
   teaches where the feasible region ends: candidates whose predicted failure chance is above
   ``FAIL_P_MAX`` are not proposed while other candidates remain.
 * A portfolio each round of n proposals: local search around the incumbent (its ``N_LOCAL`` nearest
-  unmeasured configs by steps along the ordered values, model-free, and its ``N_MOVE`` best unmeasured
-  one-tunable change by the posterior mean: round after round this sweeps every single-tunable move of
-  the incumbent, so the search ends at a local optimum), then one Thompson draw from the posterior per
-  remaining proposal, each taking the draw's best unmeasured candidate (global search; the draws'
-  spread shrinks where the model is sure, so exploration and exploitation balance by themselves).
+  unmeasured configs by steps along the ordered values, model-free, skipping likely failures), then
+  one Thompson draw from the posterior per remaining proposal, each taking the draw's best unmeasured
+  candidate (global search; the draws' spread shrinks where the model is sure, so exploration and
+  exploitation balance by themselves).
 * Before the model has a few points (round 1 from the baseline alone): half the round is the
   incumbent's nearest valid configs by steps along the ordered values, half uniform random picks.
 
@@ -171,7 +170,6 @@ CANDIDATES_MAX = 30_000  # candidates scored per round (a random subset of large
 NOISE_VAR = 0.05  # residual variance of standardised log(objective): measurement noise plus model misfit
 FAIL_P_MAX = 0.5  # a candidate whose predicted chance of failing is above this is not proposed while others remain
 N_LOCAL = 2  # proposals per round that are the unmeasured valid configs nearest the incumbent
-N_MOVE = 1  # proposals per round that are the incumbent's best unmeasured one-tunable change (model-ranked)
 
 
 class Features:
@@ -337,7 +335,6 @@ class LocalPolicy:
             free = np.sort(rng.choice(free, CANDIDATES_MAX, replace=False))
         # Failure model: which candidates look like the failures seen so far.
         fail_p = np.zeros(len(free))
-        base, w = 0.0, None
         if any(fail) and len(all_rows) >= 2:
             t = np.asarray(fail)
             base = float(t.mean())
@@ -346,14 +343,15 @@ class LocalPolicy:
             fail_p = base + feats.predict(free, w[:, None])[:, 0]
         feasible = fail_p <= FAIL_P_MAX
         anchor_pos = valid.position(anchor)
+        # 1. The incumbent's nearest unmeasured neighbours that do not look like failures.
+        n_local = max(1, n // 2) if len(ok_rows) <= 1 else min(N_LOCAL, n)
+        if anchor_pos is not None:
+            mask = taken.copy()
+            mask[free[~feasible]] = True
+            for i in valid.nearest(anchor_pos, mask, n_local, tie_rng):
+                pick(i)
+        # 2. Until the model has a few points: space-filling random picks.
         if len(ok_rows) < max(4, n // 2):
-            # Until the model has a few points: the incumbent's nearest unmeasured neighbours that do
-            # not look like failures (half the round), then space-filling random picks.
-            if anchor_pos is not None:
-                mask = taken.copy()
-                mask[free[~feasible]] = True
-                for i in valid.nearest(anchor_pos, mask, max(1, n // 2), tie_rng):
-                    pick(i)
             cand = free[feasible & ~taken[free]]
             if not len(cand):
                 cand = free[~taken[free]]
@@ -361,31 +359,12 @@ class LocalPolicy:
             for i in rng.choice(cand, k, replace=False) if k > 0 else []:
                 pick(i)
             return [valid.config(i) for i in picked]
+        # 3. Thompson sampling: one posterior draw per remaining proposal, its best candidate.
         y = np.asarray(ok_y)
         mu, sd = float(y.mean()), float(y.std()) or 1.0
         X = feats.design(np.asarray(ok_rows))
         mean, L = _posterior(X, (y - mu) / sd, feats.prior_prec, NOISE_VAR)
-        # 1. Local search around the incumbent: its nearest unmeasured configs by steps along the ordered
-        #    values (``N_LOCAL``, model-free), and its best one-tunable change (any value of one tunable)
-        #    by the posterior mean (``N_MOVE``), skipping likely failures; repeated round after round this
-        #    sweeps every single-tunable move of the incumbent.
-        if anchor_pos is not None:
-            mask = taken.copy()
-            mask[free[~feasible]] = True
-            for i in valid.nearest(anchor_pos, mask, min(N_LOCAL, n), tie_rng):
-                pick(i)
-            ap = np.asarray(anchor_pos, dtype=np.int16)
-            one = np.flatnonzero(((valid.idx != ap).sum(axis=1) == 1) & ~taken)
-            if len(one) and w is not None:
-                one = one[base + feats.predict(one, w[:, None])[:, 0] <= FAIL_P_MAX]
-            if len(one) and len(picked) < n:
-                score = feats.predict(one, mean[:, None])[:, 0] + 1e-9 * rng.standard_normal(len(one))
-                for i in one[np.argsort(score)][:min(N_MOVE, n - len(picked))]:
-                    pick(i)
-        # 2. Thompson sampling: one posterior draw per remaining proposal, its best candidate.
         s = n - len(picked)
-        if s <= 0:
-            return [valid.config(i) for i in picked]
         draws = mean[:, None] + np.linalg.solve(L.T, rng.standard_normal((feats.width, s)))
         pred = feats.predict(free, draws)
         pred += 1e-9 * rng.standard_normal(pred.shape)  # seeded tie break
