@@ -252,9 +252,11 @@ def _layout(params: dict[str, Any]) -> str:
 RULES = (
     Rule("k_step_is_scale_block", "BLOCK_K == 128 (each K step must use exactly one A and one B scale block)",
          lambda c, p, lim: c["BLOCK_K"] == SCALE_BLOCK),
-    Rule("acc_in_registers", "BLOCK_M * BLOCK_N <= 128 * 32 * num_warps (the fp32 accumulator and the promoted "
-         "per-K-block product must fit in 255 registers per thread)",
-         lambda c, p, lim: c["BLOCK_M"] * c["BLOCK_N"] <= 128 * 32 * c["num_warps"]),
+    # Measured on sm_90 (Triton 3.9): 128x128 at 8 warps and 64x128 at 4 warps fit (219-229 registers);
+    # every tile with more than 64 accumulator values per thread hit 255 registers and spilled.
+    Rule("acc_in_registers", "BLOCK_M * BLOCK_N <= 64 * 32 * num_warps (64 fp32 accumulator values per thread: "
+         "the promoted per-K-block product needs as many again)",
+         lambda c, p, lim: c["BLOCK_M"] * c["BLOCK_N"] <= 64 * 32 * c["num_warps"]),
     Rule("warps_fit_tile", "num_warps <= BLOCK_M / 16 (a warpgroup's FP8 WGMMA takes 64 rows; fewer rows idle warps)",
          lambda c, p, lim: c["num_warps"] * 16 <= c["BLOCK_M"]),
     Rule("smem_ring", "(BLOCK_M + BLOCK_N) * BLOCK_K * 1 byte * num_stages <= hardware.limits.max_shared_memory_per_block",
@@ -264,7 +266,8 @@ RULES = (
 SPACE = Space(
     params={
         "BLOCK_M": (64, 128, 256),  # DeepGEMM: 64, 128, 256 (one or more m64 WGMMAs)
-        "BLOCK_N": (16, 32, 64, 128, 256),  # DeepGEMM's 16..256 at powers of two (Triton tiles)
+        # DeepGEMM goes to 256; here 256 is never valid at 4 or 8 warps (acc_in_registers, measured spills)
+        "BLOCK_N": (16, 32, 64, 128),
         "BLOCK_K": (128,),
         "GROUP_M": (1, 8, 16),
         "num_stages": (2, 3, 4, 5, 6),
