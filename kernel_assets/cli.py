@@ -239,9 +239,18 @@ def sweep_fingerprint(spec, args: argparse.Namespace, code_hash: str | None = No
     }
 
 
+def _times_on_a_gpu(args: argparse.Namespace) -> bool:
+    """A sweep that measures on a GPU is never answered from the last one: its timings are the point
+    (clocks, drivers and neighbours change while the spec does not)."""
+    env = getattr(args, "env", None) or os.environ.get("KREGRESS_ENV", "local")
+    return args.backend == "cuda" or env == "gpu" or (args.backend in (None, "", "auto") and os.path.exists("/dev/nvidiactl"))
+
+
 def _quick_unchanged(home: Path, args: argparse.Namespace) -> dict | None:
     """The last sweep's record when the spec file's bytes, the family's files and every run input are
     unchanged since a successful sweep of it (then validation would pass exactly as it did), else None."""
+    if _times_on_a_gpu(args):
+        return None
     try:
         import yaml
 
@@ -360,7 +369,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return EXIT_BAD_SPEC
     home = _ensure_home(args.dagster_home)
     fingerprint = sweep_fingerprint(spec, args)
-    last = None if args.force else _unchanged(home, spec.task_id, fingerprint)
+    last = None if args.force or _times_on_a_gpu(args) else _unchanged(home, spec.task_id, fingerprint)
     if last is not None:
         return _say_unchanged(spec.task_id, last)
     prepared = _prepare(args, spec)
@@ -418,10 +427,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     summary = result.output_for_node("verdict_report")
     counts = summary["counts"]
     report = f"{summary['report_dir']}/report.md"
-    verdicts = (f"verdicts: PASS {counts['PASS']}, REGRESS {counts['REGRESS']}, NEEDS_REVIEW {counts['NEEDS_REVIEW']} "
-                f"({summary['variants']} variants; best {summary['best']}; stopped: {summary['stopped'] or 'no'})")
+    causes = summary.get("causes") or {}
+    regress = f"REGRESS {counts['REGRESS']}" + (
+        f" (slower {causes.get('slower', 0)}, wrong {causes.get('wrong', 0)}, infeasible {causes.get('infeasible', 0)})"
+        if counts["REGRESS"] else "")
+    best = f"{summary.get('best_kind', 'best')} {summary['best']}" + (
+        f" (tied with {', '.join(summary['best_ties'])})" if summary.get("best_ties") else "")
+    verdicts = (f"verdicts: PASS {counts['PASS']}, {regress}, NEEDS_REVIEW {counts['NEEDS_REVIEW']} "
+                f"({summary['variants']} variants; {best}; stopped: {summary['stopped'] or 'no'})")
     print(f"report: {report}")
-    print(verdicts + (f"; budget EXCEEDED" if over else ""))
+    print(verdicts + ("; budget EXCEEDED" if over else ""))
     if not over:
         _record_sweep(home, spec.task_id, {"run_id": result.run_id, "ts": time.time(), "fingerprint": fingerprint,
                                            "task_id": spec.task_id,

@@ -15,17 +15,7 @@ import sys
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from kernel_assets.usage import format_table, totals_row, write_csv
-from resources.ledger import RECONCILE_COLUMNS as COLUMNS
-from resources.ledger import (
-    GROUPABLE,
-    Ledger,
-    LedgerConfigError,
-    is_postgres_url,
-    ledger_from_url,
-    mask_url,
-    sqlite_path_from_url,
-)
+from kregress.core.records import USAGE_GROUPABLE as GROUPABLE
 
 
 def _group_by(text: str) -> list[str]:
@@ -57,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run_usage(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    # imported here, not at the top: `kregress --help` must not load Dagster (resources.ledger does)
+    from kernel_assets.usage import format_table, totals_row, write_csv
+    from resources.ledger import RECONCILE_COLUMNS as COLUMNS
+    from resources.ledger import Ledger, LedgerConfigError, is_postgres_url, ledger_from_url, mask_url, sqlite_path_from_url
+
     out = out or sys.stdout
     try:
         if is_postgres_url(args.ledger_url or ""):

@@ -13,36 +13,32 @@ VariantResult, Verdict), the spec (TaskSpec, HardwareLimits, load_spec) and the 
 (get_family, families, register). Importing ``kregress`` imports neither Dagster nor Triton.
 """
 
-from kregress.core.family import (
-    BUILTIN,
-    ENTRY_POINT_GROUP,
-    CompileUnit,
-    Family,
-    Rule,
-    Space,
-    UnknownFamily,
-    check_param_keys,
-    check_positive_number,
-    families,
-    get_family,
-    register,
-)
-from kregress.core.records import (
-    CompileStats,
-    Correctness,
-    Measurement,
-    Suggestion,
-    VariantResult,
-    Verdict,
-    config_hash,
-)
-from kregress.core.spec import Hardware, HardwareLimits, SpecError, TaskSpec, load_spec
+# Names are imported on first use (PEP 562): `import kregress` stays cheap, so `kregress --help` (whose
+# modules import kregress.core.*) does not pay for pydantic models and the family registry at start-up.
+_EXPORTS = {
+    **dict.fromkeys(("BUILTIN", "ENTRY_POINT_GROUP", "CompileUnit", "Family", "Rule", "Space", "UnknownFamily",
+                     "check_param_keys", "check_positive_number", "families", "get_family", "register"),
+                    "kregress.core.family"),
+    **dict.fromkeys(("CompileStats", "Correctness", "Measurement", "Suggestion", "VariantResult", "Verdict",
+                     "config_hash"), "kregress.core.records"),
+    **dict.fromkeys(("Hardware", "HardwareLimits", "SpecError", "TaskSpec", "load_spec"), "kregress.core.spec"),
+}
 
 __version__ = "0.2.0"
 
-__all__ = [
-    "BUILTIN", "ENTRY_POINT_GROUP", "CompileStats", "CompileUnit", "Correctness", "Family", "Hardware",
-    "HardwareLimits", "Measurement", "Rule", "Space", "SpecError", "Suggestion", "TaskSpec", "UnknownFamily",
-    "VariantResult", "Verdict", "check_param_keys", "check_positive_number", "config_hash", "families",
-    "get_family", "load_spec", "register",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kregress' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

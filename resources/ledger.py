@@ -44,11 +44,11 @@ from pydantic import Field
 from sqlalchemy.engine import URL, make_url
 
 from kregress.core import paths
-from kregress.core.records import UsageRecord
+from kregress.core.records import USAGE_GROUPABLE, UsageRecord
 from kregress.core.spec import Budget
 
 USAGE_FIELDS = tuple(UsageRecord.model_fields)
-GROUPABLE = ("role", "key_alias", "task", "model", "round", "partition", "run_id", "status")
+GROUPABLE = USAGE_GROUPABLE
 # The reconciliation table's numeric columns, in order: every table of usage (CLI, assets, reports) uses these.
 RECONCILE_COLUMNS = ("calls", "ok", "errors", "cache_hits", "input", "output", "total")
 CACHE_ALIAS = "(cache)"

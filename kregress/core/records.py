@@ -226,6 +226,10 @@ class Verdict(BaseModel):
     method: str = ""  # interval method and rule, e.g. "hodges-lehmann/shift"
 
 
+# Columns of the ledger a usage report can group by.
+USAGE_GROUPABLE = ("role", "key_alias", "task", "model", "round", "partition", "run_id", "status")
+
+
 class UsageRecord(BaseModel):
     """One row per model-call attempt (the ledger). Never holds a key, only its alias."""
 
