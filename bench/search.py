@@ -73,6 +73,7 @@ import logging  # noqa: E402
 import math  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -671,7 +672,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="append every finished run (one seed of one method on one file) to this file, and reuse "
                          "the runs it already holds that match file contents, method, seed, cap, objective and "
                          "the code that made them (the policy's source for local, the Kernel Tuner version for kt:)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="with --runs: report the runs that file holds and run nothing (seeds not there are left out)")
     args = ap.parse_args(argv)
+    if args.report_only and not args.runs:
+        ap.error("--report-only needs --runs JSONL")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in ("local", "random") and not m.startswith("kt:")]
     if bad:
@@ -733,7 +738,11 @@ def main(argv: list[str] | None = None) -> int:
         reused = [dict(have[run_key(t)], file=t[0]) for t in tasks if run_key(t) in have]
         tasks = [t for t in tasks if run_key(t) not in have]
         results += reused
-        print(f"reused {len(reused)} runs from {args.runs}; {len(tasks)} to run", flush=True)
+        print(f"reused {len(reused)} runs from {args.runs}; {0 if args.report_only else len(tasks)} to run"
+              + (f" ({len(tasks)} missing runs left out: --report-only)" if args.report_only and tasks else ""),
+              flush=True)
+    if args.report_only:
+        tasks = []
     sink = open(args.runs, "a") if args.runs else None
 
     def keep(t: tuple[str, str, int, int], row: dict[str, Any]) -> None:
@@ -794,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{s['policy_s_per_round']:>8.4f}")
             nn = [r["note"] for r in ok if r.get("note")]
             if nn and m != "local":
-                kinds = sorted({n.split(" after ")[0].split(" failed configs")[0].strip("0123456789 ") for n in nn} - {""})
+                kinds = sorted({re.sub(r"\d+", "N", n) for n in nn})
                 if kinds:
                     notes.append(f"{m}: " + " | ".join(kinds))
             if m == "local":
