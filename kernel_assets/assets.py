@@ -42,6 +42,8 @@ def kernels_code_version() -> str:
     files), so the UI marks the sweep assets stale; a docstring edit changes nothing."""
     h = hashlib.sha256()
     for name, fam in sorted(families().items()):
+        if fam.lookup and fam.lookup != name:  # an import-path family cached by this process only
+            continue
         h.update(name.encode())
         h.update(fam.source_hash().encode())
     return h.hexdigest()[:16]
@@ -102,7 +104,7 @@ def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench:
     c = row.correctness
     md = {
         "backend": row.backend, "evidence": str(row.evidence), "config": config_label(row.config),
-        "spec_hash": spec.content_hash(), "error": str(row.error), "results": dg.MetadataValue.md(_rows_md([row])),
+        "spec_hash": spec.content_hash(), "kernel_hash": fam.source_hash(), "error": str(row.error), "results": dg.MetadataValue.md(_rows_md([row])),
         **ev.as_metadata(),
     }
     if row.compile:

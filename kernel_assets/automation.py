@@ -9,8 +9,8 @@
 
 Both are OFF by default: opening the UI (``dagster dev``) starts no work. Turn them on in the UI
 (Automation -> toggle) or with ``dagster schedule start nightly_sweeps`` / ``dagster sensor start spec_sensor``.
-Even when on, the sensor never re-runs a spec whose current content hash and kernel code version were
-already swept by anyone (a CLI sweep counts): it reads the ``spec_hash`` metadata and the code version of
+Even when on, the sensor never re-runs a spec whose current content hash and family kernel hash were
+already swept by anyone (a CLI sweep counts): it reads the ``spec_hash`` and ``kernel_hash`` metadata of
 ``baseline_metrics``'s latest materialization for the partition, not only its own cursor.
 """
 
@@ -76,7 +76,6 @@ def evaluate_specs(cursor: str | None, instance, store: SpecStore, log=None) -> 
     added = sorted(set(seen_specs) - existing)
     removed = sorted(existing - set(seen_specs))
     runs = []
-    code_version = None
     for task_id, h in seen_specs.items():
         old = state["specs"].get(task_id)
         fam = spec_family[task_id]
@@ -89,12 +88,8 @@ def evaluate_specs(cursor: str | None, instance, store: SpecStore, log=None) -> 
             why = f"kernel source of {fam} changed"
         else:
             continue
-        if code_version is None:
-            from kernel_assets.assets import kernels_code_version
-
-            code_version = kernels_code_version()
         done = last_sweep_of(instance, task_id)
-        if done is not None and done[0] == h and done[1] == code_version:
+        if done is not None and done[0] == h and done[1] == families[fam]:
             if log is not None:
                 log.info(f"{task_id}: {why}, but run {done[2]} already swept spec hash {h} with this kernel code: "
                          "not re-run")
@@ -114,8 +109,9 @@ def evaluate_specs(cursor: str | None, instance, store: SpecStore, log=None) -> 
 
 
 def last_sweep_of(instance, task_id: str) -> tuple[str, str, str] | None:
-    """(spec_hash, code_version, run_id) of the latest ``baseline_metrics`` materialization of a partition,
-    whoever launched it (CLI, UI, schedule); None when it was never materialized."""
+    """(spec_hash, kernel_hash, run_id) of the latest ``baseline_metrics`` materialization of a partition,
+    whoever launched it (CLI, UI, schedule); None when it was never materialized. ``kernel_hash`` is the
+    swept family's own source hash (a plugin installed beside it changes nothing for this spec)."""
     result = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey("baseline_metrics"), asset_partitions=[task_id]), limit=1)
     if not result.records:
@@ -126,4 +122,6 @@ def last_sweep_of(instance, task_id: str) -> tuple[str, str, str] | None:
         return None
     spec_hash = mat.metadata.get("spec_hash")
     spec_hash = getattr(spec_hash, "value", getattr(spec_hash, "text", spec_hash))
-    return str(spec_hash or ""), str((mat.tags or {}).get("dagster/code_version", "")), rec.run_id
+    kernel_hash = mat.metadata.get("kernel_hash")
+    kernel_hash = getattr(kernel_hash, "value", getattr(kernel_hash, "text", kernel_hash))
+    return str(spec_hash or ""), str(kernel_hash or ""), rec.run_id

@@ -83,16 +83,15 @@ def test_automation_is_off_by_default():
     assert defs.get_schedule_def("nightly_sweeps").default_status == dg.DefaultScheduleStatus.STOPPED
 
 
-def _swept(instance, task_id: str, spec_hash: str, code_version: str) -> None:
-    """The materialization baseline_metrics records (spec_hash metadata, Dagster's code-version tag)."""
+def _swept(instance, task_id: str, spec_hash: str, kernel_hash: str) -> None:
+    """The materialization baseline_metrics records (spec_hash and the family's kernel_hash metadata)."""
     instance.report_runless_asset_event(dg.AssetMaterialization(
-        asset_key="baseline_metrics", partition=task_id, metadata={"spec_hash": spec_hash},
-        tags={"dagster/code_version": code_version}))
+        asset_key="baseline_metrics", partition=task_id, metadata={"spec_hash": spec_hash, "kernel_hash": kernel_hash}))
 
 
 def test_sensor_never_reruns_a_spec_swept_at_its_current_hash(tmp_path, monkeypatch):
-    from kernel_assets.assets import kernels_code_version
     from kernel_assets.definitions import defs
+    from kregress.core.family import get_family
     from kregress.core.spec import load_spec
 
     specs = tmp_path / "specs"
@@ -101,16 +100,17 @@ def test_sensor_never_reruns_a_spec_swept_at_its_current_hash(tmp_path, monkeypa
     shutil.copy(REPO / "specs" / "gemm_h100_bf16.yaml", specs)
     monkeypatch.setenv("KREGRESS_SPECS_DIR", str(specs))
     smoke = load_spec(specs / "gemm_smoke.yaml")
+    gemm_hash = get_family("gemm").source_hash()
     sensor = defs.get_sensor_def("spec_sensor")
     with dg.DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions(SPECS_PARTITIONS.name, ["gemm_smoke"])
-        _swept(instance, "gemm_smoke", smoke.content_hash(), kernels_code_version())
+        _swept(instance, "gemm_smoke", smoke.content_hash(), gemm_hash)
         # a fresh sensor (empty cursor): without reading the materializations it would run both specs
         result = sensor(dg.build_sensor_context(instance=instance, cursor=None))
         assert [r.partition_key for r in result.run_requests] == ["gemm_h100_bf16"]
 
         # the swept hash is an older one: the spec changed since, so it runs
-        _swept(instance, "gemm_smoke", "0" * 16, kernels_code_version())
+        _swept(instance, "gemm_smoke", "0" * 16, gemm_hash)
         result = sensor(dg.build_sensor_context(instance=instance, cursor=None))
         assert sorted(r.partition_key for r in result.run_requests) == ["gemm_h100_bf16", "gemm_smoke"]
 
