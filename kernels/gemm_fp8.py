@@ -303,7 +303,9 @@ def _randn(rows: int, cols: int, g: torch.Generator, device: str) -> torch.Tenso
     return torch.randn(rows, cols, generator=g).to(device)
 
 
-class GemmFp8Family(Family):
+class Fp8FamilyBase(Family):
+    """What the dense and grouped FP8 families share: e4m3 inputs and K a multiple of the scale block."""
+
     dtypes = ("fp8_e4m3",)
 
     def check_shape(self, shape):
@@ -314,6 +316,8 @@ class GemmFp8Family(Family):
             return f"K={shape['K']} violates {K_RULE}"
         return None
 
+
+class GemmFp8Family(Fp8FamilyBase):
     def check_params(self, params):
         params = params or {}
         problem = check_param_keys(params, ("fp8_peak_tflops",))
@@ -436,17 +440,7 @@ def _aligned(n: int) -> int:
     return math.ceil(n / ALIGN_M) * ALIGN_M
 
 
-class GroupedGemmFp8Family(Family):
-    dtypes = ("fp8_e4m3",)
-
-    def check_shape(self, shape):
-        problem = super().check_shape(shape)
-        if problem:
-            return problem
-        if shape["K"] % SCALE_BLOCK:
-            return f"K={shape['K']} violates {K_RULE}"
-        return None
-
+class GroupedGemmFp8Family(Fp8FamilyBase):
     def check_params(self, params):
         params = params or {}
         problem = check_param_keys(params, GROUPED_PARAMS)
