@@ -24,6 +24,7 @@ import triton.language as tl
 
 from kregress.core.family import CompileUnit, Family, Rule, Space, register
 from kernels.dtypes import TRITON_PTR
+from kernels.tiles import TILES_FILE, grouped_pid
 
 
 @triton.jit
@@ -33,16 +34,7 @@ def gemm_kernel(
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Grouped order: tiles are numbered column-major inside a band of GROUP_M row-tiles.
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)  # the last band may be short
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = grouped_pid(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -98,6 +90,9 @@ SPACE = Space(
 
 
 class GemmFamily(Family):
+    def source_files(self):
+        return super().source_files() + [TILES_FILE]  # gemm_kernel calls tiles.grouped_pid
+
     def make_inputs(self, shape, dtype, device, seed, params):
         g = torch.Generator(device="cpu").manual_seed(seed)
         a = torch.randn(shape["M"], shape["K"], generator=g).to(dtype).to(device)

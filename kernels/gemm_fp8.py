@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from kregress.core.family import check_param_keys, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kernels.tiles import TILES_FILE, grouped_pid
 
 SCALE_BLOCK = 128  # DeepGEMM's scaling granularity: 1x128 for A, 128x128 for B
 ALIGN_M = 128  # contiguous layout: each group's rows are padded to a multiple of this
@@ -69,14 +70,7 @@ def fp8_gemm_kernel(
     LAYOUT: tl.constexpr, SCALE_K: tl.constexpr, SCALE_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = grouped_pid(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -304,7 +298,8 @@ def _randn(rows: int, cols: int, g: torch.Generator, device: str) -> torch.Tenso
 
 
 class Fp8FamilyBase(Family):
-    """What the dense and grouped FP8 families share: e4m3 inputs and K a multiple of the scale block."""
+    """What the dense and grouped FP8 families share: e4m3 inputs, K a multiple of the scale block,
+    and the tile-order helper file in the source hash."""
 
     dtypes = ("fp8_e4m3",)
 
@@ -315,6 +310,9 @@ class Fp8FamilyBase(Family):
         if shape["K"] % SCALE_BLOCK:
             return f"K={shape['K']} violates {K_RULE}"
         return None
+
+    def source_files(self):
+        return super().source_files() + [TILES_FILE]  # fp8_gemm_kernel calls tiles.grouped_pid
 
 
 class GemmFp8Family(Fp8FamilyBase):
