@@ -431,8 +431,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     regress = f"REGRESS {counts['REGRESS']}" + (
         f" (slower {causes.get('slower', 0)}, wrong {causes.get('wrong', 0)}, infeasible {causes.get('infeasible', 0)})"
         if counts["REGRESS"] else "")
-    best = f"{summary.get('best_kind', 'best')} {summary['best']}" + (
-        f" (tied with {', '.join(summary['best_ties'])})" if summary.get("best_ties") else "")
+    ties = [t for t in summary.get("best_ties") or [] if t != summary["best"]]
+    best = f"{summary.get('best_kind', 'best')} {summary['best']}" + (f" (tied with {', '.join(ties)})" if ties else "")
     verdicts = (f"verdicts: PASS {counts['PASS']}, {regress}, NEEDS_REVIEW {counts['NEEDS_REVIEW']} "
                 f"({summary['variants']} variants; {best}; stopped: {summary['stopped'] or 'no'})")
     print(f"report: {report}")
