@@ -394,12 +394,13 @@ def parse_spec(data: Any, path: str | Path = "<spec>") -> TaskSpec:
     return spec
 
 
-class DuplicateKeyError(yaml.constructor.ConstructorError):
-    pass
-
-
 class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last silently)."""
+    """SafeLoader that records every key given twice in one mapping (plain YAML keeps the last silently);
+    ``duplicates`` holds (line, message) for each, so they are reported with every other problem."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.duplicates: list[tuple[int, str]] = []
 
 
 def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -412,9 +413,9 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
         except TypeError:
             continue  # SafeLoader reports unhashable keys itself
         if key in seen:
-            raise DuplicateKeyError(
-                None, None, f"key {key!r} appears twice in one mapping (lines {seen[key].line + 1} and "
-                f"{key_node.start_mark.line + 1}); keep one", key_node.start_mark)
+            loader.duplicates.append((key_node.start_mark.line + 1,
+                                      f"key {key!r} appears twice in one mapping (lines {seen[key].line + 1} and "
+                                      f"{key_node.start_mark.line + 1}); keep one"))
         seen[key] = key_node.start_mark
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -422,8 +423,13 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
 StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def read_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+def read_yaml(text: str) -> tuple[Any, list[tuple[int, str]]]:
+    """(data, duplicated keys as (line, message)); raises yaml.YAMLError for text that is not YAML."""
+    loader = StrictLoader(text)
+    try:
+        return loader.get_single_data(), loader.duplicates
+    finally:
+        loader.dispose()
 
 
 def load_spec(path: str | Path) -> TaskSpec:
@@ -435,11 +441,10 @@ def load_spec(path: str | Path) -> TaskSpec:
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read the file: {exc}") from None
     try:
-        data = read_yaml(text)
-    except DuplicateKeyError as exc:
-        raise SpecError(f"{path}: line {exc.problem_mark.line + 1}: {exc.problem}") from None
+        data, duplicates = read_yaml(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    dup_lines = [f"{path}: line {line}: {msg}" for line, msg in duplicates]
     if isinstance(data, dict) and isinstance(data.get("params"), dict) and isinstance(data.get("kernel_family"), str):
         from kregress.core.family import UnknownFamily, get_family
 
@@ -447,7 +452,13 @@ def load_spec(path: str | Path) -> TaskSpec:
             data = {**data, "params": get_family(data["kernel_family"]).resolve_params(data["params"], path.parent)}
         except UnknownFamily:
             pass  # validation reports it with the field name
-    return parse_spec(data, path)
+    try:
+        spec = parse_spec(data, path)
+    except SpecError as exc:  # duplicated keys and every other problem, in one pass
+        raise SpecError("\n".join(dup_lines + [str(exc)])) from None
+    if dup_lines:
+        raise SpecError("\n".join(dup_lines))
+    return spec
 
 
 def discover_specs(specs_dir: str | Path) -> dict[str, Path]:
