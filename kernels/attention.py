@@ -55,7 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import check_param_keys, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
 
 
 @triton.jit
@@ -338,19 +338,18 @@ class AttentionFamily(Family):
             return f"h_kv={shape['h_kv']} must divide h_q={shape['h_q']} (grouped-query heads)"
         return None
 
-    def check_params(self, params):
-        params = params or {}
-        problem = check_param_keys(params, PARAM_KEYS)
+    param_keys = PARAM_KEYS
+
+    def check_param_values(self, params):
+        problem = check_bool_param(params, "causal")
         if problem:
             return problem
-        if "causal" in params and not isinstance(params["causal"], bool):
-            return f"causal={params['causal']!r} must be true or false"
         w = params.get("window")
         if w is not None:
             if isinstance(w, int) and not isinstance(w, bool):
                 if w < 0:
                     return f"window={w!r}: write flash-attn's [left, right] (-1 unbounded), e.g. [127, 0]"
-                warnings.warn(_deprecated_window_text(w, _causal(params)), FutureWarning, stacklevel=2)
+                warnings.warn(_deprecated_window_text(w, _causal(params)), FutureWarning, stacklevel=3)  # the caller of check_params
             elif (not isinstance(w, list) or len(w) != 2
                   or any(isinstance(x, bool) or not isinstance(x, int) or x < -1 for x in w)):
                 return f"window={w!r} must be [left, right] with integers >= -1 (-1: unbounded), e.g. [127, 0]"

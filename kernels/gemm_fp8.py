@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import check_param_keys, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kregress.core.family import check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
 from kernels.tiles import TILES_FILE, grouped_pid
 
 SCALE_BLOCK = 128  # DeepGEMM's scaling granularity: 1x128 for A, 128x128 for B
@@ -299,7 +299,7 @@ def _randn(rows: int, cols: int, g: torch.Generator, device: str) -> torch.Tenso
 
 class Fp8FamilyBase(Family):
     """What the dense and grouped FP8 families share: e4m3 inputs, K a multiple of the scale block,
-    and the tile-order helper file in the source hash."""
+    the fp8_peak_tflops check, and the tile-order helper file in the source hash."""
 
     dtypes = ("fp8_e4m3",)
 
@@ -311,19 +311,17 @@ class Fp8FamilyBase(Family):
             return f"K={shape['K']} violates {K_RULE}"
         return None
 
+    def check_param_values(self, params):
+        if "fp8_peak_tflops" in params:
+            return check_positive_number("fp8_peak_tflops", params["fp8_peak_tflops"], " (an H100 SXM: 1979)")
+        return None
+
     def source_files(self):
         return super().source_files() + [TILES_FILE]  # fp8_gemm_kernel calls tiles.grouped_pid
 
 
 class GemmFp8Family(Fp8FamilyBase):
-    def check_params(self, params):
-        params = params or {}
-        problem = check_param_keys(params, ("fp8_peak_tflops",))
-        if problem:
-            return problem
-        if "fp8_peak_tflops" in params:
-            return check_positive_number("fp8_peak_tflops", params["fp8_peak_tflops"], " (an H100 SXM: 1979)")
-        return None
+    param_keys = ("fp8_peak_tflops",)
 
     def make_inputs(self, shape, dtype, device, seed, params):
         g = torch.Generator(device="cpu").manual_seed(seed)
@@ -439,20 +437,16 @@ def _aligned(n: int) -> int:
 
 
 class GroupedGemmFp8Family(Fp8FamilyBase):
-    def check_params(self, params):
-        params = params or {}
-        problem = check_param_keys(params, GROUPED_PARAMS)
-        if problem:
-            return problem
+    param_keys = GROUPED_PARAMS
+
+    def check_param_values(self, params):
         if _layout(params) not in ("contiguous", "masked"):
             return f"layout={params['layout']!r} is not allowed; allowed: contiguous (MoE prefill), masked (decode)"
         if "group_sizes" in params:
             problem = check_seqlens_param(params["group_sizes"], GROUP_PATTERNS)
             if problem:
                 return problem.replace("seqlens", "group_sizes")
-        if "fp8_peak_tflops" in params:
-            return check_positive_number("fp8_peak_tflops", params["fp8_peak_tflops"], " (an H100 SXM: 1979)")
-        return None
+        return super().check_param_values(params)  # fp8_peak_tflops
 
     def make_inputs(self, shape, dtype, device, seed, params):
         G, m, N, K = shape["groups"], shape["m"], shape["N"], shape["K"]

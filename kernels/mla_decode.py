@@ -63,7 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import check_param_keys, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
 
 D_LATENT = 512
 D_ROPE = 64
@@ -309,11 +309,9 @@ class MlaDecodeFamily(Family):
             return f"h_q={shape['h_q']} must be <= 256"
         return None
 
-    def check_params(self, params):
-        params = params or {}
-        problem = check_param_keys(params, PARAM_KEYS)
-        if problem:
-            return problem
+    param_keys = PARAM_KEYS
+
+    def check_param_values(self, params):
         if "softmax_scale" in params:
             problem = check_positive_number("softmax_scale", params["softmax_scale"], f" (e.g. 576 ** -0.5 = {D_QK ** -0.5:.6f})")
             if problem:
@@ -326,8 +324,9 @@ class MlaDecodeFamily(Family):
             problem = check_seqlens_param(params["seqlens"], SEQLEN_PATTERNS)
             if problem:
                 return problem
-        if "check_lse" in params and not isinstance(params["check_lse"], bool):
-            return f"check_lse={params['check_lse']!r} must be true or false"
+        problem = check_bool_param(params, "check_lse")
+        if problem:
+            return problem
         if "kv_dtype" in params and params["kv_dtype"] not in KV_DTYPES:
             return f"kv_dtype={params['kv_dtype']!r} is not allowed; allowed: {', '.join(KV_DTYPES)} (absent: q's dtype)"
         return None

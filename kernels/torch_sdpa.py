@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kregress.core.family import Family, Space, check_param_keys, register
+from kregress.core.family import Family, Space, check_bool_param, register
 
 BACKEND_NAMES = ("math", "flash", "efficient", "cudnn")
 PARAM_KEYS = ("causal",)
@@ -54,13 +54,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: dict[str, in
 class TorchSdpaFamily(Family):
     external = True
 
-    def check_params(self, params):
-        problem = check_param_keys(params, PARAM_KEYS)
-        if problem:
-            return problem
-        if "causal" in params and not isinstance(params["causal"], bool):
-            return f"causal={params['causal']!r} must be true or false"
-        return None
+    param_keys = PARAM_KEYS
+
+    def check_param_values(self, params):
+        return check_bool_param(params, "causal")
 
     def make_inputs(self, shape, dtype, device, seed, params):
         g = torch.Generator(device="cpu").manual_seed(seed)

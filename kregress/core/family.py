@@ -24,7 +24,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 if TYPE_CHECKING:  # type hints only: kregress.core never imports torch or Triton at run time
     import torch
@@ -140,8 +140,23 @@ class Family:
                 return f"{k}={v!r} must be a positive integer"
         return None
 
+    # The spec ``params`` keys the family takes. None (the default): it takes none. A family that sets
+    # it gets the key check from ``check_params`` and checks the values in ``check_param_values``.
+    param_keys: ClassVar[tuple[str, ...] | None] = None
+
     def check_params(self, params: dict[str, Any]) -> str | None:
-        return None if not params else f"family {self.name} takes no params (got {', '.join(params)})"
+        """None when ``params`` suit the family, else one sentence. With ``param_keys`` unset any
+        param is an error; with it set, unknown keys are, then ``check_param_values`` decides.
+        A family with other needs overrides this method."""
+        if self.param_keys is None:
+            return None if not params else f"family {self.name} takes no params (got {', '.join(params)})"
+        params = params or {}
+        return check_param_keys(params, self.param_keys) or self.check_param_values(params)
+
+    def check_param_values(self, params: dict[str, Any]) -> str | None:
+        """The values' checks, called by ``check_params`` once every key is one of ``param_keys``
+        (``params`` is a dict, possibly empty). Default: every value is accepted."""
+        return None
 
     def for_params(self, params: dict[str, Any]) -> "Family":
         """The family as a spec's ``params`` configure it (call after ``check_params`` passes). Most
@@ -272,6 +287,13 @@ def _default_limits() -> "HardwareLimits":
 def check_param_keys(params: dict, allowed: tuple[str, ...]) -> str | None:
     unknown = [k for k in params if k not in allowed]
     return f"unknown param(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}" if unknown else None
+
+
+def check_bool_param(params: dict, name: str) -> str | None:
+    """``params[name]``, when present, must be a YAML boolean."""
+    if name in params and not isinstance(params[name], bool):
+        return f"{name}={params[name]!r} must be true or false"
+    return None
 
 
 def check_seqlens_param(v: Any, patterns: tuple[str, ...]) -> str | None:
