@@ -21,7 +21,6 @@ from kregress.core.recorded import (
     ReplayError,
     ReplayLookupError,
     ReplayTable,
-    measure,
     replay_dir,
     replay_path,
     resolve_cache_file,
@@ -172,7 +171,7 @@ def test_measurements_carry_32_replay_samples(table):
     # 2 * 4096^3 FLOP at p50, recovered from the recorded GFLOP/s
     assert m.tflops == pytest.approx(2 * 4096**3 / (m.p50_ms / 1e3) / 1e12, rel=1e-3)
     assert m.gbps == 0.0
-    assert measure(table, rec.config)[0] == m
+    assert to_measurements(table, table.lookup(rec.config))[0] == m
     with_bytes = to_measurements(table, rec, bytes_moved=3 * 4096 * 4096 * 4)[0]
     assert with_bytes.gbps == pytest.approx(3 * 4096 * 4096 * 4 / (m.p50_ms / 1e3) / 1e9)
 

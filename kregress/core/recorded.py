@@ -407,8 +407,3 @@ def to_measurements(
             triton_version=triton_version,
         )
     ]
-
-
-def measure(table: ReplayTable, config: dict[str, Any], **kwargs: Any) -> list[Measurement]:
-    """``to_measurements(table, table.lookup(config))``."""
-    return to_measurements(table, table.lookup(config), **kwargs)
