@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kernels.softmax import SOFTMAX_FILE, online_softmax_step
 
 
 @triton.jit
@@ -98,13 +99,7 @@ def _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, o
             if HAS_LEFT:
                 ok = ok & (cols[None, :] >= pos - win_left)
             qk = tl.where(ok, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
-        p = tl.math.exp2(qk - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v)
     return acc, l_i, m_i
 
 
@@ -327,6 +322,8 @@ def visible_pairs(n_q: int, n_k: int, left: int, right: int) -> int:
 
 
 class AttentionFamily(Family):
+    helper_files = (SOFTMAX_FILE,)  # _attn_blocks calls softmax.online_softmax_step
+
     # --- shapes and params --------------------------------------------------------------------
     def check_shape(self, shape):
         problem = super().check_shape(shape)

@@ -302,6 +302,7 @@ class Fp8FamilyBase(Family):
     the fp8_peak_tflops check, and the tile-order helper file in the source hash."""
 
     dtypes = ("fp8_e4m3",)
+    helper_files = (TILES_FILE,)  # fp8_gemm_kernel calls tiles.grouped_pid
 
     def check_shape(self, shape):
         problem = super().check_shape(shape)
@@ -315,9 +316,6 @@ class Fp8FamilyBase(Family):
         if "fp8_peak_tflops" in params:
             return check_positive_number("fp8_peak_tflops", params["fp8_peak_tflops"], " (an H100 SXM: 1979)")
         return None
-
-    def source_files(self):
-        return super().source_files() + [TILES_FILE]  # fp8_gemm_kernel calls tiles.grouped_pid
 
 
 class GemmFp8Family(Fp8FamilyBase):

@@ -64,6 +64,7 @@ import triton
 import triton.language as tl
 
 from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kernels.softmax import SOFTMAX_FILE, online_softmax_step
 
 D_LATENT = 512
 D_ROPE = 64
@@ -131,13 +132,7 @@ def mla_decode_kernel(
             qk = tl.dot(q_pe, tl.trans(k_pe), acc=tl.dot(q_nope, tl.trans(kv)))
             visible = tok_ok[None, :] & (tok[None, :] <= last_key[:, None])
             qk = tl.where(visible, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
-            p = tl.math.exp2(qk - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
-            m_i = m_new
+            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, kv)  # kv is both K and V (MLA)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -298,6 +293,8 @@ def _visible_keys(seqlen: int, s_q: int, s: int) -> int:
 
 
 class MlaDecodeFamily(Family):
+    helper_files = (SOFTMAX_FILE,)  # mla_decode_kernel calls softmax.online_softmax_step
+
     # --- shapes and params --------------------------------------------------------------------
     def check_shape(self, shape):
         problem = super().check_shape(shape)

@@ -5,7 +5,7 @@ before moving on, so a band of A stays in L2 while B tiles stream past it. With 
 is plain row-major. Triton inlines this jit function into each kernel that calls it, so the compiled
 code is the same as writing it out in the kernel.
 
-A family whose kernel calls a helper here lists this file in ``source_files()`` (``TILES_FILE``), so
+A family whose kernel calls a helper here lists this file in its ``helper_files`` (``TILES_FILE``), so
 an edit to the helper changes the family's source hash and invalidates its compile cache.
 """
 

@@ -219,12 +219,17 @@ class Family:
     # against its reference; on a CPU host it needs the cuda backend or a recorded file.
     external = False
 
+    # Files besides the family's module that hold what is compiled, e.g. a module of @triton.jit
+    # helpers the kernels call: ``source_files()`` lists them after the module.
+    helper_files: ClassVar[tuple[Path, ...]] = ()
+
     def source_files(self) -> list[Path]:
-        """Files whose content is the kernel: the family's module by default; a plugin or an external
-        kernel adds its own (.py helpers, .cu sources, a shipped .cubin or .so). The compile cache
-        key, the assets' code_version, the spec sensor and ``kregress review`` follow these files."""
+        """Files whose content is the kernel: the family's module and its ``helper_files`` by default;
+        a plugin or an external kernel adds its own (.py helpers, .cu sources, a shipped .cubin or .so).
+        The compile cache key, the assets' code_version, the spec sensor and ``kregress review``
+        follow these files."""
         f = getattr(self.module, "__file__", None)
-        return [Path(f).resolve()] if f else []
+        return ([Path(f).resolve()] if f else []) + [Path(h).resolve() for h in self.helper_files]
 
     def source_hash(self) -> str:
         """Hash of what is compiled, read from disk (so a long-lived process sees an edit): in each
