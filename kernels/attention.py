@@ -325,10 +325,7 @@ class AttentionFamily(Family):
     helper_files = (SOFTMAX_FILE,)  # _attn_blocks calls softmax.online_softmax_step
 
     # --- shapes and params --------------------------------------------------------------------
-    def check_shape(self, shape):
-        problem = super().check_shape(shape)
-        if problem:
-            return problem
+    def check_shape_values(self, shape):
         if shape["head_dim"] not in HEAD_DIMS:
             return f"head_dim={shape['head_dim']} is not allowed; allowed: {', '.join(map(str, HEAD_DIMS))} (q/k head dim)"
         if shape["h_q"] % shape["h_kv"]:

@@ -304,10 +304,7 @@ class Fp8FamilyBase(Family):
     dtypes = ("fp8_e4m3",)
     helper_files = (TILES_FILE,)  # fp8_gemm_kernel calls tiles.grouped_pid
 
-    def check_shape(self, shape):
-        problem = super().check_shape(shape)
-        if problem:
-            return problem
+    def check_shape_values(self, shape):
         if shape["K"] % SCALE_BLOCK:
             return f"K={shape['K']} violates {K_RULE}"
         return None

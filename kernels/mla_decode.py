@@ -296,10 +296,7 @@ class MlaDecodeFamily(Family):
     helper_files = (SOFTMAX_FILE,)  # mla_decode_kernel calls softmax.online_softmax_step
 
     # --- shapes and params --------------------------------------------------------------------
-    def check_shape(self, shape):
-        problem = super().check_shape(shape)
-        if problem:
-            return problem
+    def check_shape_values(self, shape):
         if shape["s_q"] > 8:
             return f"s_q={shape['s_q']} must be 1..8 (decode step plus speculative tokens)"
         if shape["h_q"] > 256:

@@ -128,6 +128,8 @@ class Family:
 
     # --- shapes and knobs -------------------------------------------------------------------
     def check_shape(self, shape: dict[str, Any]) -> str | None:
+        """None when ``shape`` suits the family, else one sentence: the keys must be exactly
+        ``shape_keys`` with positive integer values, then ``check_shape_values`` decides."""
         if not isinstance(shape, dict):
             return f"a shape is a mapping with keys {', '.join(self.shape_keys)}"
         missing = [k for k in self.shape_keys if k not in shape]
@@ -138,6 +140,11 @@ class Family:
             v = shape[k]
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 return f"{k}={v!r} must be a positive integer"
+        return self.check_shape_values(shape)
+
+    def check_shape_values(self, shape: dict[str, int]) -> str | None:
+        """The family's own shape checks, called by ``check_shape`` once the keys are exactly
+        ``shape_keys`` and every value is a positive integer. Default: every such shape is accepted."""
         return None
 
     # The spec ``params`` keys the family takes. None (the default): it takes none. A family that sets
