@@ -15,7 +15,6 @@ Prints:
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess

@@ -808,8 +808,8 @@ def main(argv: list[str] | None = None) -> int:
                     notes.append(f"{m}: " + " | ".join(kinds))
             if m == "local":
                 notes.append("local: " + "; ".join(f"seed {r['seed']}: {r['note']}" for r in ok[:2]))
-        print(f"(r/s: runs that got there within the cap / seeds; q@B: median best/optimum after B evaluations; "
-              f"fail: median failed configs evaluated per run; random (exact) to 5% / 1%: "
+        print("(r/s: runs that got there within the cap / seeds; q@B: median best/optimum after B evaluations; "
+              "fail: median failed configs evaluated per run; random (exact) to 5% / 1%: "
               + " / ".join(f"{exact_random(n_space, n_good[t], cap=args.cap)[0][1]}" for t in THRESHOLDS) + ")")
         for line in check_targets(summary):
             print("target:", line)

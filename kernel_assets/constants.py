@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from kregress.core.names import GPU_POOL, MAX_GRAPH_ROUNDS  # noqa: F401  (one definition, re-exported)
+from kregress.core.names import MAX_GRAPH_ROUNDS
 
 # One partition per spec (its task_id). The spec sensor and `kregress sweep` add them.
 SPECS_PARTITIONS = dg.DynamicPartitionsDefinition(name="specs")

@@ -32,7 +32,6 @@ from typing import Any, Mapping
 import yaml
 from dagster import ExecutorDefinition, in_process_executor, multiprocess_executor
 
-from kregress.core.names import GPU_POOL  # noqa: F401  (re-exported for the wiring below)
 from kregress.core.paths import REPO_ROOT
 
 DEPLOY_DIR = REPO_ROOT / "deploy"  # deployment data (YAML) only; no code lives there

@@ -221,7 +221,7 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
     ax.set_xticklabels(order, rotation=70, fontsize=7)
     ev = ",".join(sorted(set(variants["evidence"].dropna()))) or "none"
     fig.suptitle(f"{title} (evidence: {ev})", fontsize=9)
-    handles, labels = {}, []
+    handles = {}
     for a in axes[:, 0]:
         for h, lab in zip(*a.get_legend_handles_labels()):
             handles.setdefault(lab, h)

@@ -155,7 +155,7 @@ def dequantize_b(b: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
 # --- host wrappers ---------------------------------------------------------------------------------
 
 
-def _check_operands(a, sa, b, sb, grouped: bool) -> None:
+def _check_operands(a, sa, b, sb) -> None:
     if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
         raise ValueError(f"gemm_fp8: A and B must be float8_e4m3fn, got {a.dtype} and {b.dtype}")
     if sa.dtype != torch.float32 or sb.dtype != torch.float32:
@@ -194,7 +194,7 @@ def fp8_gemm_nt(a, sa, b, sb, config: dict[str, int], out: torch.Tensor | None =
     """D [M, N] bf16 = (A * sa) @ (B * sb)^T for e4m3 A [M, K], B [N, K] (DeepGEMM ``fp8_gemm_nt``)."""
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"gemm_fp8: A must be [M, K] and B [N, K], got {tuple(a.shape)} and {tuple(b.shape)}")
-    _check_operands(a, sa, b, sb, grouped=False)
+    _check_operands(a, sa, b, sb)
     M, K = a.shape
     N = b.shape[0]
     d = out if out is not None else torch.empty((M, N), device=a.device, dtype=torch.bfloat16)
@@ -209,7 +209,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, config: dict[str, 
                          f"{tuple(a.shape)}, {tuple(b.shape)}, {m_indices.dtype} {tuple(m_indices.shape)}")
     if a.shape[0] % ALIGN_M or ALIGN_M % config["BLOCK_M"]:
         raise ValueError(f"grouped_gemm_fp8: contiguous needs M_total % {ALIGN_M} == 0 and BLOCK_M dividing {ALIGN_M}")
-    _check_operands(a, sa, b, sb, grouped=True)
+    _check_operands(a, sa, b, sb)
     M, K = a.shape
     N = b.shape[1]
     return _launch(a, sa, b, sb, out, m_indices, M, N, K, 1, LAYOUT_CONTIGUOUS, config,
@@ -223,7 +223,7 @@ def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, config: dict[str, int],
     if a.ndim != 3 or b.ndim != 3 or a.shape[0] != G or masked_m.shape != (G,) or masked_m.dtype != torch.int32:
         raise ValueError(f"grouped_gemm_fp8: masked needs A [G, max_m, K], B [G, N, K], masked_m int32 [G]; got "
                          f"{tuple(a.shape)}, {tuple(b.shape)}, {masked_m.dtype} {tuple(masked_m.shape)}")
-    _check_operands(a, sa, b, sb, grouped=True)
+    _check_operands(a, sa, b, sb)
     _, M, K = a.shape
     N = b.shape[1]
     return _launch(a, sa, b, sb, out, masked_m, M, N, K, G, LAYOUT_MASKED, config,

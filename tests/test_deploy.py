@@ -34,8 +34,8 @@ from dagster._core.instance.config import (
 from dagster._core.instance.ref import InstanceRef
 
 from kernel_assets import executors
+from kregress.core.names import GPU_POOL
 from kernel_assets.executors import (
-    GPU_POOL,
     benchmark_op_tags,
     executor_from_env,
     k8s_executor_config,
