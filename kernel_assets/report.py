@@ -340,8 +340,10 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
         "estimates from real compile stats (one number, no spread) and give NEEDS_REVIEW. Correctness, NaN/Inf and "
         "constraint failures are real on every backend and give REGRESS with a cause: `infeasible` (did not "
         "compile, out of resources, spills or registers over the limit), `wrong` (numerics, NaN/Inf) or `slower`.", "",
-        f"Latency rule: per shape, the Hodges-Lehmann shift of the log times (variant vs the baseline samples of "
-        f"the same batch) with its {rg.confidence:g} distribution-free interval; REGRESS/slower when the shift is "
+        f"Latency rule: per shape, the shift of the log times (variant vs the baseline samples of the same batch) "
+        f"with its {rg.confidence:g} interval: the cluster-aligned likelihood shift and interval where the timings "
+        "sit in tight clusters ('aligned shift ratio' in the reasons), else the Hodges-Lehmann shift with its "
+        "distribution-free interval; REGRESS/slower when the shift is "
         f"above the guard {guard:g} and the interval lies above {1 + MIN_SHIFT:g}, PASS when the interval lies "
         "below the guard, "
         f"NEEDS_REVIEW otherwise or below {rg.min_samples} samples a side. A variant is REGRESS/slower if any "
