@@ -94,6 +94,7 @@ DEFAULT_MIN_SAMPLES = 10
 ALIGN_BANDWIDTHS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064)
 ALIGN_MAX_BANDWIDTH = 0.002
 ALIGN_MIN_SAMPLES = 10
+ALIGN_MAX_PAIRS = 256 * 256  # beyond this many sample pairs Hodges-Lehmann has the power (and costs less)
 _ALIGN_FLOOR = 1e-6  # density floor: a sample that matches nothing costs log(1e-6) instead of -inf
 
 Samples = Union[Sequence[float], Sequence[Sequence[float]], np.ndarray]
@@ -312,12 +313,13 @@ def aligned_shift(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[floa
 
     The bandwidth h is chosen by leave-one-out likelihood on the pooled, Hodges-Lehmann-aligned
     samples. Returns None (use Hodges-Lehmann) unless h <= ``ALIGN_MAX_BANDWIDTH`` and both sides
-    have ``ALIGN_MIN_SAMPLES``: on smooth noise a kernel likelihood at a fixed threshold is
-    overconfident, on tight clusters it is what tells a shift from a regime change (``bench/stats.py``).
+    have ``ALIGN_MIN_SAMPLES`` (with at most ``ALIGN_MAX_PAIRS`` pairs): on smooth noise a kernel
+    likelihood at a fixed threshold is overconfident, on tight clusters it is what tells a shift from
+    a regime change (``bench/stats.py``).
     The result moves exactly with a shift of x (the grid is anchored at an equivariant estimate).
     """
     n, m = x.size, y.size
-    if min(n, m) < ALIGN_MIN_SAMPLES:
+    if min(n, m) < ALIGN_MIN_SAMPLES or n * m > ALIGN_MAX_PAIRS:
         return None
     d = (x[:, None] - y[None, :]).reshape(-1)
     anchor = float(np.median(d))
