@@ -214,7 +214,11 @@ def build_round(k: int):
         skipped = not proposal.suggestions and any("skipped" in n for n in proposal.notes)
         stop = None
         if not proposal.suggestions and not skipped:
-            stop = f"round {k}: the agent proposed nothing new"
+            refused = [n for n in proposal.notes if n.startswith("BudgetExceeded")]
+            stop = (f"round {k}: the token budget refused the suggest prompt, nothing was sent ({refused[0]}); "
+                    "raise the spec's budget (max_input_tokens_per_round, max_output_tokens_per_round, "
+                    "max_total_tokens) or lower search.top_k" if refused else
+                    f"round {k}: the agent proposed nothing new")
         state = prev if skipped else sweep.advance(prev, spec, k, rows, proposal.dropped, proposal.notes, stop)
         state.spec = spec
         md = {"best_variant": state.best_id, "rounds_without_improvement": state.rounds_without_improvement,

@@ -140,3 +140,31 @@ def test_llm_sweep_with_every_key_rejected_fails_with_the_one_line(tmp_path, dag
     assert line is not None and line.startswith("[credentials] all 2 keys of role suggest were rejected") and " Fix: " in line
     for n in suggest_keys + ["SWEEPCANARY"]:
         assert n not in out.out + out.err and n not in line
+
+
+@pytest.mark.timeout(600)
+def test_llm_sweep_whose_budget_refuses_every_prompt_says_so(tmp_path, dagster_home, monkeypatch, capsys):
+    """A round budget too small for even the shortest suggest prompt: nothing is sent, and the stop
+    reason names the budget and the fields to raise instead of "the agent proposed nothing new"."""
+    spec = yaml.safe_load((REPO / "specs" / "gemm_smoke.yaml").read_text())
+    spec.update(task_id="gemm_llm_tiny_budget", correctness_shapes=[{"M": 40, "N": 24, "K": 40}])
+    spec["search"].update(strategy="llm", variants_per_round=2, max_rounds=1)
+    spec["budget"] = {"max_input_tokens_per_round": 50, "max_output_tokens_per_round": 8000, "max_total_tokens": 100000}
+    spec_file = tmp_path / "gemm_llm_tiny_budget.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    with FakeOpenAI() as srv:
+        scripted(srv)
+        monkeypatch.setenv("TAOTOKEN_BASE_URL", srv.root)
+        monkeypatch.setenv("TAOTOKEN_MODEL_ID", "kregress-test-model")
+        for k, v in KEYS.items():
+            monkeypatch.setenv(k, v)
+        from kernel_assets.cli import main
+
+        rc = main(["sweep", str(spec_file)])
+        suggest_sent = [r for r in srv.chat_requests() if r.body["messages"][0]["content"] == SUGGEST_SYSTEM_PROMPT]
+    out = capsys.readouterr()
+    assert suggest_sent == []
+    text = out.out + out.err
+    assert "round 1: the token budget refused the suggest prompt, nothing was sent (BudgetExceeded:" in text, text[-3000:]
+    assert "max_input_tokens_per_round" in text and "proposed nothing new" not in text
+    assert rc == 0  # the budget held: nothing was overspent, the sweep stopped where it had to
