@@ -159,3 +159,36 @@ def test_space_with_failures_deterministic_no_repeats_in_space_and_learns_where_
     best = min((r for r in history if not r.error), key=lambda r: r.measurements[0].p50_ms)
     assert _lat(best.config) == min(_lat({"X": x, "Y": y, "Z": 0}) for x in range(10) for y in range(10)
                                     if x + y != 7 and not _fails({"X": x, "Y": y}))
+
+
+def test_a_stale_incumbent_gets_a_line_search_along_each_tunable(monkeypatch):
+    """After STALE_ROUNDS rounds without a new best, the local picks change ONE tunable of the
+    incumbent to any of its values (the convolution space's optimum is block_size_x 256 where the
+    incumbent had 128, with 144..240 three times slower between them): in the space, unmeasured,
+    deterministic, predicted failures allowed (they lie on the incumbent's own line)."""
+    from kernel_assets.agent import local as L
+
+    space, history, _ = _run_fail_space(seed=5, rounds=6)
+    _, fam = _fail_space()
+    spec = SPEC.model_copy(update={"baseline": {"X": 0, "Y": 0, "Z": 2}})
+    best = min((r for r in history if not r.error), key=lambda r: r.measurements[0].p50_ms)
+    measured = {r.config_hash for r in history}
+
+    def picks(rnd):
+        ctx = AgentContext(spec=spec, family=fam, round=rnd, n=8, history=history,
+                           objective={r.config_hash: r.measurements[0].p50_ms for r in history if not r.error},
+                           profile_summary="", failures=[])
+        return [s.config for s in LocalPolicy(seed=5).propose(ctx).suggestions]
+
+    def changed(c):
+        return sum(c[k] != best.config[k] for k in c)
+
+    assert L.STALE_ROUNDS == 3
+    stale = picks(best.round + 1 + 3)
+    assert stale == picks(best.round + 1 + 3)  # deterministic
+    assert [changed(c) for c in stale[:L.N_LOCAL]] == [1] * L.N_LOCAL  # on the incumbent's lines
+    assert all(space.check(c) is None and config_hash(c) not in measured for c in stale)
+    assert len({config_hash(c) for c in stale}) == len(stale) == 8
+    # and it is a different rule from the nearest-neighbour one it replaces (same round, phase off)
+    monkeypatch.setattr(L, "STALE_ROUNDS", 10**6)
+    assert picks(best.round + 1 + 3)[:L.N_LOCAL] != stale[:L.N_LOCAL]
