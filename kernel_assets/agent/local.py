@@ -356,14 +356,22 @@ class LocalPolicy:
         # can be the good one: block sizes 32, 64, 128, 256 fast, those between slow), best first under
         # a posterior draw, predicted failures included (they are the incumbent's own line).
         n_local = max(1, n // 2) if len(ok_rows) <= 1 else min(N_LOCAL, n)
+        post: list = []  # the model's posterior (mean, Cholesky factor), fitted once, when first needed
+
+        def posterior() -> tuple[np.ndarray, np.ndarray]:
+            if not post:
+                y = np.asarray(ok_y)
+                sd = float(y.std()) or 1.0
+                post.extend(_posterior(feats.design(np.asarray(ok_rows)), (y - y.mean()) / sd, feats.prior_prec,
+                                       NOISE_VAR))
+            return post[0], post[1]
+
         line = np.zeros(0, dtype=np.int64)
         if anchor_pos is not None and stale >= STALE_ROUNDS and len(ok_rows) >= 2:
             on_line = (valid.idx[free] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) == 1
             line = free[on_line & ~taken[free]]
         if len(line):
-            yl = np.asarray(ok_y)
-            sdl = float(yl.std()) or 1.0
-            ml, Ll = _posterior(feats.design(np.asarray(ok_rows)), (yl - yl.mean()) / sdl, feats.prior_prec, NOISE_VAR)
+            ml, Ll = posterior()
             draw = ml + np.linalg.solve(Ll.T, rng.standard_normal(feats.width))
             score = feats.predict(line, draw[:, None])[:, 0] + 1e-9 * rng.standard_normal(len(line))
             for j in np.argsort(score)[:n_local]:
@@ -383,10 +391,7 @@ class LocalPolicy:
                 pick(i)
             return [valid.config(i) for i in picked]
         # 3. Thompson sampling: one posterior draw per remaining proposal, its best candidate.
-        y = np.asarray(ok_y)
-        mu, sd = float(y.mean()), float(y.std()) or 1.0
-        X = feats.design(np.asarray(ok_rows))
-        mean, L = _posterior(X, (y - mu) / sd, feats.prior_prec, NOISE_VAR)
+        mean, L = posterior()
         s = n - len(picked)
         draws = mean[:, None] + np.linalg.solve(L.T, rng.standard_normal((feats.width, s)))
         pred = feats.predict(free, draws)
