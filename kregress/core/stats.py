@@ -327,9 +327,9 @@ def aligned_shift(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[floa
     if h > ALIGN_MAX_BANDWIDTH:
         return None
     q = h / 4.0
-    offsets = np.unique(np.round((d - anchor) / q))
-    ll = np.empty(offsets.size)
     rel = d - anchor
+    offsets = np.unique(np.round(rel / q))
+    ll = np.empty(offsets.size)
     step = max(1, 2_000_000 // d.size)  # candidates per block: about 2M kernel values at a time
     for s in range(0, offsets.size, step):
         c = offsets[s : s + step] * q
