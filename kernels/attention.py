@@ -323,6 +323,7 @@ def visible_pairs(n_q: int, n_k: int, left: int, right: int) -> int:
 
 class AttentionFamily(Family):
     helper_files = (SOFTMAX_FILE,)  # _attn_blocks calls softmax.online_softmax_step
+    launch_wrappers = ("attention",)  # the entry point run() calls
 
     # --- shapes and params --------------------------------------------------------------------
     def check_shape_values(self, shape):

@@ -91,6 +91,7 @@ SPACE = Space(
 
 class GemmFamily(Family):
     helper_files = (TILES_FILE,)  # gemm_kernel calls tiles.grouped_pid
+    launch_wrappers = ("matmul",)  # the entry point run() calls
 
     def make_inputs(self, shape, dtype, device, seed, params):
         g = torch.Generator(device="cpu").manual_seed(seed)

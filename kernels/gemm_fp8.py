@@ -317,6 +317,7 @@ class Fp8FamilyBase(Family):
 
 class GemmFp8Family(Fp8FamilyBase):
     param_keys = ("fp8_peak_tflops",)
+    launch_wrappers = ("fp8_gemm_nt", "_launch", "_check_operands")  # the entry point run() calls
 
     def make_inputs(self, shape, dtype, device, seed, params):
         g = torch.Generator(device="cpu").manual_seed(seed)
@@ -432,6 +433,7 @@ def _aligned(n: int) -> int:
 
 
 class GroupedGemmFp8Family(Fp8FamilyBase):
+    launch_wrappers = ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "_launch", "_check_operands")
     param_keys = GROUPED_PARAMS
 
     def check_param_values(self, params):

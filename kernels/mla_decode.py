@@ -294,6 +294,7 @@ def _visible_keys(seqlen: int, s_q: int, s: int) -> int:
 
 class MlaDecodeFamily(Family):
     helper_files = (SOFTMAX_FILE,)  # mla_decode_kernel calls softmax.online_softmax_step
+    launch_wrappers = ("mla_decode",)  # the entry point run() calls
 
     # --- shapes and params --------------------------------------------------------------------
     def check_shape_values(self, shape):

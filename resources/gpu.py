@@ -91,7 +91,9 @@ def base_row(s: Suggestion, backend: str) -> VariantResult:
     return VariantResult(
         variant_id=s.variant_id, round=s.round, source=s.source, config=s.config, config_hash=s.config_hash,
         patch_summary=s.patch_summary, expected_effect=s.expected_effect, risk=s.risk, parent=s.parent,
-        backend=backend,
+        backend=backend, patch=s.patch, patch_sha256=s.patch_sha256, expected_speedup=s.expected_speedup,
+        expected_speedup_low=s.expected_speedup_low, expected_speedup_high=s.expected_speedup_high,
+        bottleneck=s.bottleneck,
     )
 
 

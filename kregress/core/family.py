@@ -226,6 +226,12 @@ class Family:
     # against its reference; on a CPU host it needs the cuda backend or a recorded file.
     external = False
 
+    # The launch wrapper(s): module-level functions of the family's module that check shapes, allocate
+    # and launch its jit kernels (the entry point ``run`` calls). With the jit functions (in the module
+    # and in ``helper_files``) they are the family's editable region: the only code a candidate patch
+    # may change. Everything else (reference, make_inputs, tolerance, space, rules) is fixed.
+    launch_wrappers: ClassVar[tuple[str, ...]] = ()
+
     # Files besides the family's module that hold what is compiled, e.g. a module of @triton.jit
     # helpers the kernels call: ``source_files()`` lists them after the module.
     helper_files: ClassVar[tuple[Path, ...]] = ()

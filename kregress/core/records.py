@@ -27,12 +27,31 @@ ERROR_CLASSES = (
     "runtime_error",  # the launch raised (illegal address, bad grid, ...)
     "timeout",  # the child process ran past the per-variant limit and was killed
     "crashed",  # the child process died (segfault, illegal memory access)
+    "patch_rejected",  # a candidate patch refused before it ran: outside the editable region, a banned construct
+    "patch_failed",  # a candidate patch that does not apply to the kernel source it names
 )
+
+# What a proposal may say about the bottleneck it attacks (optional on a forecast).
+Bottleneck = Literal["compute", "memory", "latency"]
 
 
 def config_hash(config: dict[str, Any]) -> str:
     """Stable short hash of a variant config (key order does not matter)."""
     blob = json.dumps({k: config[k] for k in sorted(config)}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def patch_sha256(patch: str | None) -> str | None:
+    """sha256 of a patch's text (hex), None for no patch."""
+    return hashlib.sha256(patch.encode()).hexdigest() if patch else None
+
+
+def variant_hash(config: dict[str, Any], patch: str | None = None) -> str:
+    """A variant's identity: ``config_hash`` alone for a config-only variant (so existing caches and
+    ledgers keep their keys), else the config and the patch text together."""
+    if not patch:
+        return config_hash(config)
+    blob = config_hash(config) + ":" + (patch_sha256(patch) or "")
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -64,10 +83,24 @@ class Suggestion(BaseModel):
     parent: str | None = None
     source: str = "local"
     round: int = Field(ge=0)
+    # A candidate source patch: a unified diff (as `git diff` writes it) against the family's editable
+    # region, paths relative to the family package's root. None: a config-only variant.
+    patch: str | None = Field(default=None, max_length=200_000)
+    # The forecast, stored before the variant is measured and never changed afterwards:
+    # expected_speedup = baseline p50 / variant p50, with an 80% interval.
+    expected_speedup: float | None = Field(default=None, gt=0)
+    expected_speedup_low: float | None = Field(default=None, gt=0)
+    expected_speedup_high: float | None = Field(default=None, gt=0)
+    bottleneck: Bottleneck | None = None
 
     @property
     def config_hash(self) -> str:
-        return config_hash(self.config)
+        """The variant's identity: its config, and its patch's sha256 when it carries one."""
+        return variant_hash(self.config, self.patch)
+
+    @property
+    def patch_sha256(self) -> str | None:
+        return patch_sha256(self.patch)
 
 
 class DroppedSuggestion(BaseModel):
@@ -163,6 +196,15 @@ class VariantResult(BaseModel):
     expected_effect: str = ""
     risk: str = ""
     parent: str | None = None
+    # the candidate patch (None: config only), its sha256 and the kernel hash it was applied to
+    patch: str | None = None
+    patch_sha256: str | None = None
+    patch_base_hash: str | None = None
+    # the forecast as proposed (never changed after measurement)
+    expected_speedup: float | None = None
+    expected_speedup_low: float | None = None
+    expected_speedup_high: float | None = None
+    bottleneck: str | None = None
     error: str | None = None
     error_detail: str = ""
     compile: CompileStats | None = None
@@ -183,13 +225,18 @@ class VariantResult(BaseModel):
 
 
 # Why a REGRESS is one (Verdict.cause); PASS and NEEDS_REVIEW carry None.
-CAUSES = ("slower", "wrong", "infeasible")
-Cause = Literal["slower", "wrong", "infeasible"]
+# REGRESS causes: slower, wrong, infeasible, rejected (a patch refused by the static gate or outside its
+# editable region). NEEDS_REVIEW causes: precision (error several times the baseline's own, within
+# tolerance), implausible (faster than speed of light, or than the spec's factor over the baseline),
+# incomparable (baseline and variant timed on different devices or toolchains).
+CAUSES = ("slower", "wrong", "infeasible", "rejected")
+REVIEW_CAUSES = ("precision", "implausible", "incomparable")
+Cause = Literal["slower", "wrong", "infeasible", "rejected", "precision", "implausible", "incomparable"]
 # error class -> cause; constraint violations (spills, registers, shared memory) are "infeasible"
 ERROR_CAUSES = {
     "invalid_config": "infeasible", "compile_failed": "infeasible", "out_of_resources": "infeasible",
     "numeric_mismatch": "wrong", "nan_inf": "wrong", "runtime_error": "wrong", "timeout": "infeasible",
-    "crashed": "wrong",
+    "crashed": "wrong", "patch_rejected": "rejected", "patch_failed": "rejected",
 }
 
 
@@ -219,7 +266,7 @@ class Verdict(BaseModel):
     ratio_ci_low: float | None = None
     ratio_ci_high: float | None = None
     evidence: Evidence | None = None
-    cause: Cause | None = None  # set on every REGRESS: slower / wrong / infeasible
+    cause: Cause | None = None  # every REGRESS (CAUSES) and a NEEDS_REVIEW from the gate (REVIEW_CAUSES)
     p50_ratio: float | None = None  # plain p50 ratio (geomean of median ratios)
     worst_shape: str | None = None  # a REGRESS/slower names the shape it is slower on
     shapes: list[ShapeVerdict] = Field(default_factory=list)
