@@ -30,10 +30,13 @@ from kregress.core.names import STRATEGIES
 # Subcommands contributed by other modules: each exposes register(subparsers).
 PLUGINS = ("kernel_assets.cli_usage", "kregress.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay")
 
-# Exit codes of `kregress sweep`.
+# Exit codes. A bad spec is 2 wherever a spec is read (sweep, specs validate, review).
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET = 0, 1, 2, 3
+EXIT_NOT_FOUND = 1  # history show: no sweep of that task recorded
 SWEEP_EPILOG = ("exit codes: 0 done (or unchanged since the last sweep); 1 a step failed (the reason is printed on one "
                 "line); 2 the spec is invalid; 3 the token budget was exceeded (--budget-overshoot warn: a warning)")
+VALIDATE_EPILOG = "exit codes: 0 every spec is valid; 2 at least one is not (one line per problem, naming file and field)"
+HISTORY_EPILOG = "exit codes: 0 shown; 1 no sweep of that task is recorded under this DAGSTER_HOME"
 # Test hook: `step:<step_key>` (at that step's start) or `log:<text>` (after a progress line containing text)
 # makes the sweep process SIGKILL itself, as a crash would. Only tests set it.
 KILL_ENV = "KREGRESS_TEST_KILL_AT"
@@ -89,6 +92,7 @@ def failure_line(err) -> str:
 
 # --- progress display ------------------------------------------------------------------------------
 
+ROUND_STEPS = ("suggestions", "variants", "profiles")  # the steps of one round, in order
 _ROUND_STEP = re.compile(r"^round_(\d+)_(suggestions|variants|profiles)$")
 _SKIPPED = re.compile(r"^round (\d+) skipped: (.*)$")
 
@@ -97,7 +101,8 @@ class _Progress(logging.Handler):
     """Turns Dagster's step events and the assets' log lines into a compact progress display.
 
     A failed step prints one line with the user-facing reason; a failed check names the variants and why;
-    a skipped round prints once ("round 3 skipped: ...") and its later steps print nothing."""
+    a skipped round prints once, numbered with the range of its steps ("[11-13/16] round 4 skipped: ..."),
+    and its steps print nothing, so the numbering stays consecutive."""
 
     def __init__(self, total_steps: int, stream=None):
         super().__init__(logging.DEBUG)
@@ -151,7 +156,10 @@ class _Progress(logging.Handler):
             if m:
                 self.skipped_rounds.add(int(m.group(1)))
                 self._pending = None
-                self._line(f"{elapsed} [{self.done + 1:>2}/{self.total}] round {m.group(1)} skipped: {m.group(2)}")
+                first = self.done + 1
+                span = f"{first}-{min(first + len(ROUND_STEPS) - 1, self.total)}" if self.total > first else f"{first:>2}"
+                self._line(f"{elapsed} [{span}/{self.total}] round {m.group(1)} skipped: {m.group(2)} (its "
+                           f"{len(ROUND_STEPS)} steps run nothing)")
                 return
             self._flush()
             self._line(f"{elapsed}   {msg}")
@@ -447,7 +455,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_review(args: argparse.Namespace) -> int:
     prepared = _prepare(args)
     if prepared is None:
-        return 2
+        return EXIT_BAD_SPEC
     spec, home, resources, instance = prepared
     import dagster as dg
 
@@ -488,18 +496,22 @@ def cmd_specs_validate(args: argparse.Namespace) -> int:
             print(f"{f}: could not be validated: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
             continue
         print(f"{f}: ok ({spec.task_id}, {spec.kernel_family}, {len(spec.shape_matrix)} shapes, hash {spec.content_hash()})")
-    return 1 if bad else 0
+    return EXIT_BAD_SPEC if bad else EXIT_OK
 
 
 def cmd_history_show(args: argparse.Namespace) -> int:
     _ensure_home(args.dagster_home)
     from kernel_assets import history
 
-    text = history.show(args.task_id)
+    try:
+        text = history.show(args.task_id)
+    except LookupError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return EXIT_NOT_FOUND
     print(text)
     for a in history.acks(args.task_id):
         print(f"acknowledged {a['run_id'][:8]} by {a['by']}: {a['why']}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_history_ack(args: argparse.Namespace) -> int:
@@ -579,12 +591,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_review)
     sp = sub.add_parser("specs", help="work with spec files")
     spsub = sp.add_subparsers(dest="specs_command", required=True)
-    v = spsub.add_parser("validate", help="validate spec files; run nothing")
+    v = spsub.add_parser("validate", help="validate spec files; run nothing", epilog=VALIDATE_EPILOG)
     v.add_argument("files", nargs="+")
     v.set_defaults(func=cmd_specs_validate)
     h = sub.add_parser("history", help="baseline history across sweeps")
     hsub = h.add_subparsers(dest="history_command", required=True)
-    hs = hsub.add_parser("show", help="the baselines recorded for a task")
+    hs = hsub.add_parser("show", help="the baselines recorded for a task", epilog=HISTORY_EPILOG)
     hs.add_argument("task_id")
     hs.add_argument("--dagster-home")
     hs.set_defaults(func=cmd_history_show)

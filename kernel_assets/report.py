@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import base64
+import inspect
 import io
 import math
 from pathlib import Path
 
 import pandas as pd
 
+from kregress.core.names import MEASURED_EVIDENCE
+from kregress.core.paths import REPO_ROOT
 from kregress.core.records import Verdict, VariantResult, config_label
 from kregress.core.stats import DEFAULT_MIN_SHIFT as MIN_SHIFT
 from kregress.core.spec import TaskSpec
@@ -105,17 +108,28 @@ def shape_table(history: list[VariantResult], verdicts: dict[str, Verdict]) -> p
     return pd.DataFrame.from_records(rows, columns=SHAPE_COLUMNS)
 
 
-VERDICT_COLORS = {"PASS": "#2e7d32", "REGRESS": "#c62828", "NEEDS_REVIEW": "#f9a825", "BASELINE": "#1565c0"}
-# colour by verdict and cause (a REGRESS is red only when slower)
+# Colours by verdict and cause. A PASS is "not worse than the guard", not a win: it is neutral, and only
+# a PASS whose whole interval lies below 1 (measured faster) is green. A REGRESS is red only when slower.
 CATEGORY_COLORS = {
-    "BASELINE": "#1565c0", "PASS": "#2e7d32", "NEEDS_REVIEW": "#f9a825",
+    "BASELINE": "#1565c0", "PASS": "#78909c", "PASS/faster": "#2e7d32", "NEEDS_REVIEW": "#f9a825",
     "REGRESS/slower": "#c62828", "REGRESS/wrong": "#6a1b9a", "REGRESS/infeasible": "#616161",
 }
+VERDICT_COLORS = {k: CATEGORY_COLORS[k] for k in ("PASS", "REGRESS/slower", "NEEDS_REVIEW", "BASELINE")}
+CATEGORY_LABELS = {
+    "BASELINE": "baseline", "PASS": "PASS (not worse than the guard)", "PASS/faster": "PASS, measured faster",
+    "NEEDS_REVIEW": "NEEDS_REVIEW", "REGRESS/slower": "REGRESS/slower", "REGRESS/wrong": "REGRESS/wrong",
+    "REGRESS/infeasible": "REGRESS/infeasible",
+}
+# The shipped replay spec: measured verdicts (recorded RTX 3090 runs) on a host with no GPU.
+REPLAY_DEMO_SPEC = REPO_ROOT / "specs" / "replay_clblast_rtx3090.yaml"
+NEAR_TIE = 0.01  # estimates closer than this (relative) are not ranked apart
 
 
-def _category(verdict, cause) -> str:
+def _category(verdict, cause, ci_high=None) -> str:
     if verdict == "REGRESS":
         return f"REGRESS/{cause or 'slower'}"
+    if verdict == "PASS":
+        return "PASS/faster" if ci_high is not None and not _isnan(ci_high) and ci_high < 1.0 else "PASS"
     return verdict if isinstance(verdict, str) and verdict in CATEGORY_COLORS else "NEEDS_REVIEW"
 
 
@@ -128,6 +142,21 @@ def _short_reason(rec) -> str:
         if key in reasons:
             return f"{label} over limit"
     return rec.get("cause") or "no latency"
+
+
+def evidence_of(history: list[VariantResult]) -> str:
+    """``measured`` when any row was timed on a GPU or replayed, ``model`` when the only latencies are
+    analytic estimates, ``none`` when nothing has a latency."""
+    kinds = {r.evidence for r in history if r.measurements}
+    if kinds & MEASURED_EVIDENCE:
+        return "measured"
+    return "model" if kinds else "none"
+
+
+def latency_label(kind: str, short: bool = False) -> str:
+    if kind == "model":
+        return "est_ms (model)" if short else "estimated ms (model, not measured)"
+    return "p50_ms" if short else "p50 ms (measured)"
 
 
 def latency_plot(variants: pd.DataFrame, title: str, measurements: pd.DataFrame | None = None,
@@ -144,13 +173,16 @@ def latency_plot(variants: pd.DataFrame, title: str, measurements: pd.DataFrame 
 
 def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFrame | None = None,
                    guard: float | None = None, by_shape: pd.DataFrame | None = None):
-    """p50 per variant, coloured by verdict and cause, one panel per shape when there are several.
+    """Each variant's time relative to the baseline's (log scale), one panel per shape when there are several.
 
-    Every variant is on the x axis: one without a latency (failed, infeasible) gets a hatched grey
-    slot with its reason written in it, never a made-up bar height. Measured evidence has p20-p80
-    error bars; model evidence is one estimate and has none. The dashed line is the baseline, the
-    dotted red one the guard (baseline x guard ratio). The legend sits outside the axes. With
-    ``by_shape`` (the verdicts_by_shape table) each shape's panel is coloured by that shape's verdict.
+    The y axis says what the numbers are: a measured p50 ratio, or a model estimate's ratio (evidence
+    ``model``: not a measurement). The baseline is the line at 1; the guard is a shaded band from 1 to
+    the guard ratio, so a bar inside it is "not worse beyond the guard". A variant with no latency
+    (failed, out of resources) is a grey x on the axis with its reason, never a bar; an infeasible
+    variant that has an estimate is a hollow hatched bar with its reason. Measured evidence has p20-p80
+    error bars. Colours: PASS is neutral (not a win), green only when the whole interval is below 1;
+    NEEDS_REVIEW amber; REGRESS red (slower), purple (wrong), grey (infeasible). The legend sits below
+    the axes. With ``by_shape`` (the verdicts_by_shape table) each panel is coloured by that shape's verdict.
     """
     import matplotlib
 
@@ -161,13 +193,18 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
     info = {r["variant_id"]: r for r in variants.to_dict("records")}
     per_shape = {}
     if by_shape is not None and len(by_shape):
-        per_shape = {(r["variant_id"], r["shape"]): (r["verdict"], r["cause"]) for r in by_shape.to_dict("records")}
+        per_shape = {(r["variant_id"], r["shape"]): (r["verdict"], r["cause"], r.get("ratio_ci_high"))
+                     for r in by_shape.to_dict("records")}
     shapes = []
     if measurements is not None and len(measurements):
         shapes = list(dict.fromkeys(measurements["shape"]))
+    kinds = set(variants["evidence"].dropna())
+    kind = "measured" if kinds & MEASURED_EVIDENCE else "model" if kinds else "none"
+    what = ("estimated time / baseline's estimate (model, not measured)" if kind == "model"
+            else "p50 / baseline p50 (measured)")
     panels = shapes if len(shapes) > 1 else [None]
-    width = max(6.0, 0.32 * len(order) + 3.0)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 2.8 * len(panels) + 0.8), dpi=110, squeeze=False,
+    width = max(7.0, 0.34 * len(order) + 2.5)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 2.6 * len(panels) + 1.0), dpi=100, squeeze=False,
                              sharex=True)
     for ax, shape in zip(axes[:, 0], panels):
         vals, lo, hi = {}, {}, {}
@@ -181,53 +218,65 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
             for m in sub.to_dict("records"):
                 vals[m["variant_id"]] = m["p50_ms"]
                 lo[m["variant_id"]], hi[m["variant_id"]] = m.get("p20_ms"), m.get("p80_ms")
-        top = max(vals.values()) if vals else 1.0
+        base = vals.get(order[0]) if order else None
+        scale = base if base else 1.0
+        ratios = [v / scale for v in vals.values() if v > 0]
+        top = max(ratios + [guard or 1.0, 1.0]) * 1.5
+        bottom = min(ratios + [1.0]) / 1.6
         for x, vid in enumerate(order):
             rec = info[vid]
-            verdict, cause = per_shape.get((vid, shape), (rec.get("verdict"), rec.get("cause")))
-            cat = _category(verdict, cause)
+            verdict, cause, ci_high = per_shape.get((vid, shape), (rec.get("verdict"), rec.get("cause"),
+                                                                   rec.get("ratio_ci_high")))
+            cat = _category(verdict, cause, ci_high)
             color = CATEGORY_COLORS[cat]
-            if vid in vals:
+            label = CATEGORY_LABELS[cat]
+            if vid in vals and vals[vid] > 0:
+                r = vals[vid] / scale
                 failed = cat in ("REGRESS/infeasible", "REGRESS/wrong")
-                bar = ax.bar(x, vals[vid], color=color, label=cat, hatch="///" if failed else None,
-                             edgecolor="white" if failed else None)[0]
+                if failed:  # an estimate exists, but the variant is out: hollow, with its reason
+                    bar = ax.bar(x, r - bottom, bottom=bottom, facecolor="white", edgecolor=color, hatch="///",
+                                 lw=0.8, label=label)[0]
+                    ax.text(x, 0.04, _short_reason(rec), rotation=90, fontsize=6.5, ha="center", va="bottom",
+                            transform=ax.get_xaxis_transform(), color="#212121")
+                else:
+                    bar = ax.bar(x, r - bottom, bottom=bottom, color=color, label=label)[0]
                 bar.set_gid(f"variant:{vid}")
-                if failed:  # an estimate exists, but the variant is out: say why on the bar
-                    ax.text(x, 0.02, _short_reason(rec), rotation=90, fontsize=6, ha="center", va="bottom",
-                            transform=ax.get_xaxis_transform(), color="white")
                 l, h = lo.get(vid), hi.get(vid)
-                if rec.get("evidence") in ("cuda", "replay") and l is not None and h is not None \
+                if rec.get("evidence") in MEASURED_EVIDENCE and l is not None and h is not None \
                         and not _isnan(l) and not _isnan(h):
-                    ax.errorbar(x, vals[vid], yerr=[[vals[vid] - l], [h - vals[vid]]], color="black", lw=0.8, capsize=2)
-            else:  # no latency: a hatched slot with the reason, no value
-                span = ax.axvspan(x - 0.4, x + 0.4, facecolor="none", edgecolor=color, hatch="///", lw=0.8, label=cat)
-                span.set_gid(f"variant:{vid}")
-                ax.text(x, 0.02, _short_reason(rec), rotation=90, fontsize=6, ha="center", va="bottom",
-                        transform=ax.get_xaxis_transform(), color="#333")
-        base = vals.get(order[0]) if order else None
-        if base is not None:
-            ax.axhline(base, ls="--", color=CATEGORY_COLORS["BASELINE"], lw=1, label="baseline p50")
+                    ax.errorbar(x, r, yerr=[[r - l / scale], [h / scale - r]], color="black", lw=0.8, capsize=2)
+            else:  # no latency: a marker on the axis and the reason, no bar
+                mark = ax.plot([x], [bottom * 1.12], marker="x", color=color, ms=6, mew=1.5, ls="none", label=label)[0]
+                mark.set_gid(f"variant:{vid}")
+                ax.text(x, 0.12, _short_reason(rec), rotation=90, fontsize=6.5, ha="center", va="bottom",
+                        transform=ax.get_xaxis_transform(), color="#212121")
+        if base:
+            base_label = "baseline (its estimate)" if kind == "model" else "baseline p50"
+            ax.axhline(1.0, ls="--", color=CATEGORY_COLORS["BASELINE"], lw=1, label=base_label)
             if guard:
-                ax.axhline(base * guard, ls=":", color="#c62828", lw=1.2, label=f"guard x{guard:g}")
-                ax.text(1.0, base * guard, f" guard x{guard:g}", transform=ax.get_yaxis_transform(), fontsize=6,
-                        va="bottom", ha="left", color="#c62828")
-                top = max(top, base * guard)
-        ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
-        ax.set_ylabel("p50 ms" + ("" if shape else " (geomean)"), fontsize=8)
-        if shape is not None:
-            ax.set_title(f"shape {shape}", fontsize=8, loc="left")
+                ax.axhspan(1.0, guard, color="#c62828", alpha=0.18, lw=0, label=f"guard x{guard:g}")
+                ax.axhline(guard, ls=":", color="#c62828", lw=1.0)
+        ax.set_yscale("log")
+        ax.set_ylim(bottom, top)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_ylabel("vs baseline", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+        name = f"shape {shape}: " if shape is not None else ""
+        base_txt = f"{base:.4g} ms" if base else "no baseline value"
+        ax.set_title(f"{name}baseline {'estimate' if kind == 'model' else 'p50'} {base_txt}", fontsize=8, loc="left")
     ax = axes[-1, 0]
     ax.set_xticks(range(len(order)))
     ax.set_xticklabels(order, rotation=70, fontsize=7)
-    ev = ",".join(sorted(set(variants["evidence"].dropna()))) or "none"
-    fig.suptitle(f"{title} (evidence: {ev})", fontsize=9)
+    ax.set_xlim(-0.7, len(order) - 0.3)
+    fig.suptitle(f"{title}: {what}", fontsize=9)
     handles = {}
     for a in axes[:, 0]:
         for h, lab in zip(*a.get_legend_handles_labels()):
             handles.setdefault(lab, h)
-    fig.legend(list(handles.values()), list(handles.keys()), fontsize=7, loc="center left",
-               bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
+    fig.legend(list(handles.values()), list(handles.keys()), fontsize=7, loc="upper center",
+               bbox_to_anchor=(0.5, 0.0), ncol=min(4, max(1, len(handles))), frameon=False)
     return fig
 
 
@@ -239,58 +288,210 @@ def md_image(png: bytes, alt: str) -> str:
     return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"
 
 
-def _md_table(df: pd.DataFrame, cols: list[str], max_rows: int = 200) -> str:
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(df: pd.DataFrame, cols: list[str], max_rows: int = 200, headers: dict[str, str] | None = None) -> str:
+    """A markdown table of ``cols``; ``headers`` renames columns for display only."""
     if df.empty:
         return "_none_\n"
     view = df[cols].head(max_rows).copy()
+    names = [(headers or {}).get(c, c) for c in cols]
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(v) for v in rec) + " |" for rec in view.itertuples(index=False)]
+    more = f"\n_{len(df) - max_rows} more row(s) in the Parquet files_\n" if len(df) > max_rows else ""
+    return "\n".join(lines) + "\n" + more
 
-    def fmt(v):
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return ""
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return str(v).replace("|", "\\|").replace("\n", " ")
 
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(v) for v in rec) + " |" for rec in view.itertuples(index=False)]
+def reading(v: Verdict | None) -> str:
+    """What a verdict's ratio says, in words: ``2.3% slower [0.9%, 3.1%]``, ``estimate 0.62x (model)``."""
+    if v is None or v.ratio is None or _isnan(v.ratio):
+        return ""
+    if v.method == "model" or v.evidence == "model":
+        return f"estimate {v.ratio:.3g}x (model)"
+
+    def pct(r: float) -> str:
+        d = (r - 1.0) * 100
+        return f"{abs(d):.1f}% {'slower' if d > 0 else 'faster'}" if abs(d) >= 0.05 else "0.0%"
+
+    ci = ""
+    if v.ratio_ci_low is not None and v.ratio_ci_high is not None:
+        ci = f" [{(v.ratio_ci_low - 1) * 100:+.1f}%, {(v.ratio_ci_high - 1) * 100:+.1f}%]"
+    return f"{pct(v.ratio)}{ci}"
+
+
+def verdict_view(verdict_df: pd.DataFrame, verdicts: dict[str, Verdict], kind: str) -> tuple[pd.DataFrame, list[str], dict]:
+    """The verdict table as shown (report.md, the UI): (frame, columns, display headers)."""
+    view = verdict_df.copy()
+    view["vs_baseline"] = [reading(verdicts.get(v)) for v in view["variant_id"]]
+    generic = "analytic estimate (evidence=model)"
+    view["why"] = [("" if verdicts.get(v) is None else
+                    "model estimate only: needs cuda or replay evidence" if (verdicts[v].method == "model"
+                                                                           and verdicts[v].verdict == "NEEDS_REVIEW")
+                    else "; ".join(verdicts[v].reasons)) for v in view["variant_id"]]
+    view["why"] = view["why"].str.replace(generic, "model estimate", regex=False)
+    cols = ["variant_id", "round", "source", "config_label", "verdict", "cause"]
+    if kind == "measured":
+        cols += ["worst_shape", "vs_baseline", "ratio", "ratio_ci_low", "ratio_ci_high"]
+    else:
+        cols += ["vs_baseline"]
+    cols += ["why"]
+    headers = {"vs_baseline": "measured vs baseline [interval]" if kind == "measured" else "vs baseline",
+               "config_label": "config"}
+    return view, cols, headers
+
+
+def per_shape_section(by_shape: pd.DataFrame, kind: str, shapes: list[str]) -> str:
+    """Per shape, as a new user reads it: model evidence is one table of estimated ratios (variant x
+    shape); measured evidence is one row per variant and shape with its interval and sample counts. A
+    variant that failed before timing is one row saying so, not a row of zeros per shape."""
+    if by_shape.empty:
+        return "_none_\n"
+    failed = by_shape[by_shape["n_variant"].eq(0) & by_shape["ratio"].isna()]
+    failed_ids = list(dict.fromkeys(failed["variant_id"]))
+    timed = by_shape[~by_shape["variant_id"].isin(failed_ids)]
+    out = []
+    if kind == "model":
+        if len(timed):
+            piv = timed.pivot_table(index="variant_id", columns="shape", values="ratio", sort=False)
+            piv = piv[[s for s in shapes if s in piv.columns]].reset_index()
+            out.append("Estimated time / baseline's estimate on each shape (evidence `model`: analytic estimates, "
+                       "no samples, no interval; below 1 means the model expects it faster).\n")
+            out.append(_md_table(piv, list(piv.columns), max_rows=400))
+    else:
+        out.append(_md_table(timed, ["variant_id", "shape", "verdict", "cause", "ratio", "ratio_ci_low", "ratio_ci_high",
+                                     "p50_ratio", "n_variant", "n_baseline", "evidence"], max_rows=400))
+    if failed_ids:
+        first = failed.drop_duplicates("variant_id")
+        out.append("\nNot timed on any shape (the verdict holds for every shape):\n")
+        out.append(_md_table(first, ["variant_id", "verdict", "cause", "reason"], headers={"reason": "why"}))
+    return "\n".join(out)
+
+
+def _near_ties(variants: pd.DataFrame, param_names: list[str]) -> list[tuple[list[str], list[str]]]:
+    """Groups of feasible timed variants (the baseline included) whose estimates lie within NEAR_TIE of
+    each other, with the tunables in which they differ."""
+    ok = variants[variants["latency_p50_ms"].notna() & (variants["verdict"].isin(["BASELINE", "NEEDS_REVIEW", "PASS"]))]
+    ok = ok.sort_values("latency_p50_ms", kind="stable")
+    groups, cur = [], []
+    for rec in ok.to_dict("records"):
+        if cur and rec["latency_p50_ms"] > cur[0]["latency_p50_ms"] * (1 + NEAR_TIE):
+            groups.append(cur)
+            cur = []
+        cur.append(rec)
+    if cur:
+        groups.append(cur)
+    out = []
+    for g in groups:
+        if len(g) < 2:
+            continue
+        differ = [p for p in param_names if len({str(r.get(p)) for r in g}) > 1]
+        out.append(([r["variant_id"] for r in g], differ))
+    return out
+
+
+def model_section(family, variants: pd.DataFrame, param_names: list[str]) -> str:
+    """How the estimates are made (the family's own account: its ``model_latency_ms`` docstring), and the
+    variants the model cannot rank apart, with what they differ in."""
+    doc = inspect.getdoc(type(family).model_latency_ms) if family is not None else None
+    lines = ["Every latency in this report is the family's analytic estimate from the variant's real compile "
+             "facts (registers, spills, shared memory, occupancy), not a timing. What it takes into account and "
+             "what it leaves out, in the family's words:", ""]
+    lines += [f"> {ln}" if ln else ">" for ln in (doc or "(the family does not describe its model)").splitlines()]
+    ties = _near_ties(variants, param_names)
+    if ties:
+        lines += ["", f"Estimates within {NEAR_TIE:.0%} of each other are not ranked apart; the model cannot tell "
+                      "these variants apart, so only a measurement can:", ""]
+        for ids, differ in ties[:12]:
+            what = ", ".join(f"{p} ({', '.join(dict.fromkeys(str(variants.set_index('variant_id').loc[i, p]) for i in ids))})"
+                             for p in differ) or "nothing the model sees"
+            lines.append(f"- {', '.join(f'`{i}`' for i in ids)}: differ in {what}")
     return "\n".join(lines) + "\n"
+
+
+def _steps(max_err: float | None, ref_round: float | None) -> float | None:
+    """A variant's largest error in units of the output format's rounding (the reference's own largest
+    rounding error is half a step): 1.0 = half a step (correctly rounded), 2.0 = one whole step."""
+    if max_err is None or not ref_round:
+        return None
+    return max_err / ref_round
+
+
+def _rounding_class(ratio: float | None) -> str:
+    if ratio is None:
+        return ""
+    if ratio <= 1.05:  # fp32 accumulation can tip a value that sits on a rounding midpoint
+        return "yes"
+    if ratio <= 2.05:
+        return "one step"
+    return "no"
 
 
 def tolerance_section(spec: TaskSpec, history: list[VariantResult]) -> str:
     """How numerics are judged: absolute and relative parts per dtype, and the reference's own rounding
-    (the float64 reference rounded to the output dtype) next to each variant's error."""
+    (the float64 reference rounded to the output dtype) next to each variant's error; variants with the
+    same error share a row, and a run of identical errors is explained."""
     lines = [
         f"An element passes when |out - ref| <= atol + rtol * |ref|, against the float64 reference, for dtype "
         f"**{spec.dtype}**. `numeric_tolerance` ({spec.constraints.numeric_tolerance:g}) is the base of both parts; "
         "the family scales them with the shape (e.g. with sqrt(K) for a GEMM) and the dtype.",
         "",
-        "`ref rounding` is the error of the float64 reference itself rounded to the output dtype: the part of "
-        "a variant's error the output format alone makes. A variant whose max_abs_err equals it is exact to "
-        "the format.", "",
+        "`ref rounding` is the error of the float64 reference itself rounded to the output dtype: half a step of "
+        "the output format at the largest values. `err / ref rounding` near 1 means the variant is correctly "
+        "rounded to the format (`within rounding`: yes); near 2 means one whole step off; above that, arithmetic "
+        "error beyond the format's.", "",
     ]
     recs = []
     for r in history:
         c = r.correctness
         if c is None:
             continue
+        ratio = _steps(c.max_abs_err, c.ref_rounding_abs)
         recs.append({"variant_id": r.variant_id, "dtype": c.dtype or spec.dtype, "atol": c.atol, "rtol": c.rtol,
                      "max_abs_err": c.max_abs_err, "ref rounding abs": c.ref_rounding_abs,
+                     "err / ref rounding": ratio,
                      "max_rel_err": c.max_rel_err, "ref rounding rel": c.ref_rounding_rel,
-                     "within rounding": (None if c.ref_rounding_abs is None
-                                         else "yes" if c.max_abs_err <= c.ref_rounding_abs * (1 + 1e-9) else "no"),
-                     "ok": c.ok})
+                     "within rounding": _rounding_class(ratio), "ok": c.ok, "backend": r.backend})
     if not recs:
         return "\n".join(lines + ["_no correctness checks on this backend (recorded runs are not re-checked)_"]) + "\n"
     df = pd.DataFrame.from_records(recs)
-    return "\n".join(lines) + "\n" + _md_table(df, list(df.columns))
+    key = ["dtype", "atol", "rtol", "max_abs_err", "ref rounding abs", "err / ref rounding", "max_rel_err",
+           "ref rounding rel", "within rounding", "ok"]
+    grouped = []
+    for _, g in df.groupby(key, sort=False, dropna=False):
+        ids = list(g["variant_id"])
+        name = ", ".join(ids) if len(ids) <= 4 else f"{', '.join(ids[:3])} and {len(ids) - 3} more"
+        grouped.append({"variants": name, "n": len(ids), **g.iloc[0][key].to_dict()})
+    gdf = pd.DataFrame.from_records(grouped)
+    if len(gdf) == 1 and len(df) > 1:
+        row = gdf.iloc[0]
+        ratio = row["err / ref rounding"]
+        lines += [f"All {len(df)} checked rows (the baseline and every variant that compiled) have the same error. "
+                  f"That error is the output format's, not the tiling's: every variant accumulates in fp32 and "
+                  f"rounds once to {spec.dtype}, and a different tiling changes the fp32 sums by far less than one "
+                  f"{spec.dtype} step, so the rounded outputs agree."]
+        if ratio is not None and not _isnan(ratio):
+            lines[-1] += f" Its largest error is {ratio:.2f} x the reference's own rounding."
+            if 1.5 < ratio <= 2.05 and spec.dtype == "bf16" and set(df["backend"]) == {"interpreter"}:
+                lines[-1] += (" One whole bf16 step rather than half: in this run the kernels executed in Triton's "
+                              "CPU interpreter, whose fp32-to-bf16 conversion truncates where a GPU rounds to "
+                              "nearest; on a GPU the same kernels land within rounding.")
+        lines.append("")
+    return "\n".join(lines) + "\n" + _md_table(gdf, ["variants", "n"] + key)
 
 
 def best_line(best: dict, spec: TaskSpec) -> str:
     if best["variant_id"] is None:
         return "Best: none (no variant is correct, feasible and timed)"
-    val = f" at {best['value']:.4g} ms ({spec.objective.aggregate} p50, evidence {best.get('evidence')})"
     if best["kind"] == "best":
+        val = f" at {best['value']:.4g} ms ({spec.objective.aggregate} of the measured p50s, evidence {best.get('evidence')})"
         return f"Best (measured): `{best['variant_id']}`{val}"
+    val = f" at {best['value']:.4g} ms ({spec.objective.aggregate} of the model's estimates, evidence {best.get('evidence')})"
     ties = best["ties"]
     tie = (f"; {len(ties)} variants tie at this estimate: {', '.join(f'`{t}`' for t in ties)}; tie-break: "
            f"{best['tie_break']}") if len(ties) > 1 else ""
@@ -298,13 +499,87 @@ def best_line(best: dict, spec: TaskSpec) -> str:
             "A measured best needs cuda or replay evidence.")
 
 
+def _display_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def next_step(kind: str, spec: TaskSpec, spec_path: str) -> str:
+    """What to run to see measured verdicts, when this sweep had none ('' when it had)."""
+    if kind == "measured":
+        return ""
+    demo = (f" Without a GPU, `kregress sweep {_display_path(REPLAY_DEMO_SPEC)}` runs the same pipeline on recorded "
+            "RTX 3090 runs (evidence `replay`) and gives measured PASS / REGRESS verdicts."
+            if REPLAY_DEMO_SPEC.is_file() else "")
+    return (f"No latency in this sweep was measured. On a GPU host, `kregress sweep {spec_path} --backend cuda` times "
+            f"every variant.{demo}")
+
+
+def _baseline_lines(baseline: VariantResult, recorded: bool) -> list[str]:
+    lines = [f"- config `{config_label(baseline.config)}`; backend {baseline.backend}; evidence {baseline.evidence}",
+             f"- error: {baseline.error or 'none'} {baseline.error_detail}".rstrip()]
+    if baseline.compile is not None:
+        cs = baseline.compile
+        lines.append(f"- compile for {cs.arch}: {cs.regs_per_thread} regs/thread, {cs.spill_bytes} B spills, "
+                     f"{cs.smem_bytes} B shared memory, occupancy {cs.occupancy:.3g} ({cs.blocks_per_sm} block(s)/SM, "
+                     f"limited by {cs.occupancy_limiter})")
+    else:
+        lines.append("- compile: none: recorded runs (nothing is compiled on this host)" if recorded
+                     else "- compile: no compile facts (the variant did not compile, or the family wraps an external kernel)")
+    if baseline.correctness is not None:
+        c = baseline.correctness
+        lines.append(f"- correctness: max_abs_err {c.max_abs_err:.4g}, max_rel_err {c.max_rel_err:.4g} on "
+                     f"{', '.join(c.shapes_checked)}")
+    else:
+        lines.append("- correctness: not re-checked: recorded runs were validated when they were recorded" if recorded
+                     else "- correctness: not checked")
+    return lines
+
+
+def _nonzero_cols(df: pd.DataFrame, cols: list[str]) -> list[str]:
+    """``cols`` without the ones that hold nothing but zeros or blanks (e.g. GB/s of a recording with no byte count)."""
+    out = []
+    for c in cols:
+        vals = df[c] if c in df else pd.Series(dtype=float)
+        if vals.dtype.kind in "fi" and not vals.fillna(0).ne(0).any():
+            continue
+        out.append(c)
+    return out
+
+
+def conditions_lines(history: list[VariantResult], kind: str) -> list[str]:
+    locked = sorted({m.clocks_locked for r in history for m in r.measurements if m.clocks_locked})
+    devices = sorted({f"{m.gpu_name or m.device} {m.gpu_uuid}".strip() + (f" on {m.host}" if m.host else "")
+                      for r in history for m in r.measurements if m.evidence in MEASURED_EVIDENCE})
+    batches = sorted({m.batch for r in history for m in r.measurements if m.batch})
+    evidence = {m.evidence for r in history for m in r.measurements}
+    if kind == "model":
+        return ["- devices: none: nothing was timed (every latency is a model estimate)",
+                "- batches: none (nothing was timed)", "- clock locking: not applicable"]
+    if evidence <= {"replay"}:
+        return [f"- devices: {', '.join(devices) or 'unknown'} (as recorded in the file)",
+                f"- batches: {len(batches)} replay batch(es): recorded data, nothing was timed here; each batch draws "
+                "the baseline's recorded runs again for the variants it compares",
+                "- clock locking: unknown (not recorded)"]
+    return [f"- devices: {', '.join(devices) or 'none'}",
+            f"- batches: {len(batches)} ({'the baseline re-timed in each batch, interleaved with its variants' if batches else 'no same-batch timing'})",
+            f"- clock locking: {'; '.join(locked) if locked else 'off'}"]
+
+
 def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts: dict[str, Verdict],
                  param_names: list[str], narrative: str = "", narrative_source: str = "",
-                 token_table: pd.DataFrame | None = None, extra_sections: list[tuple[str, str]] = ()) -> dict:
+                 token_table: pd.DataFrame | None = None, extra_sections: list[tuple[str, str]] = (),
+                 family=None) -> dict:
     """Write report.md, variants.parquet, verdicts.parquet, verdicts_by_shape.parquet, measurements.parquet
-    and latency.png. Returns counts, causes, the summary line, the best-variant record and the frames."""
+    and latency.png. Returns counts, causes, the summary line, the best-variant record, the evidence kind,
+    what to run next for measured verdicts, and the frames."""
     from kernel_assets.sweep import best_measured, cause_counts, summary_line
+    from kregress.core.family import get_family
 
+    if family is None:
+        family = get_family(spec.kernel_family).for_params(spec.params)
     out_dir.mkdir(parents=True, exist_ok=True)
     variants, verdict_df, meas = tables(state.history, verdicts, param_names)
     by_shape = shape_table(state.history, verdicts)
@@ -321,71 +596,70 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     line = summary_line(counts, causes)
     best = best_measured(state, verdicts, spec)
     baseline = state.history[0]
-    b = variants.iloc[0]
-    locked = sorted({m.clocks_locked for r in state.history for m in r.measurements if m.clocks_locked})
-    devices = sorted({f"{m.gpu_name or m.device} {m.gpu_uuid}".strip() + (f" on {m.host}" if m.host else "")
-                      for r in state.history for m in r.measurements if m.evidence in ("cuda", "replay")})
-    batches = sorted({m.batch for r in state.history for m in r.measurements if m.batch})
     rg = spec.regression_guard
+    kind = evidence_of(state.history)
+    recorded = bool(getattr(family, "recorded", False))
+    shapes = [m.shape for m in baseline.measurements]
+    follow = next_step(kind, spec, spec_path)
+    lat = latency_label(kind, short=True)
 
     lines = [f"# kregress sweep: {spec.task_id}", ""]
     if spec.description:
         lines += [spec.description, ""]
+    lines += ["## Verdicts", "", f"**{line}** (of {len(verdict_df)} variants)", ""]
+    if kind == "model":
+        lines += ["**Evidence: `model`.** This host timed nothing: every latency below is an analytic estimate "
+                  "from the variant's real compile facts, not a measurement, so no variant can PASS or REGRESS "
+                  "on speed here; those that compiled, fit the limits and match the reference are NEEDS_REVIEW. "
+                  "REGRESS verdicts (did not compile, over a limit, wrong numbers) are real. " + follow, ""]
+    elif kind == "none":
+        lines += ["**Nothing was timed**: no variant has a latency. " + follow, ""]
+    lines += [best_line(best, spec), "", f"Stopped: {state.stopped or 'not stopped'}", ""]
+    if kind == "measured":
+        lines += [
+            "PASS means *not worse than the guard* (x" + f"{guard:g}" + ", the interval entirely below it), not "
+            "faster: the `measured vs baseline` column says by how much, with its interval.", "",
+            f"Latency rule: per shape, the shift of the log times (variant vs the baseline samples of the same batch) "
+            f"with its {rg.confidence:g} interval: the cluster-aligned likelihood shift and interval where the timings "
+            "sit in tight clusters ('aligned shift ratio' in the reasons), else the Hodges-Lehmann shift with its "
+            "distribution-free interval; REGRESS/slower when the shift is "
+            f"above the guard {guard:g} and the interval lies above {1 + MIN_SHIFT:g}, PASS when the interval lies "
+            "below the guard, "
+            f"NEEDS_REVIEW otherwise or below {rg.min_samples} samples a side. A variant is REGRESS/slower if any "
+            "shape is; `worst_shape` names it.", ""]
+    lines += ["Evidence rule: PASS/REGRESS on latency needs `cuda` or `replay` evidence; `model` latencies give "
+              "NEEDS_REVIEW. Correctness, NaN/Inf and constraint failures are real on every backend and give REGRESS "
+              "with a cause: `infeasible` (did not compile, out of resources, spills or registers over the limit), "
+              "`wrong` (numerics, NaN/Inf) or `slower`.", ""]
+    view, vcols, vheads = verdict_view(verdict_df, verdicts, kind)
+    lines += [_md_table(view, vcols, headers=vheads),
+              "![each variant's time relative to the baseline](latency.png)", "",
+              "## Per shape", "", per_shape_section(by_shape, kind, shapes)]
+    if kind == "model":
+        lines += ["## How the estimates are made", "", model_section(family, variants, param_names)]
+    lines += ["## Measurement conditions", "", *conditions_lines(state.history, kind), "",
+              "## Tolerance", "", tolerance_section(spec, state.history)]
+    constraints = ("not checked: recorded runs carry no compile facts (registers, spills, shared memory)" if recorded
+                   else str(spec.constraints.model_dump()))
     lines += [
-        "## Verdicts", "",
-        f"**{line}** (of {len(verdict_df)} variants)", "",
-        best_line(best, spec),
-        f"Stopped: {state.stopped or 'not stopped'}", "",
-        "Evidence rule: PASS/REGRESS on latency needs `cuda` or `replay` evidence; `model` latencies are analytic "
-        "estimates from real compile stats (one number, no spread) and give NEEDS_REVIEW. Correctness, NaN/Inf and "
-        "constraint failures are real on every backend and give REGRESS with a cause: `infeasible` (did not "
-        "compile, out of resources, spills or registers over the limit), `wrong` (numerics, NaN/Inf) or `slower`.", "",
-        f"Latency rule: per shape, the shift of the log times (variant vs the baseline samples of the same batch) "
-        f"with its {rg.confidence:g} interval: the cluster-aligned likelihood shift and interval where the timings "
-        "sit in tight clusters ('aligned shift ratio' in the reasons), else the Hodges-Lehmann shift with its "
-        "distribution-free interval; REGRESS/slower when the shift is "
-        f"above the guard {guard:g} and the interval lies above {1 + MIN_SHIFT:g}, PASS when the interval lies "
-        "below the guard, "
-        f"NEEDS_REVIEW otherwise or below {rg.min_samples} samples a side. A variant is REGRESS/slower if any "
-        "shape is; `worst_shape` names it.", "",
-        _md_table(verdict_df, ["variant_id", "round", "source", "config_label", "verdict", "cause", "worst_shape",
-                               "ratio", "ratio_ci_low", "ratio_ci_high", "evidence", "reasons"]),
-        "![p50 latency per variant](latency.png)", "",
-        "## Per shape", "",
-        _md_table(by_shape, ["variant_id", "shape", "verdict", "cause", "ratio", "ratio_ci_low", "ratio_ci_high",
-                             "p50_ratio", "n_variant", "n_baseline", "evidence"], max_rows=400),
-        "## Measurement conditions", "",
-        f"- devices: {', '.join(devices) or 'none measured (model evidence)'}",
-        f"- batches: {len(batches)} ({'baseline re-timed in each batch' if batches else 'no same-batch timing'})",
-        f"- clock locking: {'; '.join(locked) if locked else 'off'}", "",
-        "## Tolerance", "",
-        tolerance_section(spec, state.history),
         "## Spec", "",
         f"- file: `{spec_path}`; content hash `{spec.content_hash()}`",
         f"- family `{spec.kernel_family}`, dtype {spec.dtype}, target {spec.hardware.device} ({spec.hardware.arch})",
         f"- shape_matrix: {', '.join(map(str, spec.shape_matrix))}",
-        f"- correctness_shapes: {', '.join(map(str, spec.correctness_shapes))}",
-        f"- constraints: {spec.constraints.model_dump()}",
+        f"- correctness_shapes: {', '.join(map(str, spec.correctness_shapes))}" + (" (not run: recorded runs)" if recorded else ""),
+        f"- constraints: {constraints}",
         f"- regression guard: {rg.model_dump()}",
         f"- search: {spec.search.model_dump()}", "",
-        "## Baseline", "",
-        f"- config `{config_label(baseline.config)}`; backend {baseline.backend}; evidence {baseline.evidence}",
-        f"- error: {baseline.error or 'none'} {baseline.error_detail}",
-        f"- compile: {b['regs_per_thread']} regs/thread, {b['spill_bytes']} B spills, {b['smem_bytes']} B smem, "
-        f"occupancy {b['occupancy']} (limited by {b['occupancy_limiter']})",
-        f"- correctness: max_abs_err {b['max_abs_err']}, max_rel_err {b['max_rel_err']} on "
-        f"{', '.join(baseline.correctness.shapes_checked) if baseline.correctness else '-'}", "",
-        _md_table(meas[meas["variant_id"] == baseline.variant_id],
-                  (["shape", "p20_ms", "p50_ms", "p80_ms"] if baseline.evidence in ("cuda", "replay")
-                   else ["shape", "p50_ms"]) + ["tflops", "gbps", "evidence", "device"]),
-        "## Rounds", "",
+        "## Baseline", "", *_baseline_lines(baseline, recorded), "",
     ]
+    bmeas = meas[meas["variant_id"] == baseline.variant_id].rename(columns={"p50_ms": lat})
+    bcols = (["shape", "p20_ms", lat, "p80_ms"] if baseline.evidence in MEASURED_EVIDENCE else ["shape", lat])
+    lines += [_md_table(bmeas, bcols + _nonzero_cols(bmeas, ["tflops", "gbps"]) + ["evidence", "device"]), "## Rounds", ""]
     for rnd in sorted(set(variants["round"]) - {0}):
-        sub = variants[variants["round"] == rnd]
-        lines += [f"### Round {rnd}", "",
-                  _md_table(sub, ["variant_id", "source", "config_label", "patch_summary", "expected_effect", "risk",
-                                  "latency_p50_ms", "regs_per_thread", "smem_bytes", "occupancy", "error", "verdict",
-                                  "cause"])]
+        sub = variants[variants["round"] == rnd].rename(columns={"latency_p50_ms": lat})
+        cols = ["variant_id", "source", "config_label", "patch_summary", "expected_effect", "risk", lat]
+        cols += [] if recorded else ["regs_per_thread", "smem_bytes", "occupancy"]
+        lines += [f"### Round {rnd}", "", _md_table(sub, cols + ["error", "verdict", "cause"])]
     failed = [r for r in state.history if r.error]
     lines += ["## Failures", ""]
     lines += [f"- {r.variant_id} [{config_label(r.config)}]: **{r.error}**: {' '.join(r.error_detail.split())[:300]}" for r in failed] or ["_none_"]
@@ -393,15 +667,18 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     lines += [f"- round {d.round} ({d.source}): {d.reason}: `{d.raw[:160]}`" for d in state.dropped] or ["_none_"]
     if state.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in state.notes]
+    # Sections other modules add (baseline vs history, forecasts): each a (title, markdown) pair.
     for title, text in extra_sections:
         lines += ["", f"## {title}", "", text]
     if narrative:
         lines += ["", "## Narrative", "", f"_{narrative_source}_", "", narrative]
     if token_table is not None and len(token_table):
         lines += ["", "## Tokens", "", _md_table(token_table, list(token_table.columns))]
-    lines += ["", "## Files", "", "- `variants.parquet` (every row, baseline first), `verdicts.parquet` (variants with "
-              "verdicts and causes), `verdicts_by_shape.parquet` (a verdict per variant per shape), "
-              "`measurements.parquet` (per shape, with device identity and batch), `latency.png`"]
+    lines += ["", "## Files", "", "- `variants.parquet` (every row, baseline first; `latency_p50_ms` is the model's "
+              "estimate where `evidence` is model), `verdicts.parquet` (variants with verdicts and causes), "
+              "`verdicts_by_shape.parquet` (a verdict per variant per shape), `measurements.parquet` (per shape, with "
+              "device identity and batch), `latency.png`"]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")
     return {"counts": counts, "causes": causes, "summary_line": line, "best": best, "variants": variants,
-            "verdicts": verdict_df, "verdicts_by_shape": by_shape, "measurements": meas, "png": png}
+            "verdicts": verdict_df, "verdicts_by_shape": by_shape, "measurements": meas, "png": png,
+            "evidence": kind, "next_step": follow, "verdict_view": (view, vcols, vheads)}

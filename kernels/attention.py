@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kernels.latency import HBM_US, L2_HIT_US, SUSTAINED
 from kernels.softmax import SOFTMAX_FILE, online_softmax_step
 
 
@@ -324,6 +325,7 @@ def visible_pairs(n_q: int, n_k: int, left: int, right: int) -> int:
 class AttentionFamily(Family):
     helper_files = (SOFTMAX_FILE,)  # _attn_blocks calls softmax.online_softmax_step
     launch_wrappers = ("attention",)  # the entry point run() calls
+    interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
 
     # --- shapes and params --------------------------------------------------------------------
     def check_shape_values(self, shape):
@@ -466,15 +468,18 @@ class AttentionFamily(Family):
         return units
 
     def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):
-        """Tensor-core roofline over the padded tile work, from the real compile stats.
+        """Tensor-core roofline over the padded tile work, with software pipelining (kernels/latency.py).
 
-        compute: every program runs its visible key blocks in full (BLOCK_M x BLOCK_N x (d_qk + d_v),
-        twice each); the MMA efficiency grows with the tile, the softmax (exp2, max, sum: per score,
-        not per head dim) costs about 64 MMA-FLOPs per score, and the pipeline depth and occupancy
-        hide load latency. Waves: the programs are spread over the SMs, the longest program bounds
-        the tail. memory: q, out and K/V once from HBM; every row tile re-reads its K/V blocks, and
-        the row tiles of one head run side by side, so 90% of the re-reads hit L2 and 10% are charged
-        to HBM. Spills add local-memory traffic. Launch 4 us.
+        Sees: every program runs its visible key blocks in full (BLOCK_M x BLOCK_N x (d_qk + d_v), twice
+        each), the causal and window masks deciding which blocks are visible; the MMA efficiency of the
+        tile; the softmax (exp2, max, sum: per score) at about 64 MMA-FLOPs per score; pipelining depth:
+        num_stages - 1 K/V blocks in flight per resident block hide the load latency (resident blocks from
+        the compile's registers and shared memory); waves over the SMs, the longest program bounding the
+        tail; memory: q, out and K/V once from HBM, the row tiles of one head re-reading their K/V blocks
+        side by side (90% L2 hits); spills; a 4 us launch.
+
+        Ignores: num_warps except through the resident blocks; the order in which heads and row tiles
+        are launched (cross-head L2 reuse); L2 and shared-memory bandwidth; clocks and power limits.
         """
         lim = hw.limits
         bm, bn, d = config["BLOCK_M"], config["BLOCK_N"], shape["head_dim"]
@@ -493,10 +498,18 @@ class AttentionFamily(Family):
                 longest = max(longest, nb)
         per_block = 2.0 * bm * bn * (d + dv) + 64.0 * bm * bn
         mma_eff = min(1.0, (bm * bn) / (128 * 128)) ** 0.3
-        hide = min(1.0, 0.55 + 0.15 * config["num_stages"]) * min(1.0, 0.5 + stats.occupancy)
-        peak = lim.peak_tflops * 1e12 * mma_eff * hide
-        t_compute = blocks * shape["h_q"] * per_block / peak
-        t_tail = longest * per_block / (peak / lim.sm_count)
+        per_sm_peak = SUSTAINED * lim.peak_tflops * 1e12 / lim.sm_count * mma_eff
+        t_mma = per_block / per_sm_peak  # one key block of one program, the SM's tensor cores to itself
+        latency = (0.9 * L2_HIT_US + 0.1 * HBM_US) * 1e-6  # K/V re-reads of one head mostly hit L2
+        resident = max(1, int(stats.blocks_per_sm or 1))
+        stages = config["num_stages"]
+
+        def block_time(resident_blocks: int) -> float:
+            in_flight = resident_blocks * (stages - 1)
+            return max(t_mma, latency / in_flight) if in_flight >= 1 else max(t_mma, (latency + t_mma) / resident_blocks)
+
+        t_compute = blocks * shape["h_q"] * block_time(resident) / lim.sm_count
+        t_tail = longest * block_time(1)  # the longest program, alone on its SM at the end
         t_compute = max(t_compute, t_tail)
         tq, tk = sum(seq_lengths(shape, params)), sum(key_lengths(shape, params))
         kv_unique = tk * shape["h_kv"]

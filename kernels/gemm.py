@@ -24,6 +24,7 @@ import triton.language as tl
 
 from kregress.core.family import CompileUnit, Family, Rule, Space, register
 from kernels.dtypes import TRITON_PTR
+from kernels.latency import tile_gemm_ms
 from kernels.tiles import TILES_FILE, grouped_pid
 
 
@@ -92,6 +93,7 @@ SPACE = Space(
 class GemmFamily(Family):
     helper_files = (TILES_FILE,)  # gemm_kernel calls tiles.grouped_pid
     launch_wrappers = ("matmul",)  # the entry point run() calls
+    interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
 
     def make_inputs(self, shape, dtype, device, seed, params):
         g = torch.Generator(device="cpu").manual_seed(seed)
@@ -132,29 +134,24 @@ class GemmFamily(Family):
         return [CompileUnit(gemm_kernel, sig, constexprs, config["num_warps"], config["num_stages"], divisible)]
 
     def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):
-        """Roofline over the padded tile grid.
+        """A roofline over the padded tile grid with software pipelining and L2 reuse (kernels/latency.py).
 
-        compute: each SM works through ceil(tiles / sm_count) tiles (blocks resident on one SM share
-        its tensor cores, so occupancy buys latency hiding, not extra throughput); a tile costs its
-        padded FLOPs at the per-SM peak times the MMA efficiency of its shape and the latency hiding
-        of the pipeline (stages) and occupancy. memory: A is re-read once per column tile, B once per
-        GROUP_M band of row tiles, at HBM bandwidth. Spills add local-memory traffic. Launch 4 us.
+        Sees: the tile grid spread over the SMs (BLOCK_M, BLOCK_N, wave quantization); the tensor-core
+        efficiency of the tile shape (BLOCK_M x BLOCK_N, BLOCK_K); pipelining depth: num_stages - 1
+        K-slabs in flight per resident block hide the load latency, and the compile's shared memory per
+        stage and registers decide how many blocks are resident; L2 reuse from the program order: the
+        programs of one wave in GROUP_M order read each A and B band once from HBM, the rest hits L2
+        (lower latency to hide, less HBM traffic); spills; a 4 us launch.
+
+        Ignores: num_warps except through the resident blocks (warp scheduling, how the MMA is issued);
+        L2 reuse between waves; L2 and shared-memory bandwidth; bank conflicts and the epilogue's store
+        pattern; clocks and power limits. Once the pipeline hides the latency, more stages or another
+        GROUP_M change nothing here, though they may on the GPU.
         """
-        lim = hw.limits
         bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-        M, N, K = shape["M"], shape["N"], shape["K"]
-        tiles_m, tiles_n = math.ceil(M / bm), math.ceil(N / bn)
-        tiles_per_sm = math.ceil(tiles_m * tiles_n / lim.sm_count)
-        tile_flops = 2.0 * bm * bn * math.ceil(K / bk) * bk
         mma_eff = min(1.0, (bm * bn) / (128 * 128)) ** 0.35 * min(1.0, bk / 64) ** 0.25
-        hide = min(1.0, 0.55 + 0.15 * config["num_stages"]) * min(1.0, 0.5 + stats.occupancy)
-        per_sm_peak = lim.peak_tflops * 1e12 / lim.sm_count
-        t_compute = tiles_per_sm * tile_flops / (per_sm_peak * mma_eff * hide)
-        group = max(1, min(config["GROUP_M"], tiles_m))
-        traffic = dtype_bytes * (M * K * tiles_n + K * N * math.ceil(tiles_m / group) + M * N)
-        t_memory = traffic / (lim.hbm_gbps * 1e9)
-        spill_penalty = 1.0 + min(1.0, stats.spill_bytes / 256.0)
-        return (max(t_compute, t_memory) * spill_penalty + 4e-6) * 1e3
+        return tile_gemm_ms(shape["M"], shape["N"], shape["K"], bm, bn, bk, config["GROUP_M"], config["num_stages"],
+                            stats, hw.limits, dtype_bytes, dtype_bytes, hw.limits.peak_tflops, mma_eff)
 
     def profile_fields(self, shape, config, measurement, hw, params):
         peak = hw.limits.peak_tflops

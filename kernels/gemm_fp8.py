@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from kregress.core.family import check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kernels.latency import tile_gemm_ms
 from kernels.tiles import TILES_FILE, grouped_pid
 
 SCALE_BLOCK = 128  # DeepGEMM's scaling granularity: 1x128 for A, 128x128 for B
@@ -318,6 +319,7 @@ class Fp8FamilyBase(Family):
 class GemmFp8Family(Fp8FamilyBase):
     param_keys = ("fp8_peak_tflops",)
     launch_wrappers = ("fp8_gemm_nt", "_launch", "_check_operands")  # the entry point run() calls
+    interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
 
     def make_inputs(self, shape, dtype, device, seed, params):
         g = torch.Generator(device="cpu").manual_seed(seed)
@@ -346,6 +348,16 @@ class GemmFp8Family(Fp8FamilyBase):
         return [_unit(config, LAYOUT_DENSE)]
 
     def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):
+        """The tiled-GEMM estimate at the FP8 peak (``_model_ms``, kernels/latency.py).
+
+        Sees: the tile grid over the SMs; the tensor-core efficiency of the tile shape and the fp32
+        promotion's FFMAs; pipelining depth (num_stages - 1 K-slabs in flight per resident block, blocks
+        from the compile's registers and shared memory); L2 reuse of the A and B bands within a wave in
+        GROUP_M order; fp8 operands with their fp32 scales, bf16 output; spills; a 4 us launch.
+
+        Ignores: num_warps except through the resident blocks; L2 reuse between waves; L2 and shared-memory
+        bandwidth; the scale loads' latency; clocks and power limits.
+        """
         return _model_ms(shape["M"], shape["N"], shape["K"], 1, config, stats, hw, params)
 
     def profile_fields(self, shape, config, measurement, hw, params):
@@ -377,26 +389,14 @@ def _unit(config: dict[str, int], layout: int) -> CompileUnit:
 
 
 def _model_ms(M: int, N: int, K: int, groups: int, config, stats, hw, params, valid_rows: int | None = None) -> float:
-    """Roofline over the padded tile grid at the FP8 peak (as the bf16 ``gemm`` model): compute is
-    the padded tile FLOPs per SM at the FP8 peak times the MMA shape efficiency and latency hiding
-    (stages, occupancy); the fp32 promotion costs ~2 FFMA per accumulator element per K block.
-    memory: A re-read per column tile, B per GROUP_M band, fp8 bytes. Launch 4 us."""
-    lim = hw.limits
-    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
-    tiles_m, tiles_n = math.ceil(M / bm), math.ceil(N / bn)
-    tiles = groups * tiles_m * tiles_n
-    tiles_per_sm = math.ceil(tiles / lim.sm_count)
-    tile_flops = 2.0 * bm * bn * K
-    mma_eff = min(1.0, (bm * bn) / (128 * 128)) ** 0.35 * 0.9  # promotion FFMAs share the SM with WGMMA
-    hide = min(1.0, 0.5 + 0.12 * config["num_stages"]) * min(1.0, 0.5 + stats.occupancy)
-    per_sm_peak = _fp8_peak(params, lim) * 1e12 / lim.sm_count
-    t_compute = tiles_per_sm * tile_flops / (per_sm_peak * mma_eff * hide)
-    group = max(1, min(config["GROUP_M"], tiles_m))
-    rows = valid_rows if valid_rows is not None else M * groups
-    traffic = rows * K * tiles_n + groups * K * N * math.ceil(tiles_m / group) + 2 * rows * N
-    t_memory = traffic / (lim.hbm_gbps * 1e9)
-    spill_penalty = 1.0 + min(1.0, stats.spill_bytes / 256.0)
-    return (max(t_compute, t_memory) * spill_penalty + 4e-6) * 1e3
+    """The tiled-GEMM estimate of kernels/latency.py at the FP8 peak: fp8 A and B (plus one fp32 scale per
+    128 elements), bf16 D; the fp32 promotion costs ~2 FFMA per accumulator element per K block, which
+    share the SM with the WGMMA (MMA efficiency x0.9)."""
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    mma_eff = min(1.0, (bm * bn) / (128 * 128)) ** 0.35 * 0.9
+    in_bytes = 1.0 + 4.0 / SCALE_BLOCK
+    return tile_gemm_ms(M, N, K, bm, bn, bk, config["GROUP_M"], config["num_stages"], stats, hw.limits, in_bytes, 2.0,
+                        _fp8_peak(params, hw.limits), mma_eff, groups=groups, valid_rows=valid_rows)
 
 
 # --- grouped ------------------------------------------------------------------------------------------
@@ -434,6 +434,7 @@ def _aligned(n: int) -> int:
 
 class GroupedGemmFp8Family(Fp8FamilyBase):
     launch_wrappers = ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "_launch", "_check_operands")
+    interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
     param_keys = GROUPED_PARAMS
 
     def check_param_values(self, params):
@@ -503,6 +504,16 @@ class GroupedGemmFp8Family(Fp8FamilyBase):
         return [_unit(config, LAYOUT_MASKED if _layout(params) == "masked" else LAYOUT_CONTIGUOUS)]
 
     def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):
+        """The tiled-GEMM estimate at the FP8 peak over the groups' padded rows (masked: every group's grid) (``_model_ms``, kernels/latency.py).
+
+        Sees: the tile grid over the SMs; the tensor-core efficiency of the tile shape and the fp32
+        promotion's FFMAs; pipelining depth (num_stages - 1 K-slabs in flight per resident block, blocks
+        from the compile's registers and shared memory); L2 reuse of the A and B bands within a wave in
+        GROUP_M order; fp8 operands with their fp32 scales, bf16 output; spills; a 4 us launch.
+
+        Ignores: num_warps except through the resident blocks; L2 reuse between waves; L2 and shared-memory
+        bandwidth; the scale loads' latency; clocks and power limits.
+        """
         sizes = group_sizes(shape, params)
         if _layout(params) == "masked":  # every group's grid column runs; tiles past masked_m exit at once
             return _model_ms(max(max(sizes), 1), shape["N"], shape["K"], shape["groups"], config, stats, hw, params,

@@ -295,6 +295,7 @@ def _visible_keys(seqlen: int, s_q: int, s: int) -> int:
 class MlaDecodeFamily(Family):
     helper_files = (SOFTMAX_FILE,)  # mla_decode_kernel calls softmax.online_softmax_step
     launch_wrappers = ("mla_decode",)  # the entry point run() calls
+    interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
 
     # --- shapes and params --------------------------------------------------------------------
     def check_shape_values(self, shape):
@@ -444,6 +445,11 @@ class MlaDecodeFamily(Family):
         program (the longest sequence's split) streams its tokens at about twice an SM's fair share
         of HBM bandwidth, discounted by the KV tiles in flight (kv_buffers) and occupancy. Launch: 3 us per kernel
         (CUDA-graph replay). Spills add local-memory traffic.
+
+        Sees: the KV bytes per token (bf16 or fp8 with its scale), row tiles (BLOCK_H), splits and their
+        fp32 partials, the KV tiles in flight (num_stages through kv_buffers), occupancy from the compile.
+        Ignores: the order of pages in the block table (scattered pages cost more on the GPU); the
+        combine kernel's own time beyond its launch; num_warps except through occupancy; clocks.
         """
         lim = hw.limits
         bh, bn, splits = config["BLOCK_H"], config["BLOCK_N"], config["num_splits"]

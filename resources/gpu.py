@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -30,7 +32,7 @@ from pydantic import Field, PrivateAttr
 
 from kregress.core import paths
 from kregress.core.family import Family
-from kregress.core.records import CompileStats, Correctness, Measurement, Suggestion, VariantResult
+from kregress.core.records import CompileStats, Correctness, Measurement, Suggestion, VariantResult, variant_hash
 from kregress.core.spec import TaskSpec
 from kernels.compile import cache_key
 from kernels.measure import model_measurements
@@ -43,6 +45,7 @@ class EvaluationStats:
     compile_cache_hits: int = 0
     correctness_runs: int = 0
     correctness_cache_hits: int = 0
+    correctness_shared: int = 0  # interpreter checks answered by another variant's identical run
     compile_seconds: list[float] = field(default_factory=list)
     correctness_seconds: list[float] = field(default_factory=list)
     measure_seconds: list[float] = field(default_factory=list)
@@ -57,6 +60,7 @@ class EvaluationStats:
             "compile_cache_hits": self.compile_cache_hits,
             "correctness_runs": self.correctness_runs,
             "correctness_cache_hits": self.correctness_cache_hits,
+            "correctness_shared": self.correctness_shared,
             "compile_s_per_variant": mean(self.compile_seconds),
             "correctness_s_per_variant": mean(self.correctness_seconds),
             "workers_spawned": self.workers_spawned,
@@ -131,14 +135,16 @@ class BenchmarkBackend(dg.ConfigurableResource):
         return worker_env(self.cache_root(), interpret)
 
     def pool(self, name: str, size: int, interpret: bool) -> WorkerPool:
-        """The step's pool ``name`` (compile, correctness, cuda), created on first use."""
+        """The step's pool ``name`` (compile, correctness, cuda), created on first use with ``size`` workers
+        at most; workers are spawned as jobs need them (or ahead, with ``prestart``)."""
         if name not in self._pools:
             self._pools[name] = WorkerPool(size, self.env(interpret))
         return self._pools[name]
 
-    def pool_size(self, n_jobs: int) -> int:
-        size = self.workers or min(4, os.cpu_count() or 1)
-        return max(1, min(size, n_jobs))
+    def pool_size(self) -> int:
+        """Workers per CPU pool: ``workers``, else one per CPU core (at most 4). Fixed for the pool's life:
+        the first step (the baseline: one job) must not size the pool every later round shares."""
+        return max(1, self.workers or min(4, os.cpu_count() or 1))
 
     # -- the interface ------------------------------------------------------------------------------
     def check_spec(self, spec: TaskSpec, family: Family) -> str | None:
@@ -183,9 +189,19 @@ class CompiledBackend(BenchmarkBackend):
         hw = spec.hardware
         rows = [base_row(s, self.kind) for s in suggestions]
         compiled: dict[int, CompileStats | None] = {}
+        checks = _Checks(self, spec, family, suggestions, rows, src_hash, timeout, stats, log)
+        if self._managed and not family.external:
+            # Workers live for the run: start the ones the rounds will use now, while this step's first
+            # jobs run (a worker's imports take seconds that would otherwise wait at round 1's start).
+            ahead = min(self.pool_size(), spec.search.variants_per_round)
+            self.pool("compile", self.pool_size(), interpret=False).prestart(ahead)
+            if self.interpret:
+                self.pool("correctness", self.pool_size(), interpret=True).prestart(ahead)
 
         # 1. validity, then compile (cached per entry, written as each compile finishes); an external
-        #    kernel has nothing to compile ahead of time and goes straight to the checks
+        #    kernel has nothing to compile ahead of time and goes straight to the checks. A variant's
+        #    correctness check starts as soon as it has compiled (step 2), on the correctness pool, while
+        #    the other variants still compile.
         jobs, idx = [], []
         for i, s in enumerate(suggestions):
             problem = family.space.check(s.config, spec.params, hw.limits)
@@ -206,25 +222,33 @@ class CompiledBackend(BenchmarkBackend):
             idx.append(i)
         if stats.compile_cache_hits:
             log(f"compile cache: {stats.compile_cache_hits} of {len(suggestions)} variant(s) already compiled for {hw.arch}")
+        checks.announce(sorted(compiled) + idx)
+        for i in sorted(compiled):
+            checks.start(i)
         if jobs:
             log(f"compiling {len(jobs)} variant(s) for {hw.arch} ({len(suggestions) - len(jobs)} from cache)")
+            lock = threading.Lock()
 
             def done(j: int, res: dict) -> None:
+                i = idx[j]
                 if res.get("error") in ("compile_failed", "out_of_resources") or "stats" in res:
                     cache_put(root / "compile" / f"{jobs[j]['_key']}.json",
                               {k: v for k, v in res.items() if k in ("stats", "error", "detail")})
                 what = res.get("error") or f"{res['stats']['regs_per_thread']} regs, {res['stats']['smem_bytes']} B smem"
-                log(f"  compiled {suggestions[idx[j]].variant_id} ({res['wall_s']:.1f}s): {what}")
+                log(f"  compiled {suggestions[i].variant_id} ({res['wall_s']:.1f}s): {what}")
+                with lock:
+                    stats.compiles += 1
+                    stats.compile_seconds.append(res.get("wall_s", 0.0))
+                    _apply_compile(rows[i], res, compiled, i, cache_hit=False)
+                if i in compiled:
+                    checks.start(i)
 
-            pool = self.pool("compile", self.pool_size(len(jobs)), interpret=False)
-            for j, res in enumerate(pool.run(jobs, timeout, on_done=done)):
-                stats.compiles += 1
-                stats.compile_seconds.append(res.get("wall_s", 0.0))
-                _apply_compile(rows[idx[j]], res, compiled, idx[j], cache_hit=False)
+            pool = self.pool("compile", self.pool_size(), interpret=False)
+            pool.run(jobs, timeout, on_done=done)
 
-        # 2. correctness on correctness_shapes against the float64 reference
+        # 2. correctness on correctness_shapes against the float64 reference (started above, awaited here)
         ok = sorted(compiled)
-        self._check(spec, family, suggestions, rows, ok, src_hash, timeout, stats, log)
+        checks.wait()
         for i in ok:
             c = rows[i].correctness
             if rows[i].error is None and c is not None and not c.ok:
@@ -237,50 +261,107 @@ class CompiledBackend(BenchmarkBackend):
             self._time(spec, family, rows, compiled, timed, timeout, stats, log)
         return rows
 
-    def _check(self, spec, family, suggestions, rows, ok, src_hash, timeout, stats, log) -> None:
-        interpret = self.interpret
-        root = self.cache_root()
-        cjobs, cidx = [], []
-        for i in ok:
-            s = suggestions[i]
-            ckey = cache_key(family.name, src_hash, s.config_hash, spec.dtype, "interpreter" if interpret else spec.hardware.arch,
-                             {"p": spec.params, "shapes": spec.correctness_shapes, "tol": spec.constraints.numeric_tolerance})
-            hit = cache_get(root / "correctness" / f"{ckey}.json") if interpret else None
-            if hit is not None:
-                stats.correctness_cache_hits += 1
-                rows[i].correctness = Correctness(**hit["correctness"])
-                continue
-            cjobs.append({"op": "correctness", "family": family.lookup or family.name, "config": s.config, "dtype": spec.dtype,
-                          "shapes": spec.correctness_shapes, "tolerance": spec.constraints.numeric_tolerance,
-                          "params": spec.params, "device": "cpu" if interpret else "cuda", "interpret": interpret,
-                          "_key": ckey})
-            cidx.append(i)
-        if stats.correctness_cache_hits:
-            log(f"correctness cache: {stats.correctness_cache_hits} variant(s) already checked on these shapes")
-        if not cjobs:
-            return
-        log(f"checking {len(cjobs)} variant(s) against the float64 reference on {len(spec.correctness_shapes)} "
-            f"shape(s) ({self.kind})")
-
-        def done(j: int, res: dict) -> None:
-            if interpret and "correctness" in res:
-                cache_put(root / "correctness" / f"{cjobs[j]['_key']}.json", {"correctness": res["correctness"]})
-            c = res.get("correctness")
-            what = res.get("error") or ("ok" if c and c["ok"] else f"{c['mismatches']} mismatches")
-            log(f"  checked {suggestions[cidx[j]].variant_id} ({res['wall_s']:.1f}s): {what}")
-
-        pool = self.pool("correctness", self.pool_size(len(cjobs)) if interpret else 1, interpret=interpret)
-        for j, res in enumerate(pool.run(cjobs, timeout, on_done=done)):
-            i = cidx[j]
-            stats.correctness_runs += 1
-            stats.correctness_seconds.append(res.get("wall_s", 0.0))
-            if "correctness" in res:
-                rows[i].correctness = Correctness(**res["correctness"])
-            else:
-                rows[i].error, rows[i].error_detail = res["error"], res.get("detail", "")
-
     def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
         raise NotImplementedError
+
+
+class _Checks:
+    """The correctness checks of one ``evaluate``: started one variant at a time (as each compiles), awaited
+    together. The interpreter's results are cached on disk (they are deterministic). In the interpreter,
+    config-only variants that differ only in the family's ``interpreter_ignores`` (launch options such as
+    num_warps and num_stages, which Triton's interpreter drops) run the same computation: one check serves
+    them all, and the others say whose result they share."""
+
+    def __init__(self, backend: CompiledBackend, spec: TaskSpec, family: Family, suggestions: list[Suggestion],
+                 rows: list[VariantResult], src_hash: str, timeout: float, stats: EvaluationStats,
+                 log: Callable[[str], None]):
+        self.backend, self.spec, self.family, self.suggestions, self.rows = backend, spec, family, suggestions, rows
+        self.src_hash, self.timeout, self.stats, self.log = src_hash, timeout, stats, log
+        self.interpret = backend.interpret
+        self.root = backend.cache_root()
+        self.lock = threading.Lock()
+        self.futures: list[Future] = []
+        self.running: dict[str, list[int]] = {}  # check key -> variants waiting on that one run
+        self.owner: dict[str, int] = {}  # check key -> the variant whose run it is
+        self.cached: set[int] = set()
+
+    def _key(self, s: Suggestion) -> str:
+        ignored = set(self.family.interpreter_ignores) if self.interpret and not s.patch else set()
+        ident = variant_hash({k: v for k, v in s.config.items() if k not in ignored}) if ignored else s.config_hash
+        spec = self.spec
+        return cache_key(self.family.name, self.src_hash, ident, spec.dtype,
+                         "interpreter" if self.interpret else spec.hardware.arch,
+                         {"p": spec.params, "shapes": spec.correctness_shapes, "tol": spec.constraints.numeric_tolerance})
+
+    def announce(self, candidates: list[int]) -> None:
+        """Answer what the cache holds, and say what will be checked."""
+        if self.interpret:
+            for i in candidates:
+                hit = cache_get(self.root / "correctness" / f"{self._key(self.suggestions[i])}.json")
+                if hit is not None:
+                    self.stats.correctness_cache_hits += 1
+                    self.rows[i].correctness = Correctness(**hit["correctness"])
+                    self.cached.add(i)
+        if self.cached:
+            self.log(f"correctness cache: {len(self.cached)} variant(s) already checked on these shapes")
+        if len(candidates) > len(self.cached):
+            self.log(f"each variant is checked against the float64 reference on {len(self.spec.correctness_shapes)} "
+                     f"shape(s) ({self.backend.kind}) as soon as it has compiled")
+
+    def start(self, i: int) -> None:
+        if i in self.cached:
+            return
+        s = self.suggestions[i]
+        key = self._key(s)
+        with self.lock:
+            if key in self.running:
+                self.running[key].append(i)
+                return
+            if key in self.owner:  # that run already finished: share its result now
+                self._share(self.owner[key], i)
+                return
+            self.running[key] = [i]
+            self.owner[key] = i
+        spec = self.spec
+        job = {"op": "correctness", "family": self.family.lookup or self.family.name, "config": s.config,
+               "dtype": spec.dtype, "shapes": spec.correctness_shapes, "tolerance": spec.constraints.numeric_tolerance,
+               "params": spec.params, "device": "cpu" if self.interpret else "cuda", "interpret": self.interpret}
+        size = self.backend.pool_size() if self.interpret else 1  # one GPU: one check at a time
+        pool = self.backend.pool("correctness", size, interpret=self.interpret)
+        self.futures.append(pool.submit(job, self.timeout, on_done=lambda res: self._done(key, i, res)))
+
+    def _done(self, key: str, i: int, res: dict) -> None:
+        if self.interpret and "correctness" in res:
+            cache_put(self.root / "correctness" / f"{key}.json", {"correctness": res["correctness"]})
+        c = res.get("correctness")
+        what = res.get("error") or ("ok" if c and c["ok"] else f"{c['mismatches']} mismatches")
+        self.log(f"  checked {self.suggestions[i].variant_id} ({res['wall_s']:.1f}s): {what}")
+        with self.lock:
+            self.stats.correctness_runs += 1
+            self.stats.correctness_seconds.append(res.get("wall_s", 0.0))
+            if "correctness" in res:
+                self.rows[i].correctness = Correctness(**res["correctness"])
+            else:
+                self.rows[i].error, self.rows[i].error_detail = res["error"], res.get("detail", "")
+            for j in self.running.pop(key, [])[1:]:
+                self._share(i, j)
+
+    def _share(self, owner: int, j: int) -> None:
+        """Variant ``j`` takes variant ``owner``'s interpreter result (the caller holds the lock)."""
+        src, dst = self.rows[owner], self.rows[j]
+        self.stats.correctness_shared += 1
+        if src.correctness is not None:
+            dst.correctness = src.correctness.model_copy()
+        elif dst.error is None:
+            dst.error, dst.error_detail = src.error, src.error_detail
+        differ = ", ".join(k for k in self.family.interpreter_ignores
+                           if self.suggestions[owner].config.get(k) != self.suggestions[j].config.get(k))
+        self.log(f"  checked {self.suggestions[j].variant_id}: the interpreter run of {src.variant_id} "
+                 f"(they differ only in {differ or 'launch options'}, which the interpreter does not see)")
+
+    def wait(self) -> None:
+        for f in self.futures:
+            f.result()
 
 
 class InterpreterBackend(CompiledBackend):

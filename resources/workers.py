@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -96,82 +97,128 @@ class Worker:
 
 
 class WorkerPool:
-    """Runs jobs on up to ``size`` long-lived child processes; ``close()`` ends them."""
+    """Runs jobs on up to ``size`` long-lived child processes; ``close()`` ends them.
+
+    ``submit`` queues one job and returns a Future, so a caller can chain work as each job finishes (a
+    variant's correctness check starts the moment its compile is done, on another pool); ``run`` is the
+    batch form. At most ``size`` jobs run at once, each on a worker of its own. ``prestart`` spawns workers
+    ahead of the jobs: a worker's imports (torch, Triton) take seconds, which then overlap other work.
+    """
 
     def __init__(self, size: int, env: dict[str, str], startup_timeout: float = 120.0):
         self.size = max(1, size)
         self.env = env
         self.startup_timeout = startup_timeout
         self._idle: list[Worker] = []
-        self._lock = threading.Lock()
+        self._all: set[Worker] = set()  # every live worker, busy or idle (close() ends them all)
+        self._alive = 0  # workers alive or starting; never above size
+        self._cond = threading.Condition()
+        self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="kregress-worker")
         self.spawned = 0  # workers started over the pool's life (a warm re-run should start none)
 
-    def _take(self) -> Worker:
-        with self._lock:
-            while self._idle:
-                w = self._idle.pop()
-                if w.alive():
-                    return w
-            self.spawned += 1
-        w = Worker(self.env)
+    def _spawn(self) -> Worker:
+        """A ready worker; the caller has already counted it in ``_alive``."""
+        try:
+            w = Worker(self.env)
+        except BaseException:
+            self._forget(None)
+            raise
+        with self._cond:
+            self._all.add(w)
         try:
             w.wait_ready(self.startup_timeout)
         except BaseException:
             w.kill()
+            self._forget(w)
             raise
         return w
 
+    def _forget(self, w: Worker | None) -> None:
+        with self._cond:
+            if w is not None:
+                self._all.discard(w)
+            self._alive -= 1
+            self._cond.notify_all()
+
+    def _take(self) -> Worker:
+        with self._cond:
+            while True:
+                while self._idle:
+                    w = self._idle.pop()
+                    if w.alive():
+                        return w
+                    self._all.discard(w)
+                    self._alive -= 1
+                if self._alive < self.size:
+                    self._alive += 1
+                    self.spawned += 1
+                    break
+                self._cond.wait()  # a prestarted worker is still importing: it is ours once ready
+        return self._spawn()
+
     def _give_back(self, w: Worker) -> None:
-        with self._lock:
+        with self._cond:
             self._idle.append(w)
+            self._cond.notify_all()
+
+    def prestart(self, n: int) -> None:
+        """Spawn workers in the background until ``min(n, size)`` are alive or starting."""
+        def start() -> None:
+            try:
+                w = self._spawn()
+            except BaseException:  # noqa: BLE001 - a job that needs a worker spawns (and reports) its own
+                return
+            self._give_back(w)
+
+        with self._cond:
+            missing = max(0, min(n, self.size) - self._alive)
+            self._alive += missing
+            self.spawned += missing
+        for _ in range(missing):
+            threading.Thread(target=start, daemon=True).start()
+
+    def _run_one(self, job: dict, timeout: float, on_done: Callable[[dict], None] | None) -> dict:
+        t0 = time.perf_counter()
+        worker: Worker | None = None
+        try:
+            worker = self._take()
+            res = worker.call(job, timeout)
+        except TimeoutError:
+            res = {"error": "timeout", "detail": f"no answer within {timeout:.0f} s; child process killed"}
+            if worker is not None:
+                worker.kill()
+                self._forget(worker)
+            worker = None
+        except WorkerDied as exc:
+            res = {"error": "crashed", "detail": f"child process died: {exc}"}
+            if worker is not None:
+                worker.kill()
+                self._forget(worker)
+            worker = None
+        finally:
+            if worker is not None:
+                self._give_back(worker)
+        res["wall_s"] = time.perf_counter() - t0
+        if on_done is not None:
+            on_done(res)
+        return res
+
+    def submit(self, job: dict, timeout: float, on_done: Callable[[dict], None] | None = None) -> Future:
+        """Queue one job; the Future's result is the worker's answer (``error`` set for a timeout or crash).
+        ``on_done(result)`` runs on the pool's thread before the Future completes."""
+        return self._executor.submit(self._run_one, job, timeout, on_done)
 
     def run(self, jobs: list[dict], timeout: float, on_done: Callable[[int, dict], None] | None = None) -> list[dict]:
         """Results in job order; ``on_done(i, result)`` is called as each job finishes (from a pool thread)."""
-        results: list[dict | None] = [None] * len(jobs)
-        todo: queue.Queue[int] = queue.Queue()
-        for i in range(len(jobs)):
-            todo.put(i)
-
-        def slot() -> None:
-            worker: Worker | None = None
-            try:
-                while True:
-                    try:
-                        i = todo.get_nowait()
-                    except queue.Empty:
-                        return
-                    t0 = time.perf_counter()
-                    try:
-                        if worker is None:
-                            worker = self._take()
-                        res = worker.call(jobs[i], timeout)
-                    except TimeoutError:
-                        res = {"error": "timeout", "detail": f"no answer within {timeout:.0f} s; child process killed"}
-                        if worker is not None:
-                            worker.kill()
-                        worker = None
-                    except WorkerDied as exc:
-                        res = {"error": "crashed", "detail": f"child process died: {exc}"}
-                        worker = None
-                    res["wall_s"] = time.perf_counter() - t0
-                    results[i] = res
-                    if on_done:
-                        on_done(i, res)
-            finally:
-                if worker is not None:
-                    self._give_back(worker)
-
-        threads = [threading.Thread(target=slot, daemon=True) for _ in range(min(self.size, len(jobs)))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return [r if r is not None else {"error": "crashed", "detail": "no result"} for r in results]
+        futures = [self.submit(job, timeout, None if on_done is None else (lambda res, i=i: on_done(i, res)))
+                   for i, job in enumerate(jobs)]
+        return [f.result() for f in futures]
 
     def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for w in idle:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._cond:
+            workers, self._all, self._idle = list(self._all), set(), []
+        for w in workers:
             w.kill()
 
     def __enter__(self) -> WorkerPool:

@@ -4,6 +4,7 @@ jobs through the CLI's progress display)."""
 from __future__ import annotations
 
 import io
+import re
 import logging
 
 import dagster as dg
@@ -99,12 +100,20 @@ def test_failed_check_names_variant_and_reason_and_skipped_round_prints_once():
     def round_3_profiles():
         return None
 
+    @dg.asset(deps=[round_3_profiles])
+    def verdict_report():
+        return None
+
     out = io.StringIO()
-    handler = _Progress(total_steps=4, stream=out)
-    job = dg.Definitions(assets=[round_2_variants, round_3_suggestions, round_3_variants, round_3_profiles],
+    handler = _Progress(total_steps=5, stream=out)
+    job = dg.Definitions(assets=[round_2_variants, round_3_suggestions, round_3_variants, round_3_profiles, verdict_report],
                          jobs=[dg.define_asset_job("j")], loggers={"progress": _logger(handler)}).resolve_job_def("j")
     assert _run(job, handler).success
     text = out.getvalue()
     assert "check round_2_constraints FAILED (WARN): r2-local-03: spills 376 B > limit 0 B" in text
     assert text.count("round 3 skipped: max_rounds reached (2)") == 1, text
     assert "round_3_suggestions ..." not in text and "round_3_variants" not in text and "round_3_profiles" not in text
+    # the numbering stays consecutive: the skipped round takes the numbers of its three steps
+    numbers = re.findall(r"\[\s*([\d-]+)/5\]", text)
+    assert numbers == ["1", "2-4", "5"], text
+    assert "[2-4/5] round 3 skipped: max_rounds reached (2)" in text

@@ -135,7 +135,7 @@ def test_missing_or_corrupt_file_is_one_line_in_validate(tmp_path, monkeypatch, 
     missing = write_spec(tmp_path, spec_data("nope.json.gz"), "missing.yaml")
     (tmp_path / "bad.json.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
     corrupt = write_spec(tmp_path, spec_data("bad.json.gz"), "corrupt.yaml")
-    assert cli_main(["specs", "validate", str(missing), str(corrupt), str(DEFAULT_SPEC)]) == 1
+    assert cli_main(["specs", "validate", str(missing), str(corrupt), str(DEFAULT_SPEC)]) == 2
     out = capsys.readouterr()
     lines = out.err.strip().splitlines()
     assert len(lines) == 2 and "Traceback" not in out.err

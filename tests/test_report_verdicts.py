@@ -84,11 +84,11 @@ def test_causes_summary_and_estimated_best_with_ties(model_history, tmp_path):
     assert verdicts["r1-nan"].cause == "wrong"
     assert verdicts["r1-a"].verdict == "NEEDS_REVIEW" and verdicts["r1-a"].cause is None
     res = report.write_report(tmp_path, SPEC, "specs/gemm_smoke.yaml", _state(model_history), verdicts, [])
-    assert res["causes"] == {"slower": 0, "wrong": 1, "infeasible": 2}
-    assert res["summary_line"] == "PASS 0 / REGRESS 3 (slower 0, wrong 1, infeasible 2) / NEEDS_REVIEW 2"
+    assert res["causes"] == {"slower": 0, "wrong": 1, "infeasible": 2, "rejected": 0}
+    assert res["summary_line"] == "PASS 0 / REGRESS 3 (slower 0, wrong 1, infeasible 2, rejected 0) / NEEDS_REVIEW 2"
     assert res["best"]["kind"] == "estimated best" and res["best"]["ties"] == ["r1-a", "r1-b"]
     md = (tmp_path / "report.md").read_text()
-    assert "REGRESS 3 (slower 0, wrong 1, infeasible 2)" in md
+    assert "REGRESS 3 (slower 0, wrong 1, infeasible 2, rejected 0)" in md
     assert "Estimated best (model evidence, not a measurement): `r1-a`" in md
     assert "2 variants tie at this estimate: `r1-a`, `r1-b`; tie-break:" in md
     assert "## Per shape" in md and "## Tolerance" in md and "ref rounding abs" in md
@@ -108,21 +108,39 @@ def test_measured_per_shape_regress_names_the_shape(tmp_path):
     faster_one_slower_other.batch_baseline = base.measurements
     same = _row("r1-same", 1, _measured(rng, [1.0, 2.0]), "replay")
     same.batch_baseline = base.measurements
+    slower_within_guard = _row("r1-2pct", 1, _measured(rng, [1.02, 2.04]), "replay")
+    slower_within_guard.batch_baseline = base.measurements
     v = verdict_for(faster_one_slower_other, base, SPEC)
     assert v.verdict == "REGRESS" and v.cause == "slower" and v.worst_shape == "256x512x256"
     assert [s.verdict for s in v.shapes] == ["PASS", "REGRESS"]
     assert v.reasons[0].startswith("slower on 256x512x256")
     assert verdict_for(same, base, SPEC).verdict == "PASS"
-    verdicts = {r.variant_id: verdict_for(r, base, SPEC) for r in (faster_one_slower_other, same)}
-    res = report.write_report(tmp_path, SPEC, "x.yaml", _state([base, faster_one_slower_other, same]), verdicts, [])
+    rows = (faster_one_slower_other, same, slower_within_guard)
+    verdicts = {r.variant_id: verdict_for(r, base, SPEC) for r in rows}
+    assert verdicts["r1-2pct"].verdict == "PASS" and verdicts["r1-2pct"].ratio > 1.01  # PASS: not worse than the guard
+    res = report.write_report(tmp_path, SPEC, "x.yaml", _state([base, *rows]), verdicts, [])
     assert res["best"]["kind"] == "best" and res["best"]["variant_id"] in ("baseline", "r1-same")
-    assert res["causes"]["slower"] == 1
-    # per-shape panels are coloured by that shape's verdict: r1-mixed is green where it passes
+    assert res["causes"]["slower"] == 1 and res["evidence"] == "measured" and res["next_step"] == ""
+    # the report says how much slower a PASS is, beside the verdict
+    md = (tmp_path / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| r1-2pct |"))
+    assert "| PASS |" in row and "% slower [" in row
+    assert "PASS means *not worse than the guard*" in md
+    # per-shape panels are coloured by that shape's verdict: r1-mixed is green where it is measured faster;
+    # a PASS that is slower (inside the guard band) is neutral, never green
     fig = report.latency_figure(res["variants"], "t", res["measurements"], 1.03, res["verdicts_by_shape"])
     try:
-        colors = [[p.get_facecolor()[:3] for p in ax.patches if p.get_gid() == "variant:r1-mixed"][0] for ax in fig.axes]
-        hexes = ["#%02x%02x%02x" % tuple(round(c * 255) for c in col) for col in colors]
-        assert hexes == [report.CATEGORY_COLORS["PASS"], report.CATEGORY_COLORS["REGRESS/slower"]]
+        def hexes(vid):
+            out = []
+            for ax in fig.axes:
+                patch = [p for p in ax.patches if p.get_gid() == f"variant:{vid}"][0]
+                out.append("#%02x%02x%02x" % tuple(round(c * 255) for c in patch.get_facecolor()[:3]))
+            return out
+
+        assert hexes("r1-mixed") == [report.CATEGORY_COLORS["PASS/faster"], report.CATEGORY_COLORS["REGRESS/slower"]]
+        assert hexes("r1-2pct") == [report.CATEGORY_COLORS["PASS"]] * 2
+        assert report.CATEGORY_COLORS["PASS"] != report.CATEGORY_COLORS["PASS/faster"]
+        assert "measured" in fig.texts[0].get_text()  # the suptitle says what the bars are
     finally:
         import matplotlib.pyplot as plt
 
@@ -134,27 +152,48 @@ def test_measured_per_shape_regress_names_the_shape(tmp_path):
 
 def test_plot_contains_failed_and_infeasible_variants(model_history):
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     verdicts = {r.variant_id: verdict_for(r, model_history[0], SPEC) for r in model_history[1:]}
     variants, _, meas = report.tables(model_history, verdicts, [])
     fig = report.latency_figure(variants, "t", meas, guard=1.03)
     try:
         assert len(fig.axes) == 2  # one panel per shape
+        assert "model, not measured" in fig.texts[0].get_text()
         for ax in fig.axes:
-            gids = {a.get_gid() for a in ax.get_children() if a.get_gid()}
-            assert {f"variant:{r.variant_id}" for r in model_history} <= gids
+            gids = {a.get_gid(): a for a in ax.get_children() if a.get_gid()}
+            assert {f"variant:{r.variant_id}" for r in model_history} <= set(gids)
             texts = [t.get_text() for t in ax.texts]
             assert "out_of_resources" in texts and "nan_inf" in texts
             assert "spills over limit" in texts  # has an estimate, still marked with its reason
-            assert any(line.get_label() == "guard x1.03" for line in ax.get_lines())
+            # no latency: a marker on the axis, not a bar that would read as the slowest
+            oor = gids["variant:r1-oor"]
+            assert isinstance(oor, Line2D) and oor.get_ydata()[0] < 1.0
+            bars = [p for p in ax.patches if (p.get_gid() or "").startswith("variant:")]
+            assert "variant:r1-oor" not in {p.get_gid() for p in bars}
+            # the guard is a band from the baseline (1x) to the guard ratio, on a log axis of ratios
+            band = [p for p in ax.patches if p.get_label() == "guard x1.03"]
+            assert band and ax.get_yscale() == "log"
+            ys = band[0].get_path().transformed(band[0].get_patch_transform()).vertices[:, 1] if hasattr(
+                band[0], "get_patch_transform") else band[0].get_xy()[:, 1]
+            assert min(ys) == pytest.approx(1.0) and max(ys) == pytest.approx(1.03)
             assert not any(len(c.get_segments()) for c in ax.collections if hasattr(c, "get_segments"))  # no error bars
+            # every text sits inside the axes (nothing cut off)
+            for t in ax.texts:
+                x, y = t.get_position()
+                assert -0.7 <= x <= len(model_history) and 0 <= y <= 1
         assert [t.get_text() for t in fig.axes[-1].get_xticklabels()] == [r.variant_id for r in model_history]
         legend_labels = {t.get_text() for t in fig.legends[0].get_texts()}
-        assert {"REGRESS/infeasible", "REGRESS/wrong", "NEEDS_REVIEW", "baseline p50", "guard x1.03"} <= legend_labels
-        # the spilling variant is grey (infeasible), not red (slower)
+        assert {"REGRESS/infeasible", "REGRESS/wrong", "NEEDS_REVIEW", "baseline (its estimate)", "guard x1.03"} <= legend_labels
+        # the legend sits below the axes, not to their right (where a narrow view cuts it off)
+        fig.canvas.draw()
+        leg = fig.legends[0].get_window_extent()
+        axes_box = fig.axes[-1].get_window_extent()
+        assert leg.y1 <= axes_box.y0 and leg.x1 <= fig.bbox.x1 + 1
+        # the spilling variant is hollow with a grey (infeasible) edge, not a filled red (slower) bar
         spill = [a for a in fig.axes[0].patches if a.get_gid() == "variant:r1-spill"][0]
-        assert spill.get_facecolor()[:3] == pytest.approx(tuple(int(report.CATEGORY_COLORS["REGRESS/infeasible"][i:i + 2], 16) / 255
-                                                                for i in (1, 3, 5)))
+        grey = tuple(int(report.CATEGORY_COLORS["REGRESS/infeasible"][i:i + 2], 16) / 255 for i in (1, 3, 5))
+        assert spill.get_edgecolor()[:3] == pytest.approx(grey) and spill.get_facecolor()[:3] == pytest.approx((1, 1, 1))
     finally:
         plt.close(fig)
     assert report.latency_plot(variants, "t", meas, 1.03)[:8] == b"\x89PNG\r\n\x1a\n"

@@ -91,7 +91,7 @@ def test_cli_validate_exit_codes(tmp_path, capsys):
     data = copy.deepcopy(SMOKE)
     data["dtype"] = "fp64"
     bad = write(tmp_path, data)
-    assert cli_main(["specs", "validate", str(good), str(bad)]) == 1
+    assert cli_main(["specs", "validate", str(good), str(bad)]) == 2
     err = capsys.readouterr().err
     assert "field 'dtype'" in err and "'fp16', 'bf16', 'fp32'" in err
 
@@ -105,6 +105,39 @@ def test_sweep_refuses_bad_spec_and_runs_nothing(tmp_path, dagster_home, capsys)
     assert cli_main(["sweep", str(bad)]) == 2
     assert "search.max_rounds" in capsys.readouterr().err
     assert not (dagster_home / "storage").exists() and not (dagster_home / "reports").exists()
+
+
+def test_bad_spec_exits_2_from_validate_and_sweep_as_documented(tmp_path, dagster_home, capsys):
+    """One exit code for a bad spec wherever a spec is read, and the help says which."""
+    from kernel_assets.cli import EXIT_BAD_SPEC, build_parser
+
+    text = (REPO / "specs" / "gemm_smoke.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("variants_per_round: 3", "variants_per_round: eight"))  # unquoted in the YAML
+    assert "variants_per_round: eight" in bad.read_text()
+    assert cli_main(["specs", "validate", str(bad)]) == EXIT_BAD_SPEC == 2
+    err = capsys.readouterr().err
+    assert "field 'search.variants_per_round': value \"eight\"" in err
+    assert "a word is not a number" in err and "remove the quotes" not in err  # it was never quoted
+    assert cli_main(["sweep", str(bad)]) == 2
+    assert "a word is not a number" in capsys.readouterr().err
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    assert "2 the spec is invalid" in sub["sweep"].epilog
+    validate = next(a for a in sub["specs"]._actions if a.dest == "specs_command").choices["validate"]
+    assert "2 at least one is not" in validate.epilog
+
+
+def test_max_rounds_bound_says_why(tmp_path):
+    import copy
+
+    data = copy.deepcopy(SMOKE)
+    data["search"]["max_rounds"] = 9
+    with pytest.raises(SpecError) as exc:
+        load_spec(write(tmp_path, data))
+    line = str(exc.value)
+    assert "field 'search.max_rounds': value 9" in line and "<= 4" in line
+    assert "the asset graph has 4 rounds" in line and "MAX_GRAPH_ROUNDS" in line
 
 
 def test_content_hash_changes_with_content(tmp_path):
@@ -140,6 +173,7 @@ MALFORMED = [
     # no coercion: a bool is not an int, a quoted number is not a number, a decimal is not a count
     ("search.variants_per_round", True, "a boolean is not a number"),
     ("search.variants_per_round", "3", "remove the quotes"),
+    ("search.variants_per_round", "eight", "a word is not a number: write the number in digits"),
     ("search.variants_per_round", 2.5, "whole number"),
     ("search.max_rounds", False, "a boolean is not a number"),
     ("search.seed", "1", "remove the quotes"),
@@ -163,6 +197,7 @@ MALFORMED = [
     ("search.variants_per_round", 0, ">= 1"),
     ("search.variants_per_round", 1000, "<= 64"),
     ("search.max_rounds", 99, "<= 4"),
+    ("search.max_rounds", 9, "the asset graph has 4 rounds"),
     ("search.no_improve_rounds", 50, "<= 4"),
     ("search.top_k", 0, ">= 1"),
     ("search.seed", -1, ">= 0"),
@@ -267,7 +302,7 @@ def test_family_check_that_raises_is_one_line(tmp_path, monkeypatch, capsys):
     path = write(tmp_path, copy.deepcopy(SMOKE))
     with pytest.raises(SpecError, match=r"field 'shape_matrix.0'.*could not be checked: FileNotFoundError"):
         load_spec(path)
-    assert cli_main(["specs", "validate", str(path)]) == 1
+    assert cli_main(["specs", "validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "could not be checked" in err
 
@@ -280,7 +315,7 @@ def test_validate_never_tracebacks_on_unexpected_errors(tmp_path, monkeypatch, c
 
     monkeypatch.setattr(spec_mod, "load_spec", explode)
     good = REPO / "specs" / "gemm_smoke.yaml"
-    assert cli_main(["specs", "validate", str(good)]) == 1
+    assert cli_main(["specs", "validate", str(good)]) == 2
     err = capsys.readouterr().err
     assert err.strip() == f"{good}: could not be validated: RuntimeError: something internal"
 

@@ -232,6 +232,12 @@ class Family:
     # may change. Everything else (reference, make_inputs, tolerance, space, rules) is fixed.
     launch_wrappers: ClassVar[tuple[str, ...]] = ()
 
+    # Config keys that reach the kernels only as launch options (num_warps, num_stages): Triton's CPU
+    # interpreter drops those, so two config-only variants that differ in nothing else compute the same
+    # output there and one interpreter check serves both. Empty (the default) when the launch wrappers
+    # read them for anything else.
+    interpreter_ignores: ClassVar[tuple[str, ...]] = ()
+
     # Files besides the family's module that hold what is compiled, e.g. a module of @triton.jit
     # helpers the kernels call: ``source_files()`` lists them after the module.
     helper_files: ClassVar[tuple[Path, ...]] = ()

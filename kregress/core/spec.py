@@ -37,6 +37,9 @@ BOUND_REASONS = {
     "shape": f"each dimension <= {MAX_DIM:,} (2^24) and the product of a shape's dimensions <= 2^48: "
              "larger tensors do not fit one GPU",
     "tokens": f"<= {MAX_TOKENS:,} tokens per budget line: a larger value is almost always a typo",
+    "rounds": f"the asset graph has {MAX_GRAPH_ROUNDS} rounds (round_1 .. round_{MAX_GRAPH_ROUNDS} assets, the same for "
+              "every spec partition), so a sweep cannot run more; raise MAX_GRAPH_ROUNDS in kregress/core/names.py "
+              "to build a longer graph",
 }
 
 
@@ -300,6 +303,10 @@ def _type_hint(err: dict[str, Any]) -> str:
     if kind.startswith(("int_", "float_")) and isinstance(value, bool):
         return "a boolean is not a number: write the number itself (for example 1)"
     if kind.startswith(("int_", "float_")) and isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:  # a word (eight), not a quoted number: YAML read it as text
+            return "a word is not a number: write the number in digits"
         return "a quoted string is not a number: remove the quotes"
     if kind == "int_type" and isinstance(value, float):
         return "needs a whole number, not a decimal"
@@ -311,6 +318,8 @@ def _type_hint(err: dict[str, Any]) -> str:
 def _bound_reason(loc: tuple, err: dict[str, Any]) -> str:
     if err["type"] == "less_than_equal" and loc and loc[0] == "budget":
         return "; " + BOUND_REASONS["tokens"]
+    if err["type"] == "less_than_equal" and tuple(loc[:2]) in (("search", "max_rounds"), ("search", "no_improve_rounds")):
+        return "; " + BOUND_REASONS["rounds"]
     return ""
 
 
