@@ -76,6 +76,7 @@ def cache_file_value(file: Path, spec_dir: Path) -> str:
 def spec_for(table, cache_file: str, task_id: str) -> tuple[dict[str, Any], list[str]]:
     """(the spec as data, header comment lines) for a loaded ReplayTable."""
     from kernels.replay_family import shape_for
+    from kregress.core.recorded import DEFAULTED_KEYS
 
     valid = list(table.records())
     failures = table.failures()
@@ -87,9 +88,10 @@ def spec_for(table, cache_file: str, task_id: str) -> tuple[dict[str, Any], list
     notes = [f"Imported by `kregress replay import` from {table.path.name} (sha256 {table.content_hash[:16]}).",
              f"{table.kernel_name} on {table.device_name}: {len(table)} recorded configurations, "
              f"{len(failures)} of them recorded failures, {runs} runs per valid configuration."]
+    notes += [f"Assumed: {a}." for a in table.assumed]
     if known:
         hardware.update(known)
-    else:
+    elif table.device_name != DEFAULTED_KEYS["device_name"][0]:  # an unnamed device has its note already
         notes.append(f"Device {table.device_name!r} is not in kregress's table: arch and limits are the defaults "
                      "(an H100's); edit hardware: for your GPU (replay verdicts do not depend on them).")
     notes.append(f"Baseline: the configuration of median recorded time among the {len(valid)} valid ones "
@@ -108,6 +110,8 @@ def spec_for(table, cache_file: str, task_id: str) -> tuple[dict[str, Any], list
         "shape_matrix": [shape],
         "correctness_shapes": [dict(shape)],
         "regression_guard": {"not_worse_than_baseline_ratio": GUARD_RATIO, "min_samples": min_samples},
+        # the device's own per-block shared memory, not an H100's (recorded runs are not compile-checked)
+        **({"constraints": {"max_shared_memory_bytes": known["limits"]["max_shared_memory_per_block"]}} if known else {}),
         "search": {"strategy": "local", "variants_per_round": 8, "max_rounds": 3, "no_improve_rounds": 2, "seed": 0},
         "baseline": med.config,
         "params": {"cache_file": cache_file},
@@ -153,5 +157,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from kregress.core.recorded import ReplayTable
+
+    for note in ReplayTable.load(Path(args.file).expanduser()).assumed:
+        print(f"note: {note}")
     print(f"wrote {dest}; next: kregress specs validate {dest} && kregress sweep {dest}")
     return 0

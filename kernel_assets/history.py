@@ -177,25 +177,43 @@ def compare_baseline(spec: TaskSpec, baseline: VariantResult, home: Path | None 
 # --- display ---------------------------------------------------------------------------------
 
 
+def tasks(home: Path | None = None) -> list[str]:
+    """Task ids with at least one recorded sweep (as their partition folders name them)."""
+    root = history_root(home)
+    return sorted(p.name.removeprefix("task=") for p in root.glob("task=*") if p.is_dir()) if root.exists() else []
+
+
 def show(task_id: str, home: Path | None = None) -> str:
-    """The baselines recorded for a task as a table: one row per sweep, one p50 column per shape, each column
-    labelled with its shape (``p50 ms 4096x4096x4096``); a shape a sweep did not time shows ``-``."""
+    """The baselines recorded for a task as a table: one row per sweep, one column per shape, each column
+    labelled with its shape (``p50 ms 4096x4096x4096``); a shape a sweep did not time shows ``-``. A model
+    estimate is never shown as a p50: columns of estimates say ``est ms``, and in a mixed column each
+    estimate is marked ``(est)``. Raises LookupError when the task has no recorded sweep."""
     df = load(task_id, home)
     if df.empty:
-        return f"no history for {task_id} under {history_root(home)}"
+        known = tasks(home)
+        raise LookupError(f"no history for {task_id} under {history_root(home)}; "
+                          + (f"tasks with history: {', '.join(known)}" if known else
+                             "no sweep is recorded yet (kregress sweep SPEC appends one)"))
     base = df[df["is_baseline"]]
     labels: list[str] = []
     for shapes in base["shapes"]:
         for s in shapes:
             if str(s) not in labels:
                 labels.append(str(s))
+    model = base["evidence"].eq("model")
+    unit = "est ms" if model.all() else "p50 ms" if not model.any() else "ms"
     rows = []
     for _, r in base.iterrows():
         p50 = {str(s): p for s, p in zip(r["shapes"], r["p50_ms"])}
+        mark = " (est)" if unit == "ms" and r["evidence"] == "model" else ""
         rows.append({
             "run_id": str(r["run_id"])[:8], "ts": time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["ts"])),
             "device": r["device"], "torch": r["torch_version"], "triton": r["triton_version"],
             "evidence": r["evidence"], "verdict": r["verdict"],
-            **{f"p50 ms {lab}": (f"{p50[lab]:.4g}" if lab in p50 else "-") for lab in labels},
+            **{f"{unit} {lab}": (f"{p50[lab]:.4g}{mark}" if lab in p50 else "-") for lab in labels},
         })
-    return pd.DataFrame(rows).to_string(index=False)
+    text = pd.DataFrame(rows).to_string(index=False)
+    if model.any():
+        text += ("\nevidence model: the family's analytic estimate from real compile facts, not a measured p50 "
+                 "(a sweep on a GPU or from recorded runs adds measured rows)")
+    return text

@@ -85,4 +85,29 @@ def test_show_labels_every_p50_with_its_shape(tmp_path):
     first, second = lines[1], lines[2]
     assert "run-aaaa" in first and "14.5" in first and "0.0123" in first
     assert "run-bbbb" in second and "14.7" in second and second.rstrip().endswith("-")  # shape not timed that sweep
-    assert history.show("nothing_here", tmp_path).startswith("no history for nothing_here")
+    with pytest.raises(LookupError, match="no history for nothing_here .*tasks with history: gemm_smoke"):
+        history.show("nothing_here", tmp_path)
+
+
+def test_show_never_calls_an_estimate_a_p50(tmp_path):
+    est = baseline(BASE, evidence="model")
+    history.append_sweep(SPEC, "run-model001", [est], {}, "NO_HISTORY", tmp_path)
+    text = history.show(SPEC.task_id, tmp_path)
+    assert "est ms 4096x4096x4096" in text.splitlines()[0] and "p50" not in text.splitlines()[0]
+    assert "not a measured p50" in text
+    history.append_sweep(SPEC, "run-replay01", [baseline(BASE)], {}, "NO_HISTORY", tmp_path)
+    mixed = history.show(SPEC.task_id, tmp_path).splitlines()
+    assert "ms 4096x4096x4096" in mixed[0] and "p50 ms" not in mixed[0] and "est ms" not in mixed[0]
+    assert "(est)" in mixed[1] and "(est)" not in mixed[2]
+
+
+def test_cli_history_show_unknown_task_exits_1(tmp_path, capsys, monkeypatch):
+    from kernel_assets.cli import main
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))  # the CLI sets it for its process; restored after the test
+    assert main(["history", "show", "nosuchtask", "--dagster-home", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no history for nosuchtask") and "kregress sweep" in err
+    sweep(tmp_path, "run-1", BASE)
+    assert main(["history", "show", SPEC.task_id, "--dagster-home", str(tmp_path)]) == 0
+    assert "p50 ms 4096x4096x4096" in capsys.readouterr().out

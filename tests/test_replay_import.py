@@ -54,6 +54,37 @@ def test_import_the_shipped_file(tmp_path, monkeypatch, capsys):
     assert main(["replay", "import", str(shipped_path()), "--force", "--task-id", "mine"]) == 0
 
 
+@pytest.mark.parametrize("edit, assumed", [
+    (lambda d: d.pop("objective"), "the objective is taken to be time"),  # older Kernel Tuner: no objective key
+    (lambda d: d.update(device_name=""), "recorded as 'unknown GPU'"),  # a file that names no device
+], ids=["no-objective", "empty-device-name"])
+def test_import_assumes_what_older_files_leave_out_and_says_so(tmp_path, monkeypatch, capsys, edit, assumed):
+    data = json.loads(gzip.decompress(shipped_path().read_bytes()))
+    edit(data)
+    src = tmp_path / "old_cache.json"
+    src.write_text(json.dumps(data))
+    monkeypatch.chdir(tmp_path)
+    assert main(["replay", "import", str(src), "--out", "specs/old.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "note: " in out and assumed in out  # the assumption is printed ...
+    text = (tmp_path / "specs" / "old.yaml").read_text()
+    assert "# Assumed: " in text and assumed in text  # ... and kept in the spec's header
+    spec = load_spec(tmp_path / "specs" / "old.yaml")
+    assert main(["specs", "validate", str(tmp_path / "specs" / "old.yaml")]) == 0
+    table = ReplayTable.load(src)
+    assert table.objective == "time" and table.device_name
+    assert spec.hardware.device == table.device_name
+
+
+def test_imported_spec_limits_are_the_recorded_devices(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(import_file(shipped_path(), "specs/s.yaml"))
+    assert spec.hardware.device == "NVIDIA GeForce RTX 3090"
+    assert spec.constraints.max_shared_memory_bytes == spec.hardware.limits.max_shared_memory_per_block == 101376
+    shipped = load_spec(Path(__file__).resolve().parent.parent / "specs" / "replay_clblast_rtx3090.yaml")
+    assert shipped.constraints.max_shared_memory_bytes == 101376  # not an H100's 232448
+
+
 def test_cache_file_is_relative_to_the_spec_when_beside_it(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_DIR, str(tmp_path / "empty"))
     data = json.loads(gzip.decompress(shipped_path().read_bytes()))

@@ -53,6 +53,14 @@ SHIPPED_FILE = "gemm_clblast_RTX_3090_trimmed.json.gz"  # cut by scripts/trim_re
 BENCHMARK_FILES = ("gemm_clblast_RTX_3090.json.gz", "convolution_milo_A4000.json.gz",
                    "dedispersion_milo_A4000.json.gz", "pnpoly_RTX_3090.json.gz")
 HEADER_KEYS = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params", "objective", "cache")
+# Keys older or hand-written cache files leave out or empty, what is assumed then, and why it is safe to.
+DEFAULTED_KEYS = {
+    "objective": ("time", "the file names no objective (Kernel Tuner before objectives were recorded tuned for time): "
+                          "the objective is taken to be time, lower is better"),
+    "device_name": ("unknown GPU", "the file names no device (device_name is empty): the device is recorded as "
+                                   "'unknown GPU'; its arch and limits are an H100's defaults, and replay verdicts do "
+                                   "not depend on them"),
+}
 
 # Kernel Tuner failure markers -> the error classes of kregress.core.records.ERROR_CLASSES
 FAILURE_ERROR_CLASS = {
@@ -169,6 +177,7 @@ class ReplayTable:
         }
         self._entries = entries
         self.content_hash: str = content_hash  # sha256 of the file's bytes as read
+        self.assumed: list[str] = []  # what was assumed for header keys the file leaves out (DEFAULTED_KEYS)
         self._records: dict[tuple[int, ...], ReplayRecord] = {}
         entries_ref = entries
         keys = self.tune_params_keys
@@ -221,11 +230,16 @@ class ReplayTable:
             raise ReplayError(
                 f"{p}: not a Kernel Tuner cache file: the top level is {type(data).__name__}, not an object"
             )
+        assumed = []
+        for k, (default, note) in DEFAULTED_KEYS.items():  # absent or empty: assume, and say so
+            if data.get(k) is None or data.get(k) == "":
+                data[k] = default
+                assumed.append(note)
         missing = [k for k in HEADER_KEYS if k not in data]
         if missing:
             raise ReplayError(
                 f"{p}: not a Kernel Tuner cache file: missing key {', '.join(repr(k) for k in missing)} "
-                f"(required: {', '.join(HEADER_KEYS)})"
+                f"(required: {', '.join(k for k in HEADER_KEYS if k not in DEFAULTED_KEYS)})"
             )
         for k in ("device_name", "kernel_name", "objective"):
             if not isinstance(data[k], str) or not data[k]:
@@ -270,7 +284,9 @@ class ReplayTable:
             if not isinstance(rec, dict) or "time" not in rec:
                 raise ReplayError(f"{p}: cache entry {ck!r} is not a record with a 'time'")
             entries[tup] = rec
-        return cls(p, data, entries, content_hash=digest)
+        table = cls(p, data, entries, content_hash=digest)
+        table.assumed = assumed
+        return table
 
     # ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:
