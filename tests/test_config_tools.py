@@ -112,9 +112,32 @@ def test_include_key_writes_it_only_when_asked_and_lint_flags_it(tmp_path, capsy
     assert text.count("[literal_key]") == 2 and "fix: " in text and KEY not in text and "CFGCANARY" not in text
 
 
+@pytest.mark.parametrize("tool", ["claude-code", "codex", "cc-switch"])
+def test_export_without_a_model_works_as_the_readme_shows_and_guesses_none(tool, tmp_path, monkeypatch, capsys):
+    """The README's `kregress export-config --tool ...` lines pass no --model and set no TAOTOKEN_MODEL_ID."""
+    for var in list(os.environ):
+        if var.startswith("TAOTOKEN_"):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("TAOTOKEN_KEY_REVIEW", KEY)
+    out = tmp_path / "exported"
+    assert kregress(["export-config", "--tool", tool, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "note: no model id (--model or TAOTOKEN_MODEL_ID): the file names none" in err and "--model ID" in err
+    text = out.read_text()
+    assert KEY not in text and "kregress-test-model" not in text
+    if tool == "claude-code":
+        assert json.loads(text)["env"] == {"ANTHROPIC_BASE_URL": "https://taotoken.net/api"}
+    elif tool == "codex":
+        cfg = tomllib.loads(text)
+        assert "model" not in cfg and cfg["model_provider"] == "taotoken" and "Pin one: model =" in text
+        capsys.readouterr()
+        assert kregress(["lint-config", str(out)]) == 1  # lint still says what a model-less Codex risks
+        assert "[model_missing]" in capsys.readouterr().out
+    with_model, _ = export("codex" if tool == "codex" else "claude-code")
+    assert "kregress-test-model" in with_model  # a model from the environment is still written
+
+
 def test_export_refuses_to_guess():
-    with pytest.raises(ExportError, match="no model id"):
-        export("codex", env={"TAOTOKEN_KEY_REVIEW": KEY})
     with pytest.raises(ExportError, match="query string"):
         export("claude-code", base_url="https://taotoken.net/api?utm_source=blog")
     with pytest.raises(ExportError, match="--include-key: no key for role review"):

@@ -171,7 +171,7 @@ def export_deeplink(opts: ExportOptions, environ: Mapping[str, str] | None = Non
     out = []
     for app, p in provs.items():
         q = {"resource": "provider", "app": app, "name": p["name"], "homepage": p["website_url"], "endpoint": p["endpoint"],
-             "apiKey": key, "model": p["model"], "notes": p["notes"]}
+             "apiKey": key, **({"model": p["model"]} if p["model"] else {}), "notes": p["notes"]}
         out.append("ccswitch://v1/import?" + urlencode(q))
     return "\n".join(out) + "\n"
 

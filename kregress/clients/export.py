@@ -103,16 +103,22 @@ class ExportOptions:
     notes: list[str] = field(default_factory=list)  # filled by the exporters: what the user should know
 
 
+def no_model_note(tool: str) -> str:
+    """What a model-less export means for ``tool`` (the file never guesses a model id)."""
+    return (f"no model id (--model or {MODEL_ENV}): the file names none, so {tool} asks the gateway for its own default "
+            f"model; if the gateway does not serve that one, export again with --model ID (an id the gateway lists "
+            f"at /v1/models) or set {MODEL_ENV}")
+
+
 def resolve(opts: ExportOptions, environ: Mapping[str, str]) -> tuple[str, str, str]:
-    """(API root, SDK base, model) for the export; raises ExportError with the fix."""
+    """(API root, SDK base, model) for the export; the model is "" when neither --model nor the environment
+    names one (the file then sets none). Raises ExportError with the fix."""
     base = (opts.base_url or environ.get(BASE_URL_ENV, "") or DEFAULT_ROOT).strip()
     try:
         root, sdk = resolve_base_url(base)
     except RequestError as e:
         raise ExportError(str(e).removeprefix("[request] ")) from None
     model = (opts.model or environ.get(MODEL_ENV, "")).strip()
-    if not model:
-        raise ExportError(f"no model id: set {MODEL_ENV} or pass --model (the exported file never guesses a model)")
     if opts.role not in ROLE_KEY_ENV:
         raise ExportError(f"unknown role {opts.role!r}; allowed: {', '.join(ROLE_KEY_ENV)}")
     if opts.wire_api == "chat":
@@ -142,7 +148,11 @@ def claude_settings(opts: ExportOptions, environ: Mapping[str, str] | None = Non
     """Claude Code settings.json as a dict."""
     env_map = dict(os.environ if environ is None else environ)
     root, _sdk, model = resolve(opts, env_map)
-    env: dict[str, str] = {"ANTHROPIC_BASE_URL": root, "ANTHROPIC_MODEL": model}
+    env: dict[str, str] = {"ANTHROPIC_BASE_URL": root}
+    if model:
+        env["ANTHROPIC_MODEL"] = model
+    elif (note := no_model_note("Claude Code")) not in opts.notes:
+        opts.notes.append(note)
     settings: dict[str, Any] = {"$schema": CLAUDE_SCHEMA, "env": env}
     if opts.include_key:
         env["ANTHROPIC_AUTH_TOKEN"] = literal_key(opts, env_map)
@@ -210,5 +220,11 @@ def export_codex(opts: ExportOptions, environ: Mapping[str, str] | None = None) 
         elif len(held) > 1:
             opts.notes.append(f"{var} holds {len(held)} keys; Codex sends the whole value as one token: point --env-key at a variable with one key")
     table.append(f"wire_api = {_toml_str('responses')}")
-    lines += [f"model = {_toml_str(model)}", f"model_provider = {_toml_str(PROVIDER_ID)}", "", *table]
+    if model:
+        lines.append(f"model = {_toml_str(model)}")
+    else:
+        lines.append(f"# No model here: Codex uses its default. Pin one: model = \"<id>\" (an id the gateway serves, {MODEL_ENV}).")
+        if (note := no_model_note("Codex")) not in opts.notes:
+            opts.notes.append(note)
+    lines += [f"model_provider = {_toml_str(PROVIDER_ID)}", "", *table]
     return "\n".join(lines) + "\n"
