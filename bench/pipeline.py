@@ -1,6 +1,7 @@
 """Cold vs warm sweep of one spec, side by side in one run: in-process and as a user runs the CLI.
 
     .venv/bin/python bench/pipeline.py [specs/gemm_h100_bf16.yaml] [--env local|gpu] [--skip-in-process]
+    .venv/bin/python bench/pipeline.py --vs /tmp/base --pairs 3     # cold sweeps, this checkout vs another, A B A B
 
 Prints:
 - `kregress --help` and `kregress sweep --help` wall time (fresh processes, median of 3) and whether they
@@ -9,8 +10,16 @@ Prints:
   spec: answered from the last sweep's record) and warm --force (the whole graph again on warm caches), with
   ratios, and where the forced warm seconds go (interpreter start, imports, instance set-up, the run itself,
   event-log records written);
+- where the COLD run's seconds go: imports (python, Dagster, the family's torch/Triton), instance set-up,
+  the graph (Dagster steps, the agent, the report: everything but the benchmark work), compiles and
+  interpreter checks (job counts, summed job seconds, how many checks were shared, workers started), read
+  from the run's own record and the assets' metadata;
 - the in-process figures (one process, job.execute_in_process twice): cold vs warm wall time, compiles,
-  cache hits, compile and correctness seconds per variant, read from the assets' metadata.
+  cache hits, compile and correctness seconds per variant, read from the assets' metadata;
+- with ``--vs DIR`` (another checkout of kregress, e.g. ``git worktree add /tmp/base main``): cold CLI sweeps
+  of this checkout (A) and that one (B) in turn, each on a fresh DAGSTER_HOME with this interpreter, the
+  wall and CPU seconds (children included) of each, and the ratio A/B pair by pair: on a shared machine
+  the ratio of neighbouring runs is the figure to quote, not an absolute time.
 """
 
 from __future__ import annotations
@@ -111,6 +120,82 @@ def cli_lines(spec_path: Path, env_name: str) -> list[str]:
     return lines
 
 
+def _cold_run(spec_path: Path, env_name: str, cwd: Path = REPO) -> tuple[float, float, Path, subprocess.CompletedProcess]:
+    """(wall s, CPU s of the process and its children, DAGSTER_HOME, process) of one cold CLI sweep."""
+    import resource
+
+    home = _fresh_home()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "kernel_assets.cli", "sweep", str(spec_path), "--env", env_name],
+                       cwd=cwd, env=_env(home), capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, home, p
+
+
+def cold_breakdown_lines(spec_path: Path, env_name: str) -> list[str]:
+    """Where a cold CLI sweep's seconds go: imports, instance, graph, compiles, interpreter."""
+    wall, cpu, home, p = _cold_run(spec_path, env_name)
+    if p.returncode:
+        return [f"cold CLI run failed (exit {p.returncode}): {p.stderr.strip().splitlines()[-1:]}"]
+    py = _import_s("pass")
+    imports = _import_s("import kernel_assets.cli, kernel_assets.definitions, kernels.measure; "
+                        f"from kregress.core.spec import load_spec; load_spec({str(spec_path)!r})")
+    probe = _fresh_home()
+    inst = subprocess.run([sys.executable, "-c", "import os, sys, time; from pathlib import Path; "
+                           "from kernel_assets.run_guard import prepared_instance; t = time.perf_counter(); "
+                           f"prepared_instance(Path({str(probe)!r}), 'bench'); print(time.perf_counter() - t)"],
+                          cwd=REPO, env=_env(probe), capture_output=True, text=True)
+    instance_s = float(inst.stdout.strip().splitlines()[-1]) if inst.returncode == 0 else float("nan")
+    os.environ["DAGSTER_HOME"] = str(home)
+    import dagster as dg
+
+    instance = dg.DagsterInstance.get()
+    run = instance.get_runs(limit=1)[0]
+    stats = instance.get_run_stats(run.run_id)
+    run_s = (stats.end_time or 0) - (stats.start_time or 0)
+    md: dict[str, dict] = {}
+    for rec in instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records:
+        m = rec.event_log_entry.dagster_event.event_specific_data.materialization
+        md[m.asset_key.to_user_string()] = {k: getattr(v, "value", v) for k, v in m.metadata.items()}
+    steps = [k for k, v in md.items() if "evaluate_s" in v]
+    bench_s = sum(md[k]["evaluate_s"] for k in steps)
+    n = lambda key: sum(int(md[k].get(key, 0)) for k in steps)  # noqa: E731
+    tot = lambda key: sum(float(md[k].get(key, 0.0)) for k in steps)  # noqa: E731
+    spawned = max((int(md[k].get("workers_spawned", 0)) for k in steps), default=0)
+    before_run = wall - run_s
+    return [
+        f"cold CLI sweep: {wall:.1f} s wall, {cpu:.1f} s CPU (process and children), {os.cpu_count()} CPUs",
+        f"  before the run {before_run:5.1f} s: python start {py:.1f} s; imports (Dagster, assets, the family's torch and "
+        f"Triton) {imports - py:.1f} s; instance set-up {instance_s:.1f} s; spec, definitions, rest {max(0.0, before_run - imports - instance_s):.1f} s",
+        f"  the run       {run_s:5.1f} s: benchmark work {bench_s:.1f} s + graph (Dagster steps, agent, report, plot) "
+        f"{run_s - bench_s:.1f} s",
+        f"  benchmark work: {n('compiles')} compiles ({tot('compile_s_total'):.1f} job-s, {n('compile_cache_hits')} from "
+        f"cache); interpreter checks {n('correctness_runs')} run ({tot('correctness_s_total'):.1f} job-s), "
+        f"{n('correctness_shared')} shared, {n('correctness_cache_hits')} from cache; {spawned} worker processes started; "
+        f"job-s overlap on {min(4, os.cpu_count() or 1)} workers per pool",
+    ]
+
+
+def vs_lines(spec_path: Path, env_name: str, other: Path, pairs: int) -> list[str]:
+    """Cold CLI sweeps of this checkout (A) and ``other`` (B), in turn; the ratio A/B pair by pair."""
+    rows, ratios, cpu_ratios = [], [], []
+    for i in range(pairs):
+        wa, ca, _, pa = _cold_run(spec_path, env_name, REPO)
+        wb, cb, _, pb = _cold_run(spec_path, env_name, other)
+        if pa.returncode or pb.returncode:
+            return [f"pair {i + 1}: a run failed (A exit {pa.returncode}, B exit {pb.returncode}): "
+                    f"{(pa.stderr or pb.stderr).strip().splitlines()[-1:]}"]
+        rows.append(f"pair {i + 1}: A {wa:6.1f} s wall {ca:6.1f} s CPU | B {wb:6.1f} s wall {cb:6.1f} s CPU | "
+                    f"A/B wall {wa / wb:.2f}, CPU {ca / cb:.2f}; load average {os.getloadavg()[0]:.1f}")
+        ratios.append(wa / wb)
+        cpu_ratios.append(ca / cb)
+    return [f"A = {REPO}, B = {other}, cold CLI sweeps of {spec_path.name}, {os.cpu_count()} CPUs", *rows,
+            f"median A/B: wall {statistics.median(ratios):.2f}, CPU {statistics.median(cpu_ratios):.2f}"]
+
+
 def in_process_lines(spec_path: Path, env_name: str) -> list[str]:
     home = _fresh_home()
     os.environ["DAGSTER_HOME"] = str(home)
@@ -162,6 +247,8 @@ def main() -> int:
     ap.add_argument("spec", nargs="?", default=str(REPO / "specs" / "gemm_h100_bf16.yaml"))
     ap.add_argument("--env", default="local", choices=["local", "gpu"], help="resource set: gpu = the cuda backend")
     ap.add_argument("--skip-in-process", action="store_true", help="only the CLI and --help figures")
+    ap.add_argument("--vs", type=Path, help="another kregress checkout: cold sweeps of both in turn, ratio A/B (only that)")
+    ap.add_argument("--pairs", type=int, default=3, help="with --vs: A/B pairs (default 3)")
     args = ap.parse_args()
     spec_path = Path(args.spec).resolve()
     from kregress.core.spec import load_spec
@@ -170,7 +257,13 @@ def main() -> int:
     print(f"spec {spec_path.name} (env {args.env}): {spec.search.variants_per_round} variants x up to "
           f"{spec.search.max_rounds} rounds, {len(spec.correctness_shapes)} correctness shapes, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}")
+    if args.vs:
+        for line in vs_lines(spec_path, args.env, args.vs.resolve(), args.pairs):
+            print(line, flush=True)
+        return 0
     for line in help_lines():
+        print(line, flush=True)
+    for line in cold_breakdown_lines(spec_path, args.env):
         print(line, flush=True)
     for line in cli_lines(spec_path, args.env):
         print(line, flush=True)

@@ -2,7 +2,8 @@
 
 baseline_metrics -> round_k_suggestions -> round_k_variants -> round_k_profiles -> ... -> verdict_report
 Each asset is partitioned by spec (task_id). Rounds past the spec's max_rounds, or after a stop rule
-fires, materialize as empty and say why, so every partition has the same graph.
+fires, do not run: they materialize marked skipped (metadata ``skipped`` with the reason, tag
+``kregress/round: skipped``, no counts), so every partition has the same graph.
 
 The spec is read from disk once per run, by baseline_metrics, and handed on inside the outputs
 (RoundState.spec, Proposal.spec): an edit to the file mid-run never changes it between steps.
@@ -22,7 +23,7 @@ from kernel_assets.agent import policy_for
 from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, OWNERS, ROUNDS, SPECS_PARTITIONS
 from kernel_assets.executors import benchmark_op_tags
-from kernel_assets.report import _md_table, md_image, tables, write_report
+from kernel_assets.report import _md_table, md_image, overview_markdown, tables, verdict_records, write_report
 from kernel_assets.specs_resource import SpecStore
 from kregress.core import paths
 from kregress.core.family import families, get_family
@@ -66,6 +67,22 @@ def _rows_md(rows: list[VariantResult]) -> str:
     df, _, _ = tables(rows, {}, [])
     return _md_table(df, ["variant_id", "config_label", "error", "latency_p50_ms", "tflops", "regs_per_thread",
                           "spill_bytes", "smem_bytes", "occupancy", "max_abs_err", "evidence"])
+
+
+# A round the sweep did not run (max_rounds reached, or a stop rule fired) still materializes, as every
+# partition has the same graph; its assets say it did not run, carry this tag, and count nothing.
+SKIPPED_TAGS = {"kregress/round": "skipped"}
+
+
+def _skipped_md(k: int, reason: str) -> dict:
+    return {"skipped": f"round {k} did not run: {reason}"}
+
+
+def _skip_reason(proposal: Proposal) -> str | None:
+    """Why the round was skipped (from the suggestions step's note), None when it ran."""
+    if proposal.suggestions:
+        return None
+    return next((n.split(": ", 1)[1] for n in proposal.notes if n.startswith("round ") and " skipped: " in n), None)
 
 
 def _log_fn(context: dg.AssetExecutionContext):
@@ -147,7 +164,7 @@ def build_round(k: int):
             reason = prev.stopped or f"max_rounds reached ({spec.search.max_rounds})"
             context.log.info(f"round {k} skipped: {reason}")
             return dg.MaterializeResult(value=Proposal(suggestions=[], notes=[f"round {k} skipped: {reason}"], spec=spec),
-                                        metadata={"proposals": 0, "stopped": reason, "strategy": strategy})
+                                        metadata=_skipped_md(k, reason), tags=SKIPPED_TAGS)
         ctx = AgentContext(
             spec=spec, family=fam, round=k, n=spec.search.variants_per_round, history=prev.history,
             objective=prev.objective, profile_summary=prev.summary, failures=prev.failures,
@@ -183,6 +200,11 @@ def build_round(k: int):
     def variants(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkBackend, replay: ReplayBackend,
                  proposal: Proposal):
         spec = _snapshot(proposal.spec, specs, context.partition_key)
+        skipped = _skip_reason(proposal)
+        if skipped is not None:  # the round did not run: say so, and check nothing
+            return dg.MaterializeResult(value=[], metadata=_skipped_md(k, skipped), tags=SKIPPED_TAGS, check_results=[
+                dg.AssetCheckResult(check_name=f"round_{k}_constraints", passed=True,
+                                    description=f"round {k} did not run ({skipped}): nothing to check")])
         fam = get_family(spec.kernel_family).for_params(spec.params)
         rows, ev = ([], None)
         if proposal.suggestions:
@@ -211,15 +233,19 @@ def build_round(k: int):
     def profiles(context: dg.AssetExecutionContext, specs: SpecStore, prev: sweep.RoundState, proposal: Proposal,
                  rows: list[VariantResult]):
         spec = _snapshot(prev.spec, specs, context.partition_key)
-        skipped = not proposal.suggestions and any("skipped" in n for n in proposal.notes)
+        reason = _skip_reason(proposal)
+        if reason is not None:  # the state passes through unchanged
+            prev.spec = spec
+            return dg.MaterializeResult(value=prev, metadata={**_skipped_md(k, reason), "best_so_far": prev.best_id},
+                                        tags=SKIPPED_TAGS)
         stop = None
-        if not proposal.suggestions and not skipped:
+        if not proposal.suggestions:
             refused = [n for n in proposal.notes if n.startswith("BudgetExceeded")]
             stop = (f"round {k}: the token budget refused the suggest prompt, nothing was sent ({refused[0]}); "
                     "raise the spec's budget (max_input_tokens_per_round, max_output_tokens_per_round, "
                     "max_total_tokens) or lower search.top_k" if refused else
                     f"round {k}: the agent proposed nothing new")
-        state = prev if skipped else sweep.advance(prev, spec, k, rows, proposal.dropped, proposal.notes, stop)
+        state = sweep.advance(prev, spec, k, rows, proposal.dropped, proposal.notes, stop)
         state.spec = spec
         md = {"best_variant": state.best_id, "rounds_without_improvement": state.rounds_without_improvement,
               "stopped": state.stopped or "no", "measured_so_far": len(state.history),
@@ -267,18 +293,26 @@ def verdict_report(context: dg.AssetExecutionContext, specs: SpecStore, taotoken
                # issue 12: REGRESS split by cause, the line to print, and the headline best on its evidence
                "causes": res["causes"], "summary_line": res["summary_line"], "best_kind": res["best"]["kind"],
                "best_ties": res["best"]["ties"]}
-    vt = res["verdicts"]
+    summary.update(evidence=res["evidence"], next_step=res["next_step"])
+    view, vcols, vheads = res["verdict_view"]
+    kinds, records = verdict_records(view, vcols)
+    overview = overview_markdown(res["variants"], spec.regression_guard.not_worse_than_baseline_ratio)
     md = {
+        "summary": res["summary_line"],
+        "evidence": ("model: analytic estimates, nothing was timed" if res["evidence"] == "model" else res["evidence"]),
+        **({"next_step": res["next_step"]} if res["next_step"] else {}),
+        **({"latency_overview": dg.MetadataValue.md(overview)} if overview else {}),
+        # a table with a schema: the asset page shows it as a table, not behind a markdown dialog
+        "verdicts": dg.MetadataValue.table(
+            records=[dg.TableRecord(r) for r in records],
+            schema=dg.TableSchema(columns=[dg.TableColumn(c, kind, description=vheads.get(c)) for c, kind in kinds])),
+        "latency_plot": dg.MetadataValue.md(md_image(res["png"], "each variant's time relative to the baseline")),
+        "latency_png": dg.MetadataValue.path(str(out_dir / "latency.png")),
+        "report": dg.MetadataValue.path(str(out_dir / "report.md")),
         **{f"n_{k}": v for k, v in counts.items()},
         **{f"n_REGRESS_{c}": n for c, n in res["causes"].items()},
-        "summary": res["summary_line"],
         "best_kind": res["best"]["kind"],
-        "report": dg.MetadataValue.path(str(out_dir / "report.md")),
         "best_variant": state.best_id,
-        "verdicts": dg.MetadataValue.md(_md_table(vt, ["variant_id", "round", "config_label", "verdict", "cause",
-                                                       "worst_shape", "ratio", "evidence", "reasons"])
-                                        if len(vt) else "_none_"),
-        "latency_plot": dg.MetadataValue.md(md_image(res["png"], "p50 latency per variant")),
         "narrative_source": source,
         "baseline_vs_history": past.verdict,
     }

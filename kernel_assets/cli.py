@@ -363,6 +363,8 @@ def _say_unchanged(task_id: str, last: dict) -> int:
     print(f"report: {last['report']}")
     if last.get("verdicts"):
         print(last["verdicts"])
+    if last.get("next"):
+        print(f"next: {last['next']}")
     return EXIT_OK
 
 
@@ -445,10 +447,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 f"({summary['variants']} variants; {best}; stopped: {summary['stopped'] or 'no'})")
     print(f"report: {report}")
     print(verdicts + ("; budget EXCEEDED" if over else ""))
+    if summary.get("next_step"):  # model evidence only: how to see measured verdicts
+        print(f"next: {summary['next_step']}")
     if not over:
         _record_sweep(home, spec.task_id, {"run_id": result.run_id, "ts": time.time(), "fingerprint": fingerprint,
                                            "task_id": spec.task_id,
-                                           "report": report, "verdicts": verdicts})
+                                           "report": report, "verdicts": verdicts,
+                                           "next": summary.get("next_step") or ""})
     return budget_rc
 
 

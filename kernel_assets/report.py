@@ -280,6 +280,72 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
     return fig
 
 
+OVERVIEW_MAX_CHARS = 1000  # Dagster's asset page shows a markdown value inline only below this many characters
+
+
+def overview_markdown(variants: pd.DataFrame, guard: float | None = None) -> str | None:
+    """A small chart that the Dagster asset page shows inline (markdown under OVERVIEW_MAX_CHARS): one bar per
+    variant in table order, its time relative to the baseline on a log scale (up: slower), coloured like the
+    full plot; an x where a variant has no latency. None when it cannot be made that small."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    recs = variants.to_dict("records")
+    if not recs or recs[0].get("latency_p50_ms") is None or _isnan(recs[0]["latency_p50_ms"]):
+        return None
+    base = recs[0]["latency_p50_ms"]
+    fig, ax = plt.subplots(figsize=(max(2.0, 0.16 * len(recs)), 1.0), dpi=80)
+    if guard:
+        ax.axhspan(0, math.log2(guard), color="#f4b6b6", lw=0)
+    for x, rec in enumerate(recs):
+        cat = _category(rec.get("verdict"), rec.get("cause"), rec.get("ratio_ci_high"))
+        val = rec.get("latency_p50_ms")
+        if val is None or _isnan(val) or val <= 0:
+            ax.plot([x], [0], marker="x", color=CATEGORY_COLORS["REGRESS/infeasible"], ms=3, mew=1)
+        elif cat in ("REGRESS/infeasible", "REGRESS/wrong"):
+            ax.bar(x, math.log2(val / base), facecolor="white", edgecolor=CATEGORY_COLORS[cat], lw=0.6, width=0.8)
+        else:
+            ax.bar(x, math.log2(val / base), color=CATEGORY_COLORS[cat], width=0.8)
+    ax.axhline(0, color=CATEGORY_COLORS["BASELINE"], lw=0.8)
+    ax.set_xlim(-0.7, len(recs) - 0.3)
+    ax.axis("off")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight", pad_inches=0.02)
+    plt.close(fig)
+    small = io.BytesIO()
+    Image.open(io.BytesIO(buf.getvalue())).convert("RGB").quantize(colors=8).save(small, format="PNG", optimize=True)
+    kinds = set(variants["evidence"].dropna())
+    what = "estimated time (model)" if kinds and not kinds & MEASURED_EVIDENCE else "measured p50"
+    text = (md_image(small.getvalue(), "time vs baseline") + f"\n\nEach variant's {what} vs the baseline, in table order "
+            "(log scale, up = slower; shaded: the guard band; x: no latency). The labelled plot: `latency_plot`.")
+    return text if len(text) < OVERVIEW_MAX_CHARS else None
+
+
+def verdict_records(view: pd.DataFrame, cols: list[str]) -> tuple[list[tuple[str, str]], list[dict]]:
+    """The verdict table as typed columns and JSON-safe records (for a table in the Dagster UI)."""
+    kinds = []
+    for c in cols:
+        dtype = view[c].dtype.kind if c in view else "O"
+        kinds.append((c, "int" if dtype in "iu" else "float" if dtype == "f" else "string"))
+    records = []
+    for rec in view[cols].to_dict("records"):
+        row = {}
+        for (c, kind), v in zip(kinds, rec.values()):
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                row[c] = None
+            elif kind == "int":
+                row[c] = int(v)
+            elif kind == "float":
+                row[c] = round(float(v), 4)
+            else:
+                row[c] = str(v)
+        records.append(row)
+    return kinds, records
+
+
 def _isnan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
 

@@ -129,18 +129,50 @@ def test_default_sweep_causes_and_per_shape_verdicts(swept):
     md = _metadata(first, "verdict_report")
     causes = {c: int((regress["cause"] == c).sum()) for c in ("slower", "wrong", "infeasible")}
     line = (f"REGRESS {len(regress)} (slower {causes['slower']}, wrong {causes['wrong']}, "
-            f"infeasible {causes['infeasible']})")
+            f"infeasible {causes['infeasible']}, rejected 0)")
     assert line in report and line in md["summary"]
     assert {f"n_REGRESS_{c}": n for c, n in causes.items()}.items() <= md.items()
     assert "Estimated best (model evidence, not a measurement)" in report and md["best_kind"] == "estimated best"
-    for section in ("## Per shape", "## Tolerance", "ref rounding abs", "## Measurement conditions", "clock locking: off"):
-        assert section in report
+    for section in ("## Per shape", "## Tolerance", "ref rounding abs", "## Measurement conditions",
+                    "## How the estimates are made", "Ignores:", "est_ms (model)", "**Evidence: `model`.**",
+                    "specs/replay_clblast_rtx3090.yaml"):
+        assert section in report, section
+    assert "latency_p50_ms" not in report.split("## Files")[0]  # an estimate is never labelled a p50
+    assert "clock locking: not applicable" in report and "batches: none" in report
+    assert "| 0 | 0 |" not in report  # no rows of empty sample counts
 
 
-def test_rounds_past_max_rounds_are_skipped_with_a_reason(swept):
+def test_rounds_past_max_rounds_are_marked_skipped_not_shown_as_run(swept):
     _, _, first, _ = swept
-    md = _metadata(first, "round_3_suggestions")
-    assert md["proposals"] == 0 and "max_rounds" in md["stopped"]
+    mats = {e.event_specific_data.materialization.asset_key.to_user_string(): e.event_specific_data.materialization
+            for e in first.all_events if e.event_type_value == "ASSET_MATERIALIZATION"}
+    for step in ("suggestions", "variants", "profiles"):
+        md = _metadata(first, f"round_3_{step}")
+        assert md["skipped"] == "round 3 did not run: max_rounds reached (2)", md
+        assert not {"proposals", "variants", "failed", "measured_so_far"} & set(md)  # no counts that read like a run
+        assert mats[f"round_3_{step}"].tags.get("kregress/round") == "skipped"
+        ran = _metadata(first, f"round_2_{step}")
+        assert "skipped" not in ran and mats[f"round_2_{step}"].tags.get("kregress/round") != "skipped"
+    check = next(e.event_specific_data for e in first.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"
+                 and e.event_specific_data.check_name == "round_3_constraints")
+    assert check.passed and "did not run" in check.description
+
+
+def test_verdicts_are_a_table_and_the_plot_shows_inline(swept):
+    _, _, first, _ = swept
+    mats = [e.event_specific_data.materialization for e in first.all_events if e.event_type_value == "ASSET_MATERIALIZATION"]
+    (m,) = [m for m in mats if m.asset_key.to_user_string() == "verdict_report"]
+    table = m.metadata["verdicts"]
+    assert isinstance(table, dg.TableMetadataValue)
+    cols = {c.name: c.type for c in table.schema.columns}
+    assert {"variant_id": "string", "round": "int", "verdict": "string", "vs_baseline": "string"}.items() <= cols.items()
+    assert len(table.records) == 6 and all(r.data["verdict"] in ("PASS", "REGRESS", "NEEDS_REVIEW") for r in table.records)
+    overview = m.metadata["latency_overview"].value
+    assert overview.startswith("![time vs baseline](data:image/png;base64,") and len(overview) < 1000  # shown inline
+    assert "estimated time (model)" in overview
+    assert m.metadata["latency_png"].value.endswith("latency.png")
+    assert "replay_clblast_rtx3090.yaml" in m.metadata["next_step"].value  # measured verdicts without a GPU
+    assert m.metadata["evidence"].value.startswith("model")
 
 
 def test_checks_ran(swept):
