@@ -434,7 +434,7 @@ def per_shape_section(by_shape: pd.DataFrame, kind: str, shapes: list[str]) -> s
                                      "p50_ratio", "n_variant", "n_baseline", "evidence"], max_rows=400))
     if failed_ids:
         first = failed.drop_duplicates("variant_id")
-        out.append("\nNot timed on any shape (the verdict holds for every shape):\n")
+        out.append("\nDecided before any latency was compared (the verdict holds for every shape):\n")
         out.append(_md_table(first, ["variant_id", "verdict", "cause", "reason"], headers={"reason": "why"}))
     return "\n".join(out)
 

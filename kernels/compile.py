@@ -2,7 +2,7 @@
 
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` runs the whole pipeline down to
 a cubin with the ptxas that ships in the Triton wheel; the bundled ``cuobjdump`` then reports
-registers, stack (spills), local and shared memory, and the SASS instruction mix. These are real
+registers, stack (spills), local and shared memory, and ``nvdisasm`` the SASS instruction mix. These are real
 facts on any machine, so register, spill and shared-memory constraints are never estimates.
 """
 
@@ -147,7 +147,9 @@ def compile_units(units: list, arch: str, limits: Any) -> CompileStats:
             cubin = Path(tmp) / "k.cubin"
             cubin.write_bytes(compiled.asm["cubin"])
             usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
-            sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+            # nvdisasm straight on the cubin (what `cuobjdump -sass` runs), code sections only, without the
+            # dataflow pass (-ndf: it only annotates branch targets): the same instructions in under half the time
+            sass = subprocess.run([_tool("nvdisasm"), "-c", "-ndf", str(cubin)], capture_output=True, text=True, check=True).stdout
         res = parse_resource_usage(usage).get(compiled.metadata.name)
         if res is None:
             raise CompileError("compile_failed", f"cuobjdump printed no resource usage for {compiled.metadata.name}")

@@ -119,6 +119,7 @@ class BenchmarkBackend(dg.ConfigurableResource):
     timeout_s: float = Field(default=0.0, description="Per-variant limit in seconds; 0 = the spec's benchmark.timeout_s.")
 
     _pools: dict = PrivateAttr(default_factory=dict)
+    _pools_lock: Any = PrivateAttr(default_factory=threading.Lock)  # checks start pools from compile threads
     _managed: bool = PrivateAttr(default=False)
 
     # -- lifecycle: worker processes live as long as the step -------------------------------------
@@ -129,7 +130,8 @@ class BenchmarkBackend(dg.ConfigurableResource):
         self.close()
 
     def close(self) -> None:
-        pools, self._pools = self._pools, {}
+        with self._pools_lock:
+            pools, self._pools = self._pools, {}
         for pool in pools.values():
             pool.close()
 
@@ -142,9 +144,10 @@ class BenchmarkBackend(dg.ConfigurableResource):
     def pool(self, name: str, size: int, interpret: bool) -> WorkerPool:
         """The step's pool ``name`` (compile, correctness, cuda), created on first use with ``size`` workers
         at most; workers are spawned as jobs need them (or ahead, with ``prestart``)."""
-        if name not in self._pools:
-            self._pools[name] = WorkerPool(size, self.env(interpret))
-        return self._pools[name]
+        with self._pools_lock:
+            if name not in self._pools:
+                self._pools[name] = WorkerPool(size, self.env(interpret))
+            return self._pools[name]
 
     def pool_size(self) -> int:
         """Workers per CPU pool: ``workers``, else one per CPU core (at most 4). Fixed for the pool's life:
@@ -229,11 +232,12 @@ class CompiledBackend(BenchmarkBackend):
             idx.append(i)
         if stats.compile_cache_hits:
             log(f"compile cache: {stats.compile_cache_hits} of {len(suggestions)} variant(s) already compiled for {hw.arch}")
+        if jobs:
+            log(f"compiling {len(jobs)} variant(s) for {hw.arch} ({len(suggestions) - len(jobs)} from cache)")
         checks.announce(sorted(compiled) + idx)
         for i in sorted(compiled):
             checks.start(i)
         if jobs:
-            log(f"compiling {len(jobs)} variant(s) for {hw.arch} ({len(suggestions) - len(jobs)} from cache)")
             lock = threading.Lock()
 
             def done(j: int, res: dict) -> None:

@@ -135,3 +135,90 @@ def test_worker_pool_timeout_and_crash_are_values(tmp_path):
     os.kill(pid, signal.SIGKILL)  # what an illegal memory access does to a CUDA process
     with pytest.raises(WorkerDied):
         w.call({"op": "ping", "family": "gemm"}, 60)
+
+
+def test_checks_differing_only_in_launch_options_share_one_interpreter_run(tmp_path):
+    """num_warps and num_stages reach the GEMM only as launch options, which Triton's interpreter drops:
+    variants that differ in nothing else get one interpreter run, the same result, and say whose; a
+    variant that differs in a tile size runs its own check. Each still compiles on its own (the compile
+    facts differ)."""
+    assert GEMM.interpreter_ignores == ("num_warps", "num_stages")
+    spec = parse_spec(SMOKE)
+    bench = InterpreterBackend(cache_dir=str(tmp_path), workers=2)
+    base = CONFIGS[0]
+    sugg = [Suggestion(variant_id="a", config=base, patch_summary="x", round=1),
+            Suggestion(variant_id="a-s3", config=dict(base, num_stages=3), patch_summary="x", round=1),
+            Suggestion(variant_id="a-w2", config=dict(base, num_warps=2), patch_summary="x", round=1),
+            Suggestion(variant_id="b", config=dict(base, BLOCK_K=16), patch_summary="x", round=1)]
+    lines: list[str] = []
+    rows, stats = bench.evaluate(spec, GEMM, sugg, log=lines.append)
+    assert stats.compiles == 4 and stats.correctness_runs == 2 and stats.correctness_shared == 2
+    by_id = {r.variant_id: r for r in rows}
+    assert all(r.error is None and r.correctness.ok for r in rows), [r.error_detail for r in rows]
+    for vid in ("a-s3", "a-w2"):
+        assert by_id[vid].correctness == by_id["a"].correctness
+    shared = [ln for ln in lines if "the interpreter run of" in ln]
+    assert len(shared) == 2 and any("a-s3: the interpreter run of a (they differ only in num_stages" in ln for ln in shared)
+    assert by_id["a-s3"].compile.smem_bytes != by_id["a"].compile.smem_bytes  # compiled apart: different facts
+    # the shared result is cached under the same key: a later round answers all three from the cache
+    rows2, stats2 = bench.evaluate(spec, GEMM, sugg[:3], log=lambda m: None)
+    assert stats2.correctness_runs == 0 and stats2.correctness_cache_hits == 3
+
+
+def test_worker_pools_keep_their_size_and_start_workers_ahead(tmp_path):
+    """The first step (the baseline: one job) must not size the pool every later round shares; a managed
+    backend starts the workers the rounds will use while the first job runs."""
+    import dagster as dg
+
+    spec = parse_spec(SMOKE)
+    bench = InterpreterBackend(cache_dir=str(tmp_path), workers=2)
+    bench.setup_for_execution(dg.build_init_resource_context())  # as a Dagster run does: workers live for the run
+    try:
+        one = [Suggestion(variant_id="baseline", config=CONFIGS[0], patch_summary="x", round=0)]
+        _, stats = bench.evaluate(spec, GEMM, one, log=lambda m: None)
+        assert bench._pools["compile"].size == 2 and bench._pools["correctness"].size == 2
+        assert stats.workers_spawned == 4  # two per pool, started ahead of round 1
+        two = [Suggestion(variant_id=f"r1-{i}", config=c, patch_summary="x", round=1) for i, c in enumerate(CONFIGS[1:])]
+        _, stats = bench.evaluate(spec, GEMM, two, log=lambda m: None)
+        assert stats.workers_spawned == 4 and stats.compiles == 2  # round 1 found them running
+    finally:
+        bench.teardown_after_execution(dg.build_init_resource_context())
+    assert bench._pools == {}
+
+
+def test_pool_prestart_and_submit(tmp_path):
+    env = worker_env(tmp_path, interpret=False)
+    with WorkerPool(2, env) as pool:
+        pool.prestart(5)  # never more than the pool's size
+        assert pool.spawned == 2
+        results = [pool.submit({"op": "ping", "family": "gemm"}, 120) for _ in range(4)]
+        pids = {f.result()["pong"] for f in results}
+        assert pool.spawned == 2 and 1 <= len(pids) <= 2  # the prestarted workers served every job
+
+
+def test_sass_mix_from_nvdisasm_is_cuobjdump_s():
+    """The compile reads the SASS with `nvdisasm -c -ndf` (no dataflow pass: faster); the instruction mix
+    is exactly what `cuobjdump -sass` gives."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.compile import _tool, sass_mix
+
+    cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_stages=3, num_warps=8)
+    (unit,) = GEMM.compile_units(cfg, "bf16", {})
+    attrs = {(unit.fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in unit.divisible}
+    compiled = triton.compile(ASTSource(fn=unit.fn, signature=unit.signature, constexprs=unit.constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        fast = subprocess.run([_tool("nvdisasm"), "-c", "-ndf", str(cubin)], capture_output=True, text=True, check=True).stdout
+        full = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert sass_mix(fast) == sass_mix(full) and sass_mix(fast)[0] > 100
+    assert sass_mix(fast)[1].get("tensor_wgmma", 0) > 0
+    assert _stats(cfg).sass_instructions == sass_mix(full)[0]
