@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -319,24 +320,46 @@ def _load(args: argparse.Namespace):
         return None
 
 
-def _prepare(args: argparse.Namespace, spec=None):
+def _prepare(args: argparse.Namespace, spec=None, start_workers: bool = False):
     """(spec, home, resources, instance) for a command that runs one spec in-process, or None after
-    printing why the spec cannot run (exit 2)."""
+    printing why the spec cannot run (exit 2). ``start_workers``: start a CPU sweep's workers first."""
     spec = spec or _load(args)
     if spec is None:
         return None
     home = _ensure_home(args.dagster_home)
+    spec_file = str(Path(args.spec).resolve())
+    os.environ["KREGRESS_SPEC_FILES"] = os.pathsep.join(
+        [spec_file] + [f for f in os.environ.get("KREGRESS_SPEC_FILES", "").split(os.pathsep) if f and f != spec_file])
+    if start_workers:
+        _start_cpu_workers(args, spec)
     from kernel_assets.definitions import build_resources
     from kernel_assets.run_guard import prepared_instance
     from kernel_assets.specs_resource import SpecStore
 
-    spec_file = str(Path(args.spec).resolve())
-    os.environ["KREGRESS_SPEC_FILES"] = os.pathsep.join(
-        [spec_file] + [f for f in os.environ.get("KREGRESS_SPEC_FILES", "").split(os.pathsep) if f and f != spec_file])
     resources = build_resources(getattr(args, "env", None))
     resources["specs"] = SpecStore()
     instance = prepared_instance(home, spec.task_id, log=_say)
     return spec, home, resources, instance
+
+
+def _start_cpu_workers(args: argparse.Namespace, spec) -> None:
+    """On a CPU sweep, start the compile and interpreter workers now: each imports torch and Triton for
+    seconds, which then overlap this process's Dagster import and instance set-up instead of following
+    them. The interpreter backend's pools adopt them (same environment); none are started for a GPU
+    sweep, a recorded family or an external kernel."""
+    from kregress.core.family import get_family
+
+    if _times_on_a_gpu(args) or args.backend == "cuda":
+        return
+    fam = get_family(spec.kernel_family)
+    if fam.recorded or fam.external:
+        return
+    from resources.workers import reserve, worker_env
+
+    n = min(min(4, os.cpu_count() or 1), spec.search.variants_per_round)
+    root = paths.cache_dir()
+    reserve(worker_env(root, interpret=False), n)
+    reserve(worker_env(root, interpret=True), n)
 
 
 def _budget_verdict(resources: dict, spec, run_id: str) -> list[str]:
@@ -382,7 +405,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     last = None if args.force or _times_on_a_gpu(args) else _unchanged(home, spec.task_id, fingerprint)
     if last is not None:
         return _say_unchanged(spec.task_id, last)
-    prepared = _prepare(args, spec)
+    prepared = _prepare(args, spec, start_workers=True)
     if prepared is None:
         return EXIT_BAD_SPEC
     spec, home, resources, instance = prepared
@@ -417,6 +440,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     backend = backend_for(get_family(spec.kernel_family), resources['bench'], resources['replay']).kind
     _say(f"kregress: sweep {spec.task_id} ({spec.kernel_family}, {spec.dtype}, {spec.hardware.arch}); "
          f"DAGSTER_HOME={home}; backend={backend}; strategy={args.strategy or spec.search.strategy}")
+    # The report's libraries load in the background while this process mostly waits on its workers.
+    threading.Thread(target=_warm_report_imports, daemon=True).start()
     result = job.execute_in_process(partition_key=spec.task_id, instance=instance, run_config=run_config,
                                     raise_on_error=False, tags=run_tags())
     over = _budget_verdict(resources, spec, result.run_id)
@@ -455,6 +480,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                            "report": report, "verdicts": verdicts,
                                            "next": summary.get("next_step") or ""})
     return budget_rc
+
+
+def _warm_report_imports() -> None:
+    """Import what verdict_report needs (matplotlib, pyarrow's Parquet writer) ahead of it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
 
 
 def cmd_review(args: argparse.Namespace) -> int:

@@ -179,7 +179,7 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
     ``model``: not a measurement). The baseline is the line at 1; the guard is a shaded band from 1 to
     the guard ratio, so a bar inside it is "not worse beyond the guard". A variant with no latency
     (failed, out of resources) is a grey x on the axis with its reason, never a bar; an infeasible
-    variant that has an estimate is a hollow hatched bar with its reason. Measured evidence has p20-p80
+    variant that has an estimate is a hollow dashed bar with its reason. Measured evidence has p20-p80
     error bars. Colours: PASS is neutral (not a win), green only when the whole interval is below 1;
     NEEDS_REVIEW amber; REGRESS red (slower), purple (wrong), grey (infeasible). The legend sits below
     the axes. With ``by_shape`` (the verdicts_by_shape table) each panel is coloured by that shape's verdict.
@@ -233,11 +233,12 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
             if vid in vals and vals[vid] > 0:
                 r = vals[vid] / scale
                 failed = cat in ("REGRESS/infeasible", "REGRESS/wrong")
-                if failed:  # an estimate exists, but the variant is out: hollow, with its reason
-                    bar = ax.bar(x, r - bottom, bottom=bottom, facecolor="white", edgecolor=color, hatch="///",
-                                 lw=0.8, label=label)[0]
+                if failed:  # an estimate exists, but the variant is out: hollow and dashed, with its reason
+                    bar = ax.bar(x, r - bottom, bottom=bottom, facecolor="white", edgecolor=color, ls="--",
+                                 lw=0.9, label=label)[0]
                     ax.text(x, 0.04, _short_reason(rec), rotation=90, fontsize=6.5, ha="center", va="bottom",
-                            transform=ax.get_xaxis_transform(), color="#212121")
+                            transform=ax.get_xaxis_transform(), color="#212121",
+                            bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
                 else:
                     bar = ax.bar(x, r - bottom, bottom=bottom, color=color, label=label)[0]
                 bar.set_gid(f"variant:{vid}")
@@ -256,10 +257,14 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
             if guard:
                 ax.axhspan(1.0, guard, color="#c62828", alpha=0.18, lw=0, label=f"guard x{guard:g}")
                 ax.axhline(guard, ls=":", color="#c62828", lw=1.0)
-        ax.set_yscale("log")
+        ax.set_yscale("log", base=2)
         ax.set_ylim(bottom, top)
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        span = math.log2(top / bottom)
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=2, subs=(1.0, 1.5) if span < 3 else (1.0,)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}x"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.grid(axis="y", color="#e0e0e0", lw=0.5)
+        ax.set_axisbelow(True)
         ax.set_ylabel("vs baseline", fontsize=8)
         ax.tick_params(axis="y", labelsize=7)
         name = f"shape {shape}: " if shape is not None else ""
@@ -325,7 +330,11 @@ def overview_markdown(variants: pd.DataFrame, guard: float | None = None) -> str
 
 
 def verdict_records(view: pd.DataFrame, cols: list[str]) -> tuple[list[tuple[str, str]], list[dict]]:
-    """The verdict table as typed columns and JSON-safe records (for a table in the Dagster UI)."""
+    """The verdict table as typed columns and JSON-safe records (for a table in the Dagster UI): the
+    verdict and what it rests on first, the long config label and reasons last (a narrow column of a
+    long label would make every row tall)."""
+    last = [c for c in ("why", "config_label") if c in cols]
+    cols = [c for c in cols if c not in last and c != "source"] + last
     kinds = []
     for c in cols:
         dtype = view[c].dtype.kind if c in view else "O"
@@ -375,11 +384,11 @@ def _md_table(df: pd.DataFrame, cols: list[str], max_rows: int = 200, headers: d
 
 
 def reading(v: Verdict | None) -> str:
-    """What a verdict's ratio says, in words: ``2.3% slower [0.9%, 3.1%]``, ``estimate 0.62x (model)``."""
+    """What a verdict's ratio says, in words: ``2.3% slower [+0.9%, +3.1%]``, ``0.620x (estimate)``."""
     if v is None or v.ratio is None or _isnan(v.ratio):
         return ""
     if v.method == "model" or v.evidence == "model":
-        return f"estimate {v.ratio:.3g}x (model)"
+        return f"{v.ratio:.3f}x (estimate)"
 
     def pct(r: float) -> str:
         d = (r - 1.0) * 100
@@ -396,14 +405,13 @@ def verdict_view(verdict_df: pd.DataFrame, verdicts: dict[str, Verdict], kind: s
     view = verdict_df.copy()
     view["vs_baseline"] = [reading(verdicts.get(v)) for v in view["variant_id"]]
     generic = "analytic estimate (evidence=model)"
-    view["why"] = [("" if verdicts.get(v) is None else
-                    "model estimate only: needs cuda or replay evidence" if (verdicts[v].method == "model"
-                                                                           and verdicts[v].verdict == "NEEDS_REVIEW")
+    # a model-evidence NEEDS_REVIEW has one reason, said once above the table: its row stays quiet
+    view["why"] = [("" if verdicts.get(v) is None or (verdicts[v].method == "model" and verdicts[v].verdict == "NEEDS_REVIEW")
                     else "; ".join(verdicts[v].reasons)) for v in view["variant_id"]]
     view["why"] = view["why"].str.replace(generic, "model estimate", regex=False)
     cols = ["variant_id", "round", "source", "config_label", "verdict", "cause"]
     if kind == "measured":
-        cols += ["worst_shape", "vs_baseline", "ratio", "ratio_ci_low", "ratio_ci_high"]
+        cols += ["worst_shape", "vs_baseline", "ratio"]  # the interval is in words beside it (and in the Parquet files)
     else:
         cols += ["vs_baseline"]
     cols += ["why"]
@@ -429,6 +437,12 @@ def per_shape_section(by_shape: pd.DataFrame, kind: str, shapes: list[str]) -> s
             out.append("Estimated time / baseline's estimate on each shape (evidence `model`: analytic estimates, "
                        "no samples, no interval; below 1 means the model expects it faster).\n")
             out.append(_md_table(piv, list(piv.columns), max_rows=400))
+    elif len(shapes) == 1 and len(timed):  # the verdict table above is already the per-shape table
+        nv, nb = timed["n_variant"], timed["n_baseline"]
+        out.append(f"One shape ({shapes[0]}): the verdicts above are its verdicts, each from {nv.min()}"
+                   f"{'' if nv.min() == nv.max() else f'-{nv.max()}'} variant and {nb.min()}"
+                   f"{'' if nb.min() == nb.max() else f'-{nb.max()}'} baseline samples "
+                   "(`verdicts_by_shape.parquet` has every interval and count).\n")
     else:
         out.append(_md_table(timed, ["variant_id", "shape", "verdict", "cause", "ratio", "ratio_ci_low", "ratio_ci_high",
                                      "p50_ratio", "n_variant", "n_baseline", "evidence"], max_rows=400))
@@ -523,8 +537,8 @@ def tolerance_section(spec: TaskSpec, history: list[VariantResult]) -> str:
                      "err / ref rounding": ratio,
                      "max_rel_err": c.max_rel_err, "ref rounding rel": c.ref_rounding_rel,
                      "within rounding": _rounding_class(ratio), "ok": c.ok, "backend": r.backend})
-    if not recs:
-        return "\n".join(lines + ["_no correctness checks on this backend (recorded runs are not re-checked)_"]) + "\n"
+    if not recs:  # recorded runs: nothing to explain
+        return "_no correctness check in this sweep: recorded runs are not re-checked (they were validated when recorded)_\n"
     df = pd.DataFrame.from_records(recs)
     key = ["dtype", "atol", "rtol", "max_abs_err", "ref rounding abs", "err / ref rounding", "max_rel_err",
            "ref rounding rel", "within rounding", "ok"]
@@ -546,7 +560,7 @@ def tolerance_section(spec: TaskSpec, history: list[VariantResult]) -> str:
             if 1.5 < ratio <= 2.05 and spec.dtype == "bf16" and set(df["backend"]) == {"interpreter"}:
                 lines[-1] += (" One whole bf16 step rather than half: in this run the kernels executed in Triton's "
                               "CPU interpreter, whose fp32-to-bf16 conversion truncates where a GPU rounds to "
-                              "nearest; on a GPU the same kernels land within rounding.")
+                              "nearest, so a GPU run would be expected within rounding.")
         lines.append("")
     return "\n".join(lines) + "\n" + _md_table(gdf, ["variants", "n"] + key)
 
@@ -579,8 +593,9 @@ def next_step(kind: str, spec: TaskSpec, spec_path: str) -> str:
     demo = (f" Without a GPU, `kregress sweep {_display_path(REPLAY_DEMO_SPEC)}` runs the same pipeline on recorded "
             "RTX 3090 runs (evidence `replay`) and gives measured PASS / REGRESS verdicts."
             if REPLAY_DEMO_SPEC.is_file() else "")
-    return (f"No latency in this sweep was measured. On a GPU host, `kregress sweep {spec_path} --backend cuda` times "
+    return (f"No latency in this sweep was measured. On a GPU host, `kregress sweep {_display_path(Path(spec_path))} --backend cuda` times "
             f"every variant.{demo}")
+
 
 
 def _baseline_lines(baseline: VariantResult, recorded: bool) -> list[str]:
@@ -718,14 +733,17 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
         f"- search: {spec.search.model_dump()}", "",
         "## Baseline", "", *_baseline_lines(baseline, recorded), "",
     ]
-    bmeas = meas[meas["variant_id"] == baseline.variant_id].rename(columns={"p50_ms": lat})
+    est = {"tflops": "est_tflops", "gbps": "est_gbps"} if kind == "model" else {}  # derived from the estimate
+    bmeas = meas[meas["variant_id"] == baseline.variant_id].rename(columns={"p50_ms": lat, **est})
     bcols = (["shape", "p20_ms", lat, "p80_ms"] if baseline.evidence in MEASURED_EVIDENCE else ["shape", lat])
-    lines += [_md_table(bmeas, bcols + _nonzero_cols(bmeas, ["tflops", "gbps"]) + ["evidence", "device"]), "## Rounds", ""]
+    rates = _nonzero_cols(bmeas, [est.get("tflops", "tflops"), est.get("gbps", "gbps")])
+    lines += [_md_table(bmeas, bcols + rates + ["evidence", "device"]), "## Rounds", ""]
     for rnd in sorted(set(variants["round"]) - {0}):
         sub = variants[variants["round"] == rnd].rename(columns={"latency_p50_ms": lat})
         cols = ["variant_id", "source", "config_label", "patch_summary", "expected_effect", "risk", lat]
         cols += [] if recorded else ["regs_per_thread", "smem_bytes", "occupancy"]
-        lines += [f"### Round {rnd}", "", _md_table(sub, cols + ["error", "verdict", "cause"])]
+        cols += [c for c in ("error", "verdict", "cause") if c == "verdict" or sub[c].notna().any()]
+        lines += [f"### Round {rnd}", "", _md_table(sub, cols)]
     failed = [r for r in state.history if r.error]
     lines += ["## Failures", ""]
     lines += [f"- {r.variant_id} [{config_label(r.config)}]: **{r.error}**: {' '.join(r.error_detail.split())[:300]}" for r in failed] or ["_none_"]

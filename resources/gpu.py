@@ -51,6 +51,7 @@ class EvaluationStats:
     correctness_seconds: list[float] = field(default_factory=list)
     measure_seconds: list[float] = field(default_factory=list)
     workers_spawned: int = 0
+    workers_adopted: int = 0  # of those, started ahead by the CLI (resources.workers.reserve)
     wall_s: float = 0.0  # the whole evaluate: compiles and checks overlap inside it
 
     def as_metadata(self) -> dict[str, Any]:
@@ -66,6 +67,7 @@ class EvaluationStats:
             "compile_s_per_variant": mean(self.compile_seconds),
             "correctness_s_per_variant": mean(self.correctness_seconds),
             "workers_spawned": self.workers_spawned,
+            "workers_adopted": self.workers_adopted,
             "evaluate_s": round(self.wall_s, 3),
             "compile_s_total": round(sum(self.compile_seconds), 3),
             "correctness_s_total": round(sum(self.correctness_seconds), 3),
@@ -178,6 +180,7 @@ class BenchmarkBackend(dg.ConfigurableResource):
         finally:
             stats.wall_s = time.perf_counter() - t0
             stats.workers_spawned = sum(p.spawned for p in self._pools.values())
+            stats.workers_adopted = sum(p.adopted for p in self._pools.values())
             if not self._managed:
                 self.close()
         return rows, stats

@@ -9,6 +9,7 @@ stdin, one ``kernels.worker.PREFIX``-marked JSON line back) is defined in ``kern
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
@@ -96,6 +97,40 @@ class Worker:
         self.proc.wait()
 
 
+# Workers started before their pool exists, by environment: the CLI starts a CPU sweep's workers while it
+# imports Dagster, and the first pool with the same environment adopts them (``reserve``).
+_RESERVE: dict[str, list[Worker]] = {}
+_RESERVE_LOCK = threading.Lock()
+
+
+def _env_key(env: dict[str, str]) -> str:
+    return json.dumps(sorted(env.items()))
+
+
+def reserve(env: dict[str, str], n: int) -> None:
+    """Start ``n`` workers with ``env`` now (no waiting: each imports in its own process); a WorkerPool
+    created later with the same environment takes them before it starts any. Those left unclaimed end
+    when this process exits."""
+    workers = [Worker(env) for _ in range(max(0, n))]
+    with _RESERVE_LOCK:
+        _RESERVE.setdefault(_env_key(env), []).extend(workers)
+
+
+def _claim(env: dict[str, str]) -> Worker | None:
+    with _RESERVE_LOCK:
+        waiting = _RESERVE.get(_env_key(env)) or []
+        return waiting.pop(0) if waiting else None
+
+
+@atexit.register
+def _end_reserve() -> None:
+    with _RESERVE_LOCK:
+        left = [w for ws in _RESERVE.values() for w in ws]
+        _RESERVE.clear()
+    for w in left:
+        w.kill()
+
+
 class WorkerPool:
     """Runs jobs on up to ``size`` long-lived child processes; ``close()`` ends them.
 
@@ -115,11 +150,16 @@ class WorkerPool:
         self._cond = threading.Condition()
         self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="kregress-worker")
         self.spawned = 0  # workers started over the pool's life (a warm re-run should start none)
+        self.adopted = 0  # of those, how many were already started by ``reserve``
 
     def _spawn(self) -> Worker:
-        """A ready worker; the caller has already counted it in ``_alive``."""
+        """A ready worker (a reserved one if any, else a new one); the caller has counted it in ``_alive``."""
         try:
-            w = Worker(self.env)
+            w = _claim(self.env)
+            if w is not None:
+                self.adopted += 1
+            else:
+                w = Worker(self.env)
         except BaseException:
             self._forget(None)
             raise
