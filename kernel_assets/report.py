@@ -408,7 +408,7 @@ def verdict_view(verdict_df: pd.DataFrame, verdicts: dict[str, Verdict], kind: s
     # a model-evidence NEEDS_REVIEW has one reason, said once above the table: its row stays quiet
     view["why"] = [("" if verdicts.get(v) is None or (verdicts[v].method == "model" and verdicts[v].verdict == "NEEDS_REVIEW")
                     else "; ".join(verdicts[v].reasons)) for v in view["variant_id"]]
-    view["why"] = view["why"].str.replace(generic, "model estimate", regex=False)
+    view["why"] = view["why"].astype("object").map(lambda t: str(t).replace(generic, "model estimate"))
     cols = ["variant_id", "round", "source", "config_label", "verdict", "cause"]
     if kind == "measured":
         cols += ["worst_shape", "vs_baseline", "ratio"]  # the interval is in words beside it (and in the Parquet files)

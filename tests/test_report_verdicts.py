@@ -197,3 +197,13 @@ def test_plot_contains_failed_and_infeasible_variants(model_history):
     finally:
         plt.close(fig)
     assert report.latency_plot(variants, "t", meas, 1.03)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_of_a_sweep_with_no_variant(model_history, tmp_path):
+    """A budget that refused every prompt leaves only the baseline: the report still writes, and says so."""
+    res = report.write_report(tmp_path, SPEC, "specs/gemm_smoke.yaml", _state(model_history[:1]), {}, [])
+    md = (tmp_path / "report.md").read_text()
+    assert res["summary_line"].startswith("PASS 0 / REGRESS 0") and "(of 0 variants)" in md
+    view, cols, _ = res["verdict_view"]
+    assert report.verdict_records(view, cols)[1] == []
+    assert report.overview_markdown(res["variants"], 1.03) is None or len(report.overview_markdown(res["variants"], 1.03)) < 1000
