@@ -32,12 +32,17 @@ class WorkerDied(Exception):
 def worker_env(cache_root: Path, interpret: bool) -> dict[str, str]:
     """The environment of a worker: this process's, plus the project and every import root on
     ``sys.path`` (so plugin and import-path families resolve in the child), Triton's cache under
-    ``cache_root`` and, for the interpreter, TRITON_INTERPRET=1 with no GPU visible."""
+    ``cache_root``, one BLAS/OpenMP thread, and, for the interpreter, TRITON_INTERPRET=1 with no GPU visible."""
     env = dict(os.environ)
     roots = [str(REPO_ROOT)] + [p for p in sys.path if p and Path(p).is_dir()]
     roots += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(roots))
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    # One thread per worker: the pools run a worker per core, and a worker's own BLAS/OpenMP threads (the
+    # interpreter's numpy dots, torch's float64 reference) would only spin against its neighbours; on two
+    # cores a single-threaded interpreter check takes half the CPU and less wall time. A value the user set wins.
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, "1")
     env["TRITON_CACHE_DIR"] = str(cache_root / "triton")
     env["PYTHONWARNINGS"] = "ignore"
     if interpret:

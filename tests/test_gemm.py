@@ -222,3 +222,12 @@ def test_sass_mix_from_nvdisasm_is_cuobjdump_s():
     assert sass_mix(fast) == sass_mix(full) and sass_mix(fast)[0] > 100
     assert sass_mix(fast)[1].get("tensor_wgmma", 0) > 0
     assert _stats(cfg).sass_instructions == sass_mix(full)[0]
+
+
+def test_workers_run_one_blas_thread_unless_told_otherwise(tmp_path, monkeypatch):
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    env = worker_env(tmp_path, interpret=True)
+    assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert worker_env(tmp_path, interpret=True)["OMP_NUM_THREADS"] == "3"
