@@ -25,6 +25,7 @@ Prints:
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -166,6 +167,8 @@ def cold_breakdown_lines(spec_path: Path, env_name: str) -> list[str]:
     tot = lambda key: sum(float(md[k].get(key, 0.0)) for k in steps)  # noqa: E731
     spawned = max((int(md[k].get("workers_spawned", 0)) for k in steps), default=0)
     before_run = wall - run_s
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(probe, ignore_errors=True)
     return [
         f"cold CLI sweep: {wall:.1f} s wall, {cpu:.1f} s CPU (process and children), {os.cpu_count()} CPUs",
         f"  before the run {before_run:5.1f} s: python start {py:.1f} s; imports (Dagster, assets, the family's torch and "
@@ -183,8 +186,10 @@ def vs_lines(spec_path: Path, env_name: str, other: Path, pairs: int) -> list[st
     """Cold CLI sweeps of this checkout (A) and ``other`` (B), in turn; the ratio A/B pair by pair."""
     rows, ratios, cpu_ratios = [], [], []
     for i in range(pairs):
-        wa, ca, _, pa = _cold_run(spec_path, env_name, REPO)
-        wb, cb, _, pb = _cold_run(spec_path, env_name, other)
+        wa, ca, home_a, pa = _cold_run(spec_path, env_name, REPO)
+        wb, cb, home_b, pb = _cold_run(spec_path, env_name, other)
+        for home in (home_a, home_b):
+            shutil.rmtree(home, ignore_errors=True)
         if pa.returncode or pb.returncode:
             return [f"pair {i + 1}: a run failed (A exit {pa.returncode}, B exit {pb.returncode}): "
                     f"{(pa.stderr or pb.stderr).strip().splitlines()[-1:]}"]

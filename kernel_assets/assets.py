@@ -286,7 +286,7 @@ def verdict_report(context: dg.AssetExecutionContext, specs: SpecStore, taotoken
     out_dir = paths.reports_dir(spec.task_id)
     res = write_report(out_dir, spec, str(specs.path_for(spec.task_id)), state, verdicts, list(fam.space.params),
                        narrative=narrative, narrative_source=source, token_table=token_table,
-                       extra_sections=[("Baseline vs history", past_text)])
+                       extra_sections=[("Baseline vs history", past_text)], family=fam)
     counts = {k: int(res["counts"].get(k, 0)) for k in ("PASS", "REGRESS", "NEEDS_REVIEW")}
     summary = {"task_id": spec.task_id, "report_dir": str(out_dir), "counts": counts, "best": state.best_id,
                "stopped": state.stopped, "variants": len(state.history) - 1,
