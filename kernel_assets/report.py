@@ -114,7 +114,6 @@ CATEGORY_COLORS = {
     "BASELINE": "#1565c0", "PASS": "#78909c", "PASS/faster": "#2e7d32", "NEEDS_REVIEW": "#f9a825",
     "REGRESS/slower": "#c62828", "REGRESS/wrong": "#6a1b9a", "REGRESS/infeasible": "#616161",
 }
-VERDICT_COLORS = {k: CATEGORY_COLORS[k] for k in ("PASS", "REGRESS/slower", "NEEDS_REVIEW", "BASELINE")}
 CATEGORY_LABELS = {
     "BASELINE": "baseline", "PASS": "PASS (not worse than the guard)", "PASS/faster": "PASS, measured faster",
     "NEEDS_REVIEW": "NEEDS_REVIEW", "REGRESS/slower": "REGRESS/slower", "REGRESS/wrong": "REGRESS/wrong",
@@ -153,10 +152,9 @@ def evidence_of(history: list[VariantResult]) -> str:
     return "model" if kinds else "none"
 
 
-def latency_label(kind: str, short: bool = False) -> str:
-    if kind == "model":
-        return "est_ms (model)" if short else "estimated ms (model, not measured)"
-    return "p50_ms" if short else "p50 ms (measured)"
+def latency_label(kind: str) -> str:
+    """The latency column's name in report.md: an estimate is never called a p50."""
+    return "est_ms (model)" if kind == "model" else "p50_ms"
 
 
 def latency_plot(variants: pd.DataFrame, title: str, measurements: pd.DataFrame | None = None,
@@ -682,7 +680,7 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     recorded = bool(getattr(family, "recorded", False))
     shapes = [m.shape for m in baseline.measurements]
     follow = next_step(kind, spec, spec_path)
-    lat = latency_label(kind, short=True)
+    lat = latency_label(kind)
 
     lines = [f"# kregress sweep: {spec.task_id}", ""]
     if spec.description:
