@@ -332,7 +332,10 @@ def verdict_records(view: pd.DataFrame, cols: list[str]) -> tuple[list[tuple[str
     verdict and what it rests on first, the long config label and reasons last (a narrow column of a
     long label would make every row tall)."""
     last = [c for c in ("why", "config_label") if c in cols]
-    cols = [c for c in cols if c not in last and c != "source"] + last
+    if "config_label" in view and view["config_label"].astype(str).str.len().max() > 40:
+        last.remove("config_label")  # e.g. a recorded file's 15 tunables: in the rounds' tables and report.md
+    cols = [c for c in cols if c not in ("why", "config_label", "source")] + last
+    view = view.assign(why=view["why_short"]) if "why_short" in view else view
     kinds = []
     for c in cols:
         dtype = view[c].dtype.kind if c in view else "O"
@@ -407,6 +410,7 @@ def verdict_view(verdict_df: pd.DataFrame, verdicts: dict[str, Verdict], kind: s
     view["why"] = [("" if verdicts.get(v) is None or (verdicts[v].method == "model" and verdicts[v].verdict == "NEEDS_REVIEW")
                     else "; ".join(verdicts[v].reasons)) for v in view["variant_id"]]
     view["why"] = view["why"].astype("object").map(lambda t: str(t).replace(generic, "model estimate"))
+    view["why_short"] = [_short_why(verdicts.get(v), w) for v, w in zip(view["variant_id"], view["why"])]
     cols = ["variant_id", "round", "source", "config_label", "verdict", "cause"]
     if kind == "measured":
         cols += ["worst_shape", "vs_baseline", "ratio"]  # the interval is in words beside it (and in the Parquet files)
@@ -416,6 +420,18 @@ def verdict_view(verdict_df: pd.DataFrame, verdicts: dict[str, Verdict], kind: s
     headers = {"vs_baseline": "measured vs baseline [interval]" if kind == "measured" else "vs baseline",
                "config_label": "config"}
     return view, cols, headers
+
+
+def _short_why(v: Verdict | None, why: str) -> str:
+    """A verdict's reason in a few words (the Dagster table); the full text stays in report.md and the
+    Parquet files. A measured PASS or REGRESS/slower is said by its ratio already: only the rule's side."""
+    if v is None or not why:
+        return why
+    if v.evidence in MEASURED_EVIDENCE and v.verdict == "PASS":
+        return "interval below the guard"
+    if v.evidence in MEASURED_EVIDENCE and v.verdict == "REGRESS" and v.cause == "slower":
+        return f"above the guard{f' on {v.worst_shape}' if v.worst_shape else ''}"
+    return why if len(why) <= 80 else why[:77] + "..."
 
 
 def per_shape_section(by_shape: pd.DataFrame, kind: str, shapes: list[str]) -> str:
