@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kregress.core.names import MEASURED_EVIDENCE
+from kregress.core.names import MAX_GRAPH_ROUNDS, MEASURED_EVIDENCE
 from kregress.core.paths import REPO_ROOT
 from kregress.core.records import Verdict, VariantResult, config_label
 from kregress.core.stats import DEFAULT_MIN_SHIFT as MIN_SHIFT
@@ -709,7 +709,11 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
                   "REGRESS verdicts (did not compile, over a limit, wrong numbers) are real. " + follow, ""]
     elif kind == "none":
         lines += ["**Nothing was timed**: no variant has a latency. " + follow, ""]
-    lines += [best_line(best, spec), "", f"Stopped: {state.stopped or 'not stopped'}", ""]
+    ran = state.round  # the last round that ran (a skipped round passes the state on unchanged)
+    skipped = (f"; rounds {ran + 1}-{MAX_GRAPH_ROUNDS} did not run (their assets are materialized marked skipped)"
+               if ran + 1 < MAX_GRAPH_ROUNDS else f"; round {MAX_GRAPH_ROUNDS} did not run (its assets are "
+               "materialized marked skipped)" if ran + 1 == MAX_GRAPH_ROUNDS else "")
+    lines += [best_line(best, spec), "", f"Stopped: {state.stopped or 'not stopped'}{skipped}", ""]
     if kind == "measured":
         lines += [
             "PASS means *not worse than the guard* (x" + f"{guard:g}" + ", the interval entirely below it), not "

@@ -156,6 +156,8 @@ def test_rounds_past_max_rounds_are_marked_skipped_not_shown_as_run(swept):
     check = next(e.event_specific_data for e in first.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"
                  and e.event_specific_data.check_name == "round_3_constraints")
     assert check.passed and "did not run" in check.description
+    report = (swept[0] / "reports" / "gemm_smoke" / "report.md").read_text()
+    assert "rounds 3-4 did not run (their assets are materialized marked skipped)" in report
 
 
 def test_verdicts_are_a_table_and_the_plot_shows_inline(swept):
