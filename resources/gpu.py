@@ -13,8 +13,11 @@ On the two compiled backends every variant is first compiled ahead of time for t
 registers, spills, shared memory and occupancy are real. Compile results (and interpreter correctness,
 which is deterministic) are cached on disk, one atomic JSON file per entry written as each variant
 finishes, keyed by config hash, the family's kernel hash (its jit functions' cache keys), arch and
-Triton version. Worker processes live as long as the backend's Dagster step
-(``setup_for_execution``/``teardown_after_execution``); outside a step they end with each ``evaluate``.
+Triton version. Worker processes live as long as the resource does in Dagster
+(``setup_for_execution``/``teardown_after_execution``: the whole run with the in-process executor, one step
+with the multiprocess one); outside Dagster they end with each ``evaluate``. A pool's size is fixed when it is
+made (one worker per core, at most 4), the first step starts the workers the rounds will use, and a variant's
+correctness check starts as soon as its compile is done, so compiles and checks overlap.
 """
 
 from __future__ import annotations
