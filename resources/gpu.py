@@ -16,8 +16,8 @@ finishes, keyed by config hash, the family's kernel hash (its jit functions' cac
 Triton version. Worker processes live as long as the resource does in Dagster
 (``setup_for_execution``/``teardown_after_execution``: the whole run with the in-process executor, one step
 with the multiprocess one); outside Dagster they end with each ``evaluate``. A pool's size is fixed when it is
-made (one worker per core, at most 4), the first step starts the workers the rounds will use, and a variant's
-correctness check starts as soon as its compile is done, so compiles and checks overlap.
+made (one worker per core, at most 4), a step starts its compiling and checking workers together, and a
+variant's correctness check starts as soon as its compile is done, so compiles and checks overlap.
 """
 
 from __future__ import annotations
@@ -206,10 +206,11 @@ class CompiledBackend(BenchmarkBackend):
         rows = [base_row(s, self.kind) for s in suggestions]
         compiled: dict[int, CompileStats | None] = {}
         checks = _Checks(self, spec, family, suggestions, rows, src_hash, timeout, stats, log)
-        if self._managed and not family.external:
-            # Workers live for the run: start the ones the rounds will use now, while this step's first
-            # jobs run (a worker's imports take seconds that would otherwise wait at round 1's start).
-            ahead = min(self.pool_size(), spec.search.variants_per_round)
+        if not family.external:
+            # Start this step's checking workers with its compiling ones: a worker's imports take seconds,
+            # which then overlap the first compiles instead of following them. (The CLI starts them even
+            # earlier, before it imports Dagster: resources.workers.reserve.)
+            ahead = min(self.pool_size(), len(suggestions))
             self.pool("compile", self.pool_size(), interpret=False).prestart(ahead)
             if self.interpret:
                 self.pool("correctness", self.pool_size(), interpret=True).prestart(ahead)

@@ -152,6 +152,8 @@ class WorkerPool:
         self._idle: list[Worker] = []
         self._all: set[Worker] = set()  # every live worker, busy or idle (close() ends them all)
         self._alive = 0  # workers alive or starting; never above size
+        self._starting = 0  # of those, started by prestart and not ready yet
+        self._waiting = 0  # jobs waiting for one of those
         self._cond = threading.Condition()
         self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="kregress-worker")
         self.spawned = 0  # workers started over the pool's life (a warm re-run should start none)
@@ -194,11 +196,16 @@ class WorkerPool:
                         return w
                     self._all.discard(w)
                     self._alive -= 1
+                if self._starting > self._waiting:  # a prestarted worker is still importing: wait for it
+                    self._waiting += 1
+                    self._cond.wait()
+                    self._waiting -= 1
+                    continue
                 if self._alive < self.size:
                     self._alive += 1
                     self.spawned += 1
                     break
-                self._cond.wait()  # a prestarted worker is still importing: it is ours once ready
+                self._cond.wait()  # every worker is busy: the next one free is ours
         return self._spawn()
 
     def _give_back(self, w: Worker) -> None:
@@ -212,12 +219,17 @@ class WorkerPool:
             try:
                 w = self._spawn()
             except BaseException:  # noqa: BLE001 - a job that needs a worker spawns (and reports) its own
-                return
-            self._give_back(w)
+                w = None
+            with self._cond:
+                self._starting -= 1
+                if w is not None:
+                    self._idle.append(w)
+                self._cond.notify_all()
 
         with self._cond:
             missing = max(0, min(n, self.size) - self._alive)
             self._alive += missing
+            self._starting += missing
             self.spawned += missing
         for _ in range(missing):
             threading.Thread(target=start, daemon=True).start()
