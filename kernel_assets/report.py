@@ -607,8 +607,8 @@ def next_step(kind: str, spec: TaskSpec, spec_path: str) -> str:
     demo = (f" Without a GPU, `kregress sweep {_display_path(REPLAY_DEMO_SPEC)}` runs the same pipeline on recorded "
             "RTX 3090 runs (evidence `replay`) and gives measured PASS / REGRESS verdicts."
             if REPLAY_DEMO_SPEC.is_file() else "")
-    return (f"No latency in this sweep was measured. On a GPU host, `kregress sweep {_display_path(Path(spec_path))} --backend cuda` times "
-            f"every variant.{demo}")
+    return (f"To see measured verdicts: on a GPU host, `kregress sweep {_display_path(Path(spec_path))} --backend cuda` "
+            f"times every variant.{demo}")
 
 
 
@@ -713,7 +713,14 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     skipped = (f"; rounds {ran + 1}-{MAX_GRAPH_ROUNDS} did not run (their assets are materialized marked skipped)"
                if ran + 1 < MAX_GRAPH_ROUNDS else f"; round {MAX_GRAPH_ROUNDS} did not run (its assets are "
                "materialized marked skipped)" if ran + 1 == MAX_GRAPH_ROUNDS else "")
-    lines += [best_line(best, spec), "", f"Stopped: {state.stopped or 'not stopped'}{skipped}", ""]
+    near = ""
+    if kind == "model" and best["variant_id"] is not None:
+        group = next((ids for ids, _ in _near_ties(variants, param_names) if best["variant_id"] in ids), [])
+        others = [i for i in group if i not in best["ties"]]
+        if others:
+            near = (f" Within {NEAR_TIE:.0%} of it: {', '.join(f'`{i}`' for i in others)}; the model cannot rank "
+                    "these (see \"How the estimates are made\").")
+    lines += [best_line(best, spec) + near, "", f"Stopped: {state.stopped or 'not stopped'}{skipped}", ""]
     if kind == "measured":
         lines += [
             "PASS means *not worse than the guard* (x" + f"{guard:g}" + ", the interval entirely below it), not "
