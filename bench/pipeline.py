@@ -23,9 +23,9 @@ Prints:
 
 Figures (the default spec, a shared 2-core machine whose load average moved between 3 and 13 while they ran;
 B = the revision before the first-hour work, A = with it): ``--vs`` over 4 pairs, CPU seconds of the whole
-process tree A 43.6-46.2 s vs B 60.3-70.2 s (A/B median 0.70; the same work, 24 variants, 1.01 before the
-model, thread and SASS changes, when only the overlap had changed), wall A/B median 0.60 (0.27-1.84: the
-load moved more than the code). One cold run at load 3.4: 35.2 s wall, 42.8 s CPU; before the run 5.8 s,
+process tree A 43.6-46.2 s vs B 60.3-70.2 s (A/B median 0.70; on B's 24-variant work, before one BLAS
+thread per worker and the new latency model, A/B CPU was 1.01: overlap alone buys wall time, not CPU), wall
+A/B median 0.60 (0.27-1.84: the load moved more than the code). One cold run at load 3.4: 35.2 s wall, 42.8 s CPU; before the run 5.8 s,
 benchmark work 27.0 s, graph 2.3 s, 17 compiles, 15 interpreter checks (2 from the cache through shared
 keys), 4 workers started. A now stops after 2 rounds (16 variants; B ran 24): its latency model sees the
 pipelining and L2 effects and finds no round-2 gain of 1% over the baseline, so the stop rule fires.
