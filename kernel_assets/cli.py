@@ -28,7 +28,7 @@ from kregress.core import paths
 from kregress.core.names import STRATEGIES
 
 # Subcommands contributed by other modules: each exposes register(subparsers).
-PLUGINS = ("kernel_assets.cli_usage", "kregress.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay")
+PLUGINS = ("kernel_assets.cli_usage", "kernel_assets.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay")
 
 # Exit codes of `kregress sweep`.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET = 0, 1, 2, 3
@@ -221,22 +221,12 @@ def _run_inputs(args: argparse.Namespace, code_hash: str) -> dict[str, str]:
     }
 
 
-def sweep_fingerprint(spec, args: argparse.Namespace, code_hash: str | None = None) -> dict:
-    """What decides a sweep's outcome besides the caches: if all of it equals the last successful sweep's,
-    re-running it would redo the same work to write the same report. ``quick`` is the part that can be
-    checked without validating the spec (no pydantic model, no family import, no torch/Triton): the spec
-    file's bytes and the family's source files, as hashed when the spec last validated."""
-    from kregress.core.family import get_family
-
-    fam = get_family(spec.kernel_family).for_params(spec.params)
-    inputs = _run_inputs(args, code_hash or _code_hash())
-    return {
-        "spec_hash": spec.content_hash(),
-        "family_hash": fam.source_hash(),
-        **inputs,
-        "quick": {"spec_file": _file_sha(args.spec), **inputs,
-                  "family_files": {str(f): _file_sha(f) for f in fam.source_files()}},
-    }
+def sweep_fingerprint(spec, family_files: dict[str, str], args: argparse.Namespace, code_hash: str | None = None) -> dict:
+    """What decides a sweep's outcome besides the caches: the spec's content hash (schema-checked, no
+    family imported), the bytes of the family's kernel files (the list the last binding gave), the
+    project's code and every run input. If all of it equals the last successful sweep's, re-running it
+    would redo the same work to write the same report."""
+    return {"spec_hash": spec.content_hash(), "family_files": dict(family_files), **_run_inputs(args, code_hash or _code_hash())}
 
 
 def _times_on_a_gpu(args: argparse.Namespace) -> bool:
@@ -246,44 +236,23 @@ def _times_on_a_gpu(args: argparse.Namespace) -> bool:
     return args.backend == "cuda" or env == "gpu" or (args.backend in (None, "", "auto") and os.path.exists("/dev/nvidiactl"))
 
 
-def _quick_unchanged(home: Path, args: argparse.Namespace) -> dict | None:
-    """The last sweep's record when the spec file's bytes, the family's files and every run input are
-    unchanged since a successful sweep of it (then validation would pass exactly as it did), else None."""
-    if _times_on_a_gpu(args):
+def _unchanged(home: Path, spec, args: argparse.Namespace) -> dict | None:
+    """The last successful sweep's record when nothing that decides the outcome changed since, else None.
+    Needs no family import: the family's files are the ones the last binding listed, hashed again."""
+    if args.force or _times_on_a_gpu(args):
         return None
     try:
-        import yaml
-
-        from kregress.core.spec import StrictLoader
-
-        data = yaml.load(Path(args.spec).read_text(), Loader=StrictLoader)  # noqa: S506 - a SafeLoader
-        task_id = data.get("task_id") if isinstance(data, dict) else None
-        if not isinstance(task_id, str) or "/" in task_id or task_id.startswith("."):
-            return None
-        last = json.loads(_last_sweep_file(home, task_id).read_text())
-    except Exception:  # noqa: BLE001 - anything unexpected: take the full path
+        last = json.loads(_last_sweep_file(home, spec.task_id).read_text())
+    except (OSError, ValueError):
         return None
-    quick = (last.get("fingerprint") or {}).get("quick") or {}
-    want = {"spec_file": _file_sha(args.spec), **_run_inputs(args, _code_hash()),
-            "family_files": {f: _file_sha(f) for f in quick.get("family_files", {})}}
-    if not quick.get("family_files") or quick != want or not Path(last.get("report", "")).is_file():
+    files = (last.get("fingerprint") or {}).get("family_files") or {}
+    if not files or not Path(last.get("report", "")).is_file():
         return None
-    return last
+    return last if last.get("fingerprint") == sweep_fingerprint(spec, {f: _file_sha(f) for f in files}, args) else None
 
 
 def _last_sweep_file(home: Path, task_id: str) -> Path:
     return home / "kregress_cli" / "last_sweep" / f"{task_id}.json"
-
-
-def _unchanged(home: Path, task_id: str, fingerprint: dict[str, str]) -> dict | None:
-    try:
-        last = json.loads(_last_sweep_file(home, task_id).read_text())
-    except (OSError, ValueError):
-        return None
-    strip = lambda fp: {k: v for k, v in (fp or {}).items() if k != "quick"}  # noqa: E731
-    if strip(last.get("fingerprint")) != strip(fingerprint) or not Path(last.get("report", "")).is_file():
-        return None
-    return last
 
 
 def _record_sweep(home: Path, task_id: str, record: dict) -> None:
@@ -301,34 +270,62 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _spec_problems(path: str) -> str:
+    """Every problem of a spec file in one message: schema and the family's checks together."""
+    from kregress.core.bind import load_bound
+    from kregress.core.spec import SpecError
+
+    try:
+        load_bound(path)
+    except SpecError as exc:
+        return str(exc)
+    return f"{path}: the spec could not be loaded"
+
+
 def _load(args: argparse.Namespace):
+    """The spec, schema-checked (no family imported), or None after printing every problem."""
     from kregress.core.spec import SpecError, load_spec
 
     try:
         return load_spec(args.spec)
+    except SpecError:
+        print(f"error: {_spec_problems(args.spec)}", file=sys.stderr)
+        return None
+
+
+def _bind(spec):
+    """The spec bound to its family (the run's one binding), or None after printing why not."""
+    from kregress.core.bind import bind
+    from kregress.core.spec import SpecError
+
+    try:
+        return bind(spec)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
 
 
-def _prepare(args: argparse.Namespace, spec=None):
-    """(spec, home, resources, instance) for a command that runs one spec in-process, or None after
-    printing why the spec cannot run (exit 2)."""
-    spec = spec or _load(args)
-    if spec is None:
+def _prepare(args: argparse.Namespace, bound=None):
+    """(bound spec, home, resources, instance) for a command that runs one spec in-process, or None after
+    printing why the spec cannot run (exit 2). The binding is handed over to the run's first step."""
+    if bound is None:
+        spec = _load(args)
+        bound = _bind(spec) if spec is not None else None
+    if bound is None:
         return None
     home = _ensure_home(args.dagster_home)
     from kernel_assets.definitions import build_resources
     from kernel_assets.run_guard import prepared_instance
-    from kernel_assets.specs_resource import SpecStore
+    from kernel_assets.specs_resource import SpecStore, hand_over
 
     spec_file = str(Path(args.spec).resolve())
     os.environ["KREGRESS_SPEC_FILES"] = os.pathsep.join(
         [spec_file] + [f for f in os.environ.get("KREGRESS_SPEC_FILES", "").split(os.pathsep) if f and f != spec_file])
+    hand_over(bound)
     resources = build_resources(getattr(args, "env", None))
     resources["specs"] = SpecStore()
-    instance = prepared_instance(home, spec.task_id, log=_say)
-    return spec, home, resources, instance
+    instance = prepared_instance(home, bound.task_id, log=_say)
+    return bound, home, resources, instance
 
 
 def _budget_verdict(resources: dict, spec, run_id: str) -> list[str]:
@@ -359,29 +356,26 @@ def _say_unchanged(task_id: str, last: dict) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    if not args.force:  # an unchanged spec file and code: answered before anything heavy is imported
-        home = paths.home() if not args.dagster_home else Path(args.dagster_home).resolve()
-        last = _quick_unchanged(home, args)
-        if last is not None:
-            return _say_unchanged(last.get("task_id") or Path(args.spec).stem, last)
-    spec = _load(args)
+    spec = _load(args)  # schema only: no family, no torch, no Triton
     if spec is None:
         return EXIT_BAD_SPEC
-    home = _ensure_home(args.dagster_home)
-    fingerprint = sweep_fingerprint(spec, args)
-    last = None if args.force or _times_on_a_gpu(args) else _unchanged(home, spec.task_id, fingerprint)
+    home = paths.home() if not args.dagster_home else Path(args.dagster_home).resolve()
+    last = _unchanged(home, spec, args)  # answered before anything heavy is imported
     if last is not None:
         return _say_unchanged(spec.task_id, last)
-    prepared = _prepare(args, spec)
+    bound = _bind(spec)  # the run's one binding: the family's checks, the kernel hash
+    if bound is None:
+        return EXIT_BAD_SPEC
+    prepared = _prepare(args, bound)
     if prepared is None:
         return EXIT_BAD_SPEC
-    spec, home, resources, instance = prepared
+    loaded, (bound, home, resources, instance) = spec, prepared
+    spec = bound.spec
     import dagster as dg
 
     from kernel_assets.constants import ROUNDS, SWEEP_JOB
     from kernel_assets.definitions import build_definitions
     from kernel_assets.run_guard import run_tags
-    from kregress.core.family import get_family
     from resources.gpu import backend_for, compiled_backend
 
     if args.backend:
@@ -404,7 +398,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.strategy:
         run_config["ops"] = {f"round_{k}_suggestions": {"config": {"strategy": args.strategy}}
                              for k in ROUNDS}
-    backend = backend_for(get_family(spec.kernel_family), resources['bench'], resources['replay']).kind
+    backend = backend_for(bound.family, resources['bench'], resources['replay']).kind
     _say(f"kregress: sweep {spec.task_id} ({spec.kernel_family}, {spec.dtype}, {spec.hardware.arch}); "
          f"DAGSTER_HOME={home}; backend={backend}; strategy={args.strategy or spec.search.strategy}")
     result = job.execute_in_process(partition_key=spec.task_id, instance=instance, run_config=run_config,
@@ -438,6 +432,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"report: {report}")
     print(verdicts + ("; budget EXCEEDED" if over else ""))
     if not over:
+        fingerprint = sweep_fingerprint(loaded, {str(f): _file_sha(f) for f in bound.family.source_files()}, args)
         _record_sweep(home, spec.task_id, {"run_id": result.run_id, "ts": time.time(), "fingerprint": fingerprint,
                                            "task_id": spec.task_id,
                                            "report": report, "verdicts": verdicts})
@@ -448,7 +443,8 @@ def cmd_review(args: argparse.Namespace) -> int:
     prepared = _prepare(args)
     if prepared is None:
         return 2
-    spec, home, resources, instance = prepared
+    bound, home, resources, instance = prepared
+    spec = bound.spec
     import dagster as dg
 
     from kernel_assets.definitions import REVIEW_ASSETS
@@ -473,13 +469,14 @@ def cmd_review(args: argparse.Namespace) -> int:
 
 
 def cmd_specs_validate(args: argparse.Namespace) -> int:
-    from kregress.core import spec as spec_mod
+    from kregress.core.bind import load_bound
+    from kregress.core.spec import SpecError
 
     bad = 0
     for f in args.files:
         try:
-            spec = spec_mod.load_spec(f)
-        except spec_mod.SpecError as exc:
+            spec = load_bound(f).spec  # the schema and the family's checks, every problem at once
+        except SpecError as exc:
             bad += 1
             print(str(exc), file=sys.stderr)
             continue

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from string import Template
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "kregress" / "templates" / "family"
+TEMPLATES = Path(__file__).resolve().parent / "templates" / "family"
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{1,40}$")
 
 
@@ -96,7 +96,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from kregress.conformance import run_checks
+    from kernel_assets.conformance import run_checks
     from kregress.core.family import UnknownFamily
 
     try:

@@ -35,8 +35,7 @@ SWEEP_ASSETS = build_sweep_assets()
 REVIEW_ASSETS = build_review_assets()  # kernel_source_review: materialized on demand, not part of sweep_job
 # token_budget is a partitioned asset check, a Dagster preview API: the warning says nothing a user can act on.
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec")
-TOKEN_DEFS = build_token_assets(SPECS_PARTITIONS, lambda task_id: SpecStore().load(task_id), group_name=GROUP_TOKENS,
-                                deps=["verdict_report"])
+TOKEN_DEFS = build_token_assets(SPECS_PARTITIONS, report_key="verdict_report", group_name=GROUP_TOKENS)
 
 sweep_job = dg.define_asset_job(
     SWEEP_JOB,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kregress.core.records import DroppedSuggestion, Verdict, VariantResult, config_label
+from kregress.core.bind import BoundSpec
 from kregress.core.names import MEASURED_EVIDENCE
+from kregress.core.records import DroppedSuggestion, VariantResult, Verdict, config_label
 from kregress.core.spec import TaskSpec
 
 
@@ -61,16 +62,21 @@ class RoundState:
     dropped: list[DroppedSuggestion] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     summary: str = ""  # trimmed top-k, the text the agent sees next round
-    spec: TaskSpec | None = None  # the run's snapshot of the spec, read once by baseline_metrics
+    bound: BoundSpec | None = None  # the run's spec bound to its family, once, by baseline_metrics
+
+    @property
+    def spec(self) -> TaskSpec | None:
+        return self.bound.spec if self.bound is not None else None
 
     @property
     def failures(self) -> list[str]:
         return [failure_line(r) for r in self.history if r.error]
 
 
-def initial_state(baseline: VariantResult, spec: TaskSpec) -> RoundState:
+def initial_state(baseline: VariantResult, bound: BoundSpec) -> RoundState:
+    spec = bound.spec
     val = objective(baseline, spec)
-    state = RoundState(round=0, history=[baseline], objective={}, best_id=baseline.variant_id, best_value=val, spec=spec)
+    state = RoundState(round=0, history=[baseline], objective={}, best_id=baseline.variant_id, best_value=val, bound=bound)
     if val is not None:
         state.objective[baseline.config_hash] = val
     state.summary = summarize(state, spec)
@@ -84,7 +90,7 @@ def advance(prev: RoundState, spec: TaskSpec, round_index: int, rows: list[Varia
         round=round_index, history=list(prev.history) + list(rows), objective=dict(prev.objective),
         best_id=prev.best_id, best_value=prev.best_value, rounds_without_improvement=prev.rounds_without_improvement,
         stopped=prev.stopped or stopped, dropped=list(prev.dropped) + list(dropped), notes=list(prev.notes) + list(notes),
-        spec=prev.spec,
+        bound=prev.bound,
     )
     if prev.stopped or stopped:
         state.summary = summarize(state, spec)

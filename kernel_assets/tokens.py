@@ -8,7 +8,9 @@
 - ``token_budget`` (asset check on token_usage): spend against the spec's budget per round
   (``max_input_tokens_per_round``, ``max_output_tokens_per_round``) and per sweep (``max_total_tokens``).
 
-The spec is read through ``load_spec(partition_key) -> TaskSpec`` (the specs resource, once it exists).
+Inside the sweep job (``report_key="verdict_report"``) both read the run's budget and budget scope from
+the verdict report's output, where the bound spec put them: the spec is never read or validated again.
+Standalone (``load_spec(partition_key) -> TaskSpec``) they read the spec and the partition's latest sweep.
 """
 
 
@@ -31,9 +33,11 @@ def table_metadata(rows: list[dict[str, Any]], group_by: Sequence[str]) -> dg.Ta
     return dg.MetadataValue.table(records=records, schema=dg.TableSchema(columns=cols))
 
 
-def usage_metadata(ledger: Ledger, partition: str, group_by: Sequence[str] = ("role", "key_alias")) -> dict[str, Any]:
-    """What token_usage shows for one partition (usable without Dagster, e.g. in tests or the report)."""
-    sweep = ledger.latest_sweep(partition)
+def usage_metadata(ledger: Ledger, partition: str, group_by: Sequence[str] = ("role", "key_alias"),
+                   sweep: str | None = None) -> dict[str, Any]:
+    """What token_usage shows for one partition (usable without Dagster, e.g. in tests or the report);
+    ``sweep``: the budget scope to show (default: the partition's latest)."""
+    sweep = sweep or ledger.latest_sweep(partition)
     latest = ledger.reconcile(group_by, partition=partition, sweep=sweep) if sweep else []
     every = ledger.reconcile(group_by, partition=partition)
     by_round = ledger.reconcile(("round", "role"), partition=partition, sweep=sweep) if sweep else []
@@ -54,8 +58,8 @@ def usage_metadata(ledger: Ledger, partition: str, group_by: Sequence[str] = ("r
     }
 
 
-def budget_check_result(ledger: Ledger, spec: TaskSpec, partition: str) -> dg.AssetCheckResult:
-    rep = budget_report(ledger, spec.budget, partition=partition)
+def budget_check_result(ledger: Ledger, spec: TaskSpec, partition: str, sweep: str | None = None) -> dg.AssetCheckResult:
+    rep = budget_report(ledger, spec.budget, partition=partition, sweep=sweep or None)
     meta: dict[str, Any] = {
         "sweep": dg.MetadataValue.text(rep.sweep or "(no model calls)"),
         "total_tokens": dg.MetadataValue.int(rep.total),
@@ -80,39 +84,65 @@ def budget_check_result(ledger: Ledger, spec: TaskSpec, partition: str) -> dg.As
 
 def build_token_assets(
     partitions_def: dg.PartitionsDefinition | None,
-    load_spec: Callable[[str], TaskSpec],
+    load_spec: Callable[[str], TaskSpec] | None = None,
     *,
     ledger_resource_key: str = "ledger",
     group_name: str = "tokens",
     deps: Iterable[Any] = (),
+    report_key: str | None = None,
 ) -> list[Any]:
-    """[token_usage asset, token_budget asset check]; ``deps`` e.g. the verdict_report asset (run after the sweep)."""
+    """[token_usage asset, token_budget asset check]; ``deps`` e.g. the verdict_report asset (run after the sweep).
 
-    @dg.asset(
-        name="token_usage",
-        partitions_def=partitions_def,
-        group_name=group_name,
-        required_resource_keys={ledger_resource_key},
-        deps=list(deps),
-        description="The token ledger of this spec's latest sweep: calls and tokens per role and key alias (never keys).",
-    )
-    def token_usage(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    With ``report_key`` the asset and the check take that asset's output (a mapping with the run's
+    ``spec`` and ``budget_scope``) as an input instead of calling ``load_spec``."""
+    if (load_spec is None) == (report_key is None):
+        raise ValueError("build_token_assets: pass exactly one of load_spec and report_key")
+    ins = {"report": dg.AssetIn(report_key)} if report_key else {}
+
+    def _run_spec(partition: str, report: dict | None) -> tuple[TaskSpec, str | None]:
+        if report is not None:
+            return report["spec"], report.get("budget_scope") or None
+        return load_spec(partition), None
+
+    def usage(context: dg.AssetExecutionContext, report: dict | None) -> dg.MaterializeResult:
         ledger: Ledger = getattr(context.resources, ledger_resource_key).get_ledger()
         partition = context.partition_key if context.has_partition_key else ""
-        meta = usage_metadata(ledger, partition)
+        meta = usage_metadata(ledger, partition, sweep=report.get("budget_scope") if report else None)
         context.log.info(f"token usage for {partition or '(unpartitioned)'}: {meta['total_tokens'].value} tokens in {meta['calls'].value} calls")
         return dg.MaterializeResult(metadata=meta)
 
-    @dg.asset_check(
-        asset=token_usage,
-        name="token_budget",
-        partitions_def=partitions_def,
-        required_resource_keys={ledger_resource_key},
-        description="Spend vs the spec's budget, per round and per sweep (settled usage + in-flight reservations).",
-    )
-    def token_budget(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    def budget(context: dg.AssetCheckExecutionContext, report: dict | None) -> dg.AssetCheckResult:
         ledger: Ledger = getattr(context.resources, ledger_resource_key).get_ledger()
         partition = context.partition_key if context.has_partition_key else ""
-        return budget_check_result(ledger, load_spec(partition), partition)
+        spec, scope = _run_spec(partition, report)
+        return budget_check_result(ledger, spec, partition, sweep=scope)
+
+    asset_args = dict(
+        name="token_usage", partitions_def=partitions_def, group_name=group_name,
+        required_resource_keys={ledger_resource_key}, deps=list(deps), ins=ins,
+        description="The token ledger of this spec's latest sweep: calls and tokens per role and key alias (never keys).",
+    )
+    if report_key:
+        @dg.asset(**asset_args)
+        def token_usage(context: dg.AssetExecutionContext, report) -> dg.MaterializeResult:
+            return usage(context, report)
+    else:
+        @dg.asset(**asset_args)
+        def token_usage(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+            return usage(context, None)
+
+    check_args = dict(
+        asset=token_usage, name="token_budget", partitions_def=partitions_def,
+        required_resource_keys={ledger_resource_key}, additional_ins=ins,
+        description="Spend vs the spec's budget, per round and per sweep (settled usage + in-flight reservations).",
+    )
+    if report_key:
+        @dg.asset_check(**check_args)
+        def token_budget(context: dg.AssetCheckExecutionContext, report) -> dg.AssetCheckResult:
+            return budget(context, report)
+    else:
+        @dg.asset_check(**check_args)
+        def token_budget(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+            return budget(context, None)
 
     return [token_usage, token_budget]

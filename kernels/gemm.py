@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import CompileUnit, Family, Rule, Space, register
+from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, register
 from kernels.dtypes import TRITON_PTR
 from kernels.tiles import TILES_FILE, grouped_pid
 
@@ -89,7 +89,7 @@ SPACE = Space(
 )
 
 
-class GemmFamily(Family):
+class GemmFamily(TritonFamily):
     helper_files = (TILES_FILE,)  # gemm_kernel calls tiles.grouped_pid
     launch_wrappers = ("matmul",)  # the entry point run() calls
 
@@ -155,10 +155,6 @@ class GemmFamily(Family):
         t_memory = traffic / (lim.hbm_gbps * 1e9)
         spill_penalty = 1.0 + min(1.0, stats.spill_bytes / 256.0)
         return (max(t_compute, t_memory) * spill_penalty + 4e-6) * 1e3
-
-    def profile_fields(self, shape, config, measurement, hw, params):
-        peak = hw.limits.peak_tflops
-        return {"tflops": measurement.tflops, "frac_of_peak": measurement.tflops / peak if peak else 0.0}
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, config: dict[str, int]) -> torch.Tensor:

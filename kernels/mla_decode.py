@@ -63,7 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Rule, Space, TritonFamily, register
 from kernels.softmax import SOFTMAX_FILE, online_softmax_step
 
 D_LATENT = 512
@@ -292,7 +292,7 @@ def _visible_keys(seqlen: int, s_q: int, s: int) -> int:
     return max(0, min(seqlen, seqlen - s_q + s + 1))
 
 
-class MlaDecodeFamily(Family):
+class MlaDecodeFamily(TritonFamily):
     helper_files = (SOFTMAX_FILE,)  # mla_decode_kernel calls softmax.online_softmax_step
     launch_wrappers = ("mla_decode",)  # the entry point run() calls
 
@@ -469,20 +469,6 @@ class MlaDecodeFamily(Family):
         spill_penalty = 1.0 + min(1.0, stats.spill_bytes / 256.0)
         launches = 1 if splits == 1 else 2
         return (max(t_memory, t_compute, t_critical) * spill_penalty + 3e-6 * launches) * 1e3
-
-    def profile_fields(self, shape, config, measurement, hw, params):
-        peak = hw.limits.hbm_gbps
-        lens = cache_seqlens(shape, params)
-        page = _page_size(params)
-        rows = shape["s_q"] * shape["h_q"]
-        return {
-            "gbps": measurement.gbps,
-            "frac_of_hbm_peak": measurement.gbps / peak if peak else 0.0,
-            "num_splits": config["num_splits"],
-            "pages_touched": sum(math.ceil(n / page) for n in lens),
-            "kv_tokens": sum(lens),
-            "programs": math.ceil(rows / config["BLOCK_H"]) * shape["batch"] * config["num_splits"],
-        }
 
     def use_cudagraph(self):
         return True

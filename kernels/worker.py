@@ -56,9 +56,10 @@ def _limits(d: dict):
 
 
 def handle(job: dict) -> dict:
-    from kregress.core.family import get_family
+    from kregress.core.bind import family_for
 
-    family = get_family(job["family"])
+    # the family rebuilt the way bind() built it in the parent: lookup name, then the spec's params
+    family = family_for(job["family"], job.get("params", {}))
     op = job["op"]
     if op == "compile":
         from kernels.compile import CompileError, compile_units
@@ -83,7 +84,7 @@ def handle(job: dict) -> dict:
         ms = cuda_measurements(family, job["config"], job["shapes"], job["dtype"], job.get("params", {}),
                                job["warmup_ms"], job["rep_ms"], job.get("seed", 0))
         return {"measurements": [m.model_dump() for m in ms]}
-    if op == "measure_batch":  # issue 12: the baseline re-timed in this process, interleaved with the variants
+    if op == "measure_batch":  # the baseline re-timed in this process, interleaved with the variants
         from kernels.measure import batch_measurements
 
         lock = job.get("lock_clocks")

@@ -1,7 +1,9 @@
 """Benchmark backends: compile, check and time variants the same way, one interface, three classes.
 
-``BenchmarkBackend.evaluate(spec, family, suggestions, log) -> (rows, stats)`` is the one interface; a
-failure is a row with ``error`` set, never an exception that loses the round.
+``BenchmarkBackend.evaluate(bound, suggestions, log) -> (rows, stats)`` is the one interface (``bound``: the
+run's ``BoundSpec``, spec and family bound once); a failure is a row with ``error`` set, never an exception
+that loses the round. Backends dispatch on the family's kind: recorded families replay, Triton and
+external families go through the compiled backends (an external kernel has nothing to compile).
 
 - ``CudaBackend``: correctness on the GPU, then ``triton.testing.do_bench`` per shape in a child process
   (one at a time: the GPU is measured by one variant only, and the Dagster pool ``gpu`` serializes steps).
@@ -29,7 +31,8 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from kregress.core import paths
-from kregress.core.family import Family
+from kregress.core.bind import BoundSpec
+from kregress.core.family import ExternalFamily, Family, KernelFamily, RecordedFamily, TritonFamily
 from kregress.core.records import CompileStats, Correctness, Measurement, Suggestion, VariantResult
 from kregress.core.spec import TaskSpec
 from kernels.compile import cache_key
@@ -144,29 +147,30 @@ class BenchmarkBackend(dg.ConfigurableResource):
     def check_spec(self, spec: TaskSpec, family: Family) -> str | None:
         """None when this backend can run the spec, else what to do instead (one sentence)."""
         want = spec.benchmark.backend
-        if family.recorded:
+        if not isinstance(family, KernelFamily):
             return f"family {family.name} serves recorded runs: it runs on the replay backend, not {self.kind}"
         if want not in ("auto", self.kind):
             return (f"spec {spec.task_id} asks for benchmark.backend={want} but this host runs the {self.kind} backend; "
                     f"run it where {want} is available (kregress sweep --backend {want}) or set benchmark.backend: auto")
         return None
 
-    def evaluate(self, spec: TaskSpec, family: Family, suggestions: list[Suggestion],
+    def evaluate(self, bound: BoundSpec, suggestions: list[Suggestion],
                  log: Callable[[str], None] = print) -> tuple[list[VariantResult], EvaluationStats]:
-        """Compile, check and time every suggestion; failures come back as rows with ``error`` set."""
-        problem = self.check_spec(spec, family)
+        """Compile, check and time every suggestion of the bound spec; failures come back as rows with
+        ``error`` set."""
+        problem = self.check_spec(bound.spec, bound.family)
         if problem:
             raise BenchmarkError(problem)
         stats = EvaluationStats()
         try:
-            rows = self._evaluate(spec, family, suggestions, log, stats)
+            rows = self._evaluate(bound, suggestions, log, stats)
         finally:
             stats.workers_spawned = sum(p.spawned for p in self._pools.values())
             if not self._managed:
                 self.close()
         return rows, stats
 
-    def _evaluate(self, spec: TaskSpec, family: Family, suggestions: list[Suggestion],
+    def _evaluate(self, bound: BoundSpec, suggestions: list[Suggestion],
                   log: Callable[[str], None], stats: EvaluationStats) -> list[VariantResult]:
         raise NotImplementedError
 
@@ -176,10 +180,11 @@ class CompiledBackend(BenchmarkBackend):
 
     interpret: ClassVar[bool] = False
 
-    def _evaluate(self, spec, family, suggestions, log, stats):
+    def _evaluate(self, bound, suggestions, log, stats):
+        spec, family = bound.spec, bound.family
         timeout = self.timeout_s or spec.benchmark.timeout_s
         root = self.cache_root()
-        src_hash = family.source_hash()
+        src_hash = bound.kernel_hash
         hw = spec.hardware
         rows = [base_row(s, self.kind) for s in suggestions]
         compiled: dict[int, CompileStats | None] = {}
@@ -192,7 +197,7 @@ class CompiledBackend(BenchmarkBackend):
             if problem:
                 rows[i].error, rows[i].error_detail = "invalid_config", problem
                 continue
-            if family.external:
+            if not isinstance(family, TritonFamily):
                 compiled[i] = None
                 continue
             key = cache_key(family.name, src_hash, s.config_hash, spec.dtype, hw.arch, spec.params)
@@ -290,7 +295,7 @@ class InterpreterBackend(CompiledBackend):
     interpret: ClassVar[bool] = True
 
     def check_spec(self, spec: TaskSpec, family: Family) -> str | None:
-        if family.external:
+        if isinstance(family, ExternalFamily):
             return (f"family {family.name} wraps an external kernel (no Triton source to interpret, no AOT compile): "
                     "it needs the cuda backend on a GPU host (kregress sweep --backend cuda) or a recorded file "
                     "(kregress replay import); its reference and shapes are checked by `kregress family check`")
@@ -377,7 +382,7 @@ class ReplayBackend(BenchmarkBackend):
     kind: ClassVar[str] = "replay"
 
     def check_spec(self, spec: TaskSpec, family: Family) -> str | None:
-        if not family.recorded:
+        if not isinstance(family, RecordedFamily):
             return f"family {family.name} compiles Triton kernels: it runs on the cuda or interpreter backend, not replay"
         return None
 
@@ -390,10 +395,10 @@ class ReplayBackend(BenchmarkBackend):
             measurements += ms
         return measurements, None, ""
 
-    def _evaluate(self, spec, family, suggestions, log, stats):
+    def _evaluate(self, bound, suggestions, log, stats):
         import uuid
 
-        family = family.for_params(spec.params)  # the space of the recorded file the spec names
+        spec, family = bound.spec, bound.family  # bound to the recorded file the spec names
 
         # Same-batch emulation (issue 12): each evaluate is one batch; the baseline's runs are drawn
         # again from the same recording for it, and every variant of the batch compares with those.
@@ -434,8 +439,8 @@ def compiled_backend(choice: str = "auto", **kwargs: Any) -> CompiledBackend:
 
 
 def backend_for(family: Family, bench: BenchmarkBackend, replay: BenchmarkBackend) -> BenchmarkBackend:
-    """The backend that serves ``family``: recorded families replay, the others compile."""
-    return replay if family.recorded else bench
+    """The backend that serves ``family``, by its kind: recorded families replay, the others compile."""
+    return replay if isinstance(family, RecordedFamily) else bench
 
 
 def _apply_compile(row: VariantResult, res: dict, compiled: dict, i: int, cache_hit: bool) -> None:

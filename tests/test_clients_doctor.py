@@ -19,10 +19,10 @@ import pytest
 from fake_openai import FakeOpenAI
 
 from kernel_assets.cli import main as kregress
-from kregress.clients.cli import run_export
-from kregress.clients.doctor import run_doctor
-from kregress.clients.export import ExportOptions, export_codex
-from kregress.clients.lint import lint_file
+from kernel_assets.clients.cli import run_export
+from kernel_assets.clients.doctor import run_doctor
+from kernel_assets.clients.export import ExportOptions, export_codex
+from kernel_assets.clients.lint import lint_file
 
 KEY = "sk" "-DOCCANARY-review-0123456789abcdef"
 MODEL = "kregress-test-model"
@@ -211,7 +211,7 @@ def test_doctor_cli_exit_code_and_help(gateway, tmp_path, monkeypatch, capsys):
 
 
 def test_the_clients_package_imports_no_dagster_triton_torch_resources_or_assets():
-    code = ("import sys, kregress.clients.cli, kregress.clients.doctor, kregress.clients.ccswitch; "
+    code = ("import sys, kernel_assets.clients.cli, kernel_assets.clients.doctor, kernel_assets.clients.ccswitch; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('dagster', 'triton', 'torch', 'resources', 'kernel_assets', 'kernels')); "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])

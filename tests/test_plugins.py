@@ -170,7 +170,7 @@ def test_source_hash_covers_what_is_compiled_only():
 def test_external_kernel_family_on_cpu(tmp_path, capsys):
     """torch_sdpa wraps PyTorch's fused attention: validated and checked on the CPU; a CPU sweep says it
     needs the cuda backend in one line. Its GPU path is tests/test_gpu.py (needs a GPU: not run here)."""
-    from kregress.conformance import run_checks
+    from kernel_assets.conformance import run_checks
 
     checks = {c.name: c for c in run_checks("torch_sdpa", REPO / "specs" / "torch_sdpa_h100.yaml")}
     assert all(c.ok for c in checks.values()), [c.line() for c in checks.values()]

@@ -164,7 +164,7 @@ def test_params_are_checked(tmp_path):
 
 
 def test_conformance_kit_passes_on_the_default_spec_and_another_file(tmp_path):
-    from kregress.conformance import run_checks
+    from kernel_assets.conformance import run_checks
 
     write(tmp_path / "tiny.json.gz", tiny())
     for spec in (DEFAULT_SPEC, write_spec(tmp_path, spec_data("tiny.json.gz"))):

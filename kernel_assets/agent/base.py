@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kregress.core.records import DroppedSuggestion, Suggestion, VariantResult
+from kregress.core.bind import BoundSpec
 from kregress.core.family import Family
 from kregress.core.spec import TaskSpec
 
@@ -36,7 +37,7 @@ class Proposal:
     dropped: list[DroppedSuggestion] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # e.g. "BudgetExceeded: ...", "fell back to local"
     tokens: dict[str, int] = field(default_factory=dict)  # prompt/completion/total spent this round
-    spec: TaskSpec | None = None  # the run's spec snapshot, handed on to the round's variants step
+    bound: BoundSpec | None = None  # the run's bound spec, handed on to the round's variants step
 
 
 class Policy(Protocol):

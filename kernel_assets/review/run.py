@@ -24,7 +24,7 @@ from kernel_assets.review.prompt import build_messages, offline_facts, parse_fin
 from kernel_assets.review.records import RISK_ORDER, ReviewResult, spec_checklist
 from kernel_assets.review.report import render_report
 from kregress.core import paths
-from kregress.core.family import get_family
+from kregress.core.family import RecordedFamily
 from resources.ledger import BudgetExceeded
 from resources.taotoken import CallContext, ContentError, CredentialsError, GatewayError, KeyPool, RequestError, RetriesExhausted
 
@@ -128,7 +128,10 @@ def run_review(
     say = (lambda m: log.info(m)) if log is not None else (lambda m: None)
     home = Path(home) if home is not None else paths.home()
     scrub = KeyPool.from_env().scrub
-    family = get_family(spec.kernel_family).for_params(spec.params or {})
+    from kregress.core.bind import BoundSpec, bind
+
+    bound = spec if isinstance(spec, BoundSpec) else bind(spec)  # a TaskSpec from a caller that did not bind it
+    spec, family = bound.spec, bound.family
     src = family_sources(family, repo_dir or os.environ.get("KREGRESS_REVIEW_REPO", ""))
     repo, module_path = src.repo, src.module_path
 
@@ -148,7 +151,7 @@ def run_review(
         result.reviewed_by = f"nothing to review: no change to {', '.join(src.files)} since {base_label}"
         result.notes.append(result.reviewed_by + (f" (other kernel files changed: {', '.join(elsewhere)})" if elsewhere else ""))
     else:
-        if compile and getattr(family, "recorded", False):
+        if compile and isinstance(family, RecordedFamily):
             result.notes.append(f"family {family.name} serves recorded runs: nothing to compile, no compile comparison")
         elif compile:
             say(f"review: AOT-compiling the baseline config with the base and the new source ({spec.hardware.arch})")

@@ -22,10 +22,10 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence, TextIO
 
-from kregress.clients import ccswitch
-from kregress.clients.common import TOOLS
-from kregress.clients.doctor import DOCTOR_TOOLS, run_doctor
-from kregress.clients.export import (
+from kernel_assets.clients import ccswitch
+from kernel_assets.clients.common import TOOLS
+from kernel_assets.clients.doctor import DOCTOR_TOOLS, run_doctor
+from kernel_assets.clients.export import (
     ExportError,
     ExportOptions,
     claude_settings,
@@ -35,7 +35,7 @@ from kregress.clients.export import (
     export_codex,
     merge_claude_settings,
 )
-from kregress.clients.lint import KINDS, lint_file
+from kernel_assets.clients.lint import KINDS, lint_file
 from kregress.core.names import ROLES
 
 DEFAULT_FILENAMES = {"claude-code": "settings.json", "codex": "config.toml", "cc-switch": ccswitch.DEFAULT_FILENAMES["cc-switch-sql"]}
@@ -145,7 +145,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from kregress.clients import doctor
+    from kernel_assets.clients import doctor
 
     d = subparsers.add_parser("doctor", help="check the gateway set-up and (--ping) each tool's endpoint; exit 0/2/3/4/5",
                               description=doctor.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

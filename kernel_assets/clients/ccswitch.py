@@ -30,8 +30,8 @@ import time
 from typing import Any, Mapping
 from urllib.parse import urlencode, urlsplit
 
-from kregress.clients.common import PROVIDER_ID, PROVIDER_NAME
-from kregress.clients.export import ExportError, ExportOptions, claude_settings, export_codex, literal_key, resolve
+from kernel_assets.clients.common import PROVIDER_ID, PROVIDER_NAME
+from kernel_assets.clients.export import ExportError, ExportOptions, claude_settings, export_codex, literal_key, resolve
 
 FORMATS = ("cc-switch-sql", "cc-switch-merge-sql", "cc-switch-deeplink", "cc-switch-json")
 DEFAULT_FILENAMES = {

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO
 
-from kregress.clients.common import env_state, helper_variables, is_secret_name, key_alias, looks_like_key, role_keys, scrub
-from kregress.clients.export import claude_user_settings, codex_user_config
-from kregress.clients.lint import Finding, check_url, lint_file
+from kernel_assets.clients.common import env_state, helper_variables, is_secret_name, key_alias, looks_like_key, role_keys, scrub
+from kernel_assets.clients.export import claude_user_settings, codex_user_config
+from kernel_assets.clients.lint import Finding, check_url, lint_file
 from kregress.core.endpoints import (
     BASE_URL_ENV,
     DEFAULT_ROOT,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from kregress.clients.common import ENV_NAME, PROVIDER_ID, PROVIDER_NAME, role_keys
+from kernel_assets.clients.common import ENV_NAME, PROVIDER_ID, PROVIDER_NAME, role_keys
 from kregress.core.endpoints import BASE_URL_ENV, DEFAULT_ROOT, FALLBACK_KEY_ENV, MODEL_ENV, ROLE_KEY_ENV, RequestError, resolve_base_url, split_keys
 
 CLAUDE_SCHEMA = "https://json.schemastore.org/claude-code-settings.json"

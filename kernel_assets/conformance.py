@@ -2,12 +2,15 @@
 
 ``kregress family check NAME`` prints one line per check; a plugin's own pytest calls the same checks::
 
-    from kregress.conformance import run_checks, assert_conforms
+    from kernel_assets.conformance import run_checks, assert_conforms
 
     def test_my_family_conforms():
         assert_conforms("my_family", spec_path="specs/my_family.yaml")
 
-Checks (each returns ``Check(name, status, detail, fix)``, status PASS / FAIL / SKIP):
+Which checks run follows the family's kind (``TritonFamily``, ``ExternalFamily``, ``RecordedFamily``);
+each returns ``Check(name, status, detail, fix)``, status PASS / FAIL / SKIP:
+
+- ``spec``: the spec loads and binds to the family (schema and the family's own checks);
 
 - ``space``: the space is enumerable under the spec's hardware limits and the baseline is inside it;
 - ``shapes``: every timed and correctness shape and the params pass the family's own checks;
@@ -16,11 +19,15 @@ Checks (each returns ``Check(name, status, detail, fix)``, status PASS / FAIL / 
 - ``tolerance``: (atol, rtol) positive and growing with the reduction length, never shrinking with a dimension;
 - ``kernel_vs_reference``: the smallest and the largest tile of the space match the reference on the
   spec's correctness shapes, in the Triton interpreter (an external kernel: on the CPU where its op runs);
-- ``compile``: the compile units compile ahead of time for the spec's arch and report registers and
-  shared memory (an external kernel has no compile units: SKIP, with the reason).
+- ``sweep_path`` (Triton): the baseline goes through exactly what a sweep on a CPU host calls: the
+  interpreter backend's AOT compile for the spec's arch (registers, shared memory), its correctness
+  check and the family's ``model_latency_ms`` on every timed shape (positive and finite), so a family
+  that passes ``family check`` also runs ``kregress sweep``;
+- ``replay`` (recorded): the baseline answers with recorded runs through the replay backend.
 
-A recorded family (replay) has no kernel to run: the kernel checks SKIP and say so. This module runs
-kernels in child processes (``resources.workers``), so it belongs to the application layer, not core.
+An external kernel has no compile units and no latency model: its sweep needs the cuda backend, which
+the check says. This module runs kernels in child processes through the benchmark backends, so it
+belongs to the application layer.
 """
 
 from __future__ import annotations
@@ -30,9 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from kregress.core.family import Family, get_family
-from kregress.core.records import config_label
-from kregress.core.spec import SpecError, TaskSpec, load_spec
+import yaml
+
+from kregress.core.bind import BoundSpec, load_bound
+from kregress.core.family import ExternalFamily, Family, KernelFamily, RecordedFamily, TritonFamily, get_family
+from kregress.core.records import Suggestion, config_label
+from kregress.core.spec import SpecError, TaskSpec
 
 ENUMERATE_CAP = 200_000
 
@@ -56,14 +66,39 @@ class ConformanceError(AssertionError):
     pass
 
 
+def _declared_family(path: Path) -> str | None:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return data.get("kernel_family") if isinstance(data, dict) else None
+
+
+def _correctness_work(path: Path) -> float:
+    """How much interpreter work a spec's correctness shapes ask for (the product of each shape's dims)."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+        return float(sum(math.prod(v for v in s.values() if isinstance(v, int)) for s in data.get("correctness_shapes", [])))
+    except Exception:  # noqa: BLE001 - an unreadable spec sorts last
+        return math.inf
+
+
 def default_spec_path(family: Family) -> Path | None:
-    """``specs/<name>.yaml`` beside the family's package (the scaffold's layout), else None."""
+    """The family's shipped spec: ``specs/<name>.yaml`` beside the family's package (the scaffold's
+    layout), else the ``specs/*.yaml`` there whose ``kernel_family`` names it, the cheapest to check
+    first (a built-in such as ``gemm_fp8`` ships ``specs/gemm_fp8_h100.yaml``). None when there is none."""
     files = family.source_files()
     for f in files[:1]:
         for parent in list(f.parents)[:3]:
-            cand = parent / "specs" / f"{family.name}.yaml"
-            if cand.is_file():
-                return cand
+            folder = parent / "specs"
+            if not folder.is_dir():
+                continue
+            exact = folder / f"{family.name}.yaml"
+            if exact.is_file():
+                return exact
+            mine = [p for p in sorted(folder.glob("*.y*ml")) if _declared_family(p) in (family.name, family.lookup)]
+            if mine:
+                return min(mine, key=_correctness_work)
     return None
 
 
@@ -111,9 +146,7 @@ def check_shapes(family: Family, spec: TaskSpec) -> Check:
     return Check("shapes", "PASS", f"{len(spec.shape_matrix)} timed and {len(spec.correctness_shapes)} correctness shape(s) valid")
 
 
-def check_reference(family: Family, spec: TaskSpec) -> Check:
-    if family.recorded:
-        return Check("reference", "SKIP", "recorded family: the runs were validated when they were recorded")
+def check_reference(family: KernelFamily, spec: TaskSpec) -> Check:
     import torch
 
     from kernels.measure import TORCH_DTYPES
@@ -142,7 +175,7 @@ def _scaled(shape: dict, key: str, factor: int = 64) -> dict:
 def check_formulas(family: Family, spec: TaskSpec) -> Check:
     from kernels.measure import DTYPE_BYTES
 
-    if family.recorded:  # one recorded problem: nothing to scale, FLOPs from the recorded GFLOP/s
+    if isinstance(family, RecordedFamily):  # one recorded problem: nothing to scale, FLOPs from its GFLOP/s
         return Check("formulas", "SKIP", "recorded family: the file records one problem and no byte count")
     nbytes = DTYPE_BYTES.get(spec.dtype, 2)
     for shape in spec.shape_matrix:
@@ -165,9 +198,7 @@ def check_formulas(family: Family, spec: TaskSpec) -> Check:
     return Check("formulas", "PASS", f"{f0 / b0:.2f} FLOP/byte on {family.shape_label(shape)}; grow with the shape")
 
 
-def check_tolerance(family: Family, spec: TaskSpec) -> Check:
-    if family.recorded:
-        return Check("tolerance", "SKIP", "recorded family: nothing is compared with a reference")
+def check_tolerance(family: KernelFamily, spec: TaskSpec) -> Check:
     base = spec.constraints.numeric_tolerance
     shape = spec.correctness_shapes[0]
     a0, r0 = family.tolerance(shape, spec.dtype, base, spec.params)
@@ -198,21 +229,20 @@ def _run_jobs(jobs: list[dict], interpret: bool, timeout: float) -> list[dict]:
         return pool.run(jobs, timeout)
 
 
-def check_kernel(family: Family, spec: TaskSpec, timeout: float = 600) -> Check:
-    if family.recorded:
-        return Check("kernel_vs_reference", "SKIP", "recorded family: no kernel to run")
-    if family.external:  # few configs (which library kernel runs): try each where it runs, on the CPU
+def check_kernel(family: KernelFamily, spec: TaskSpec, timeout: float = 600) -> Check:
+    external = isinstance(family, ExternalFamily)
+    if external:  # few configs (which library kernel runs): try each where it runs, on the CPU
         tiles = list(family.space.enumerate(spec.params, spec.hardware.limits))[:8]
     else:
         tiles = _tiles(family, spec)
     jobs = [{"op": "correctness", "family": family.lookup or family.name, "config": cfg, "dtype": spec.dtype,
              "shapes": spec.correctness_shapes, "tolerance": spec.constraints.numeric_tolerance,
-             "params": spec.params, "device": "cpu", "interpret": not family.external} for cfg in tiles]
-    where = "on the CPU (external kernel)" if family.external else "in the Triton interpreter"
+             "params": spec.params, "device": "cpu", "interpret": not external} for cfg in tiles]
+    where = "on the CPU (external kernel)" if external else "in the Triton interpreter"
     bad, ran, unavailable = [], [], []
-    for cfg, res in zip(tiles, _run_jobs(jobs, interpret=not family.external, timeout=timeout)):
+    for cfg, res in zip(tiles, _run_jobs(jobs, interpret=not external, timeout=timeout)):
         c = res.get("correctness")
-        if c is None and family.external:
+        if c is None and external:
             unavailable.append(f"{config_label(cfg)} ({' '.join(str(res.get('detail', res.get('error'))).split())[:100]})")
         elif c is None:
             bad.append(f"{config_label(cfg)}: {res.get('error')}: {res.get('detail', '')[:200]}")
@@ -231,51 +261,93 @@ def check_kernel(family: Family, spec: TaskSpec, timeout: float = 600) -> Check:
                  f"{', '.join(ran)} match the reference on {len(spec.correctness_shapes)} shape(s) {where}{more}")
 
 
-def check_compile(family: Family, spec: TaskSpec, timeout: float = 600) -> Check:
-    if family.recorded:
-        return Check("compile", "SKIP", "recorded family: nothing to compile")
-    if family.external:
-        return Check("compile", "SKIP", "external kernel: no Triton compile units (registers and shared memory "
-                                       "are read from a shipped cubin when the family lists one in source_files)")
-    job = {"op": "compile", "family": family.lookup or family.name, "config": spec.baseline, "dtype": spec.dtype,
-           "arch": spec.hardware.arch, "limits": spec.hardware.limits.model_dump(), "params": spec.params}
-    (res,) = _run_jobs([job], interpret=False, timeout=timeout)
-    st = res.get("stats")
-    if not st:
-        return Check("compile", "FAIL", f"baseline did not compile for {spec.hardware.arch}: {res.get('error')}: "
-                                        f"{res.get('detail', '')[:240]}",
-                     "compile_units() must return CompileUnits whose signature matches the jit function's arguments")
-    if st["regs_per_thread"] <= 0:
-        return Check("compile", "FAIL", "compiled but reported no registers", "check the cubin (cuobjdump)")
-    return Check("compile", "PASS", f"{spec.hardware.arch}: {st['regs_per_thread']} regs/thread, "
-                                    f"{st['smem_bytes']} B shared memory, {st['spill_bytes']} B spills")
+def _baseline(spec: TaskSpec) -> Suggestion:
+    return Suggestion(variant_id="baseline", config=spec.baseline, patch_summary="the spec's baseline config",
+                      source="baseline", round=0, risk="low")
 
 
-CHECKS: tuple[Callable[[Family, TaskSpec], Check], ...] = (
-    check_space, check_shapes, check_reference, check_formulas, check_tolerance, check_kernel, check_compile,
-)
+def _frames(exc: BaseException) -> list[str]:
+    import traceback
+
+    return [f.name for f in traceback.extract_tb(exc.__traceback__)]
+
+
+def check_sweep_path(bound: BoundSpec, timeout: float = 600) -> Check:
+    """The baseline through the interpreter backend, as ``kregress sweep`` runs it on a CPU host."""
+    import tempfile
+
+    from resources.gpu import InterpreterBackend
+
+    spec = bound.spec
+    with tempfile.TemporaryDirectory(prefix="kregress-check-") as cache:
+        backend = InterpreterBackend(cache_dir=cache, workers=1, timeout_s=timeout)
+        try:
+            (row,), _ = backend.evaluate(bound, [_baseline(spec)], log=lambda _m: None)
+        except Exception as exc:  # noqa: BLE001 - what would crash a sweep is this check's finding
+            where = "model_latency_ms" if "model_latency_ms" in _frames(exc) else "the interpreter backend"
+            return Check("sweep_path", "FAIL", f"{where} raised {type(exc).__name__}: {' '.join(str(exc).split())[:240]}",
+                         "a sweep on a CPU host calls compile_units, the reference check and model_latency_ms(shape, "
+                         "config, stats, hardware, dtype_bytes, params) for every timed shape: make each of them run")
+    if row.error:
+        fix = ("compile_units() must return CompileUnits whose signature matches the jit function's arguments"
+               if row.error in ("compile_failed", "out_of_resources") else "the baseline must match the reference")
+        return Check("sweep_path", "FAIL", f"baseline: {row.error}: {' '.join(row.error_detail.split())[:240]}", fix)
+    bad = [m.shape for m in row.measurements if not (m.p50_ms > 0 and math.isfinite(m.p50_ms))]
+    if bad or len(row.measurements) != len(spec.shape_matrix):
+        return Check("sweep_path", "FAIL", f"model_latency_ms gave no positive, finite estimate on {', '.join(bad) or 'some shapes'}",
+                     "return the estimated milliseconds of one launch (> 0) for every shape")
+    cs = row.compile
+    first = row.measurements[0]
+    return Check("sweep_path", "PASS", f"{spec.hardware.arch}: {cs.regs_per_thread} regs/thread, {cs.smem_bytes} B shared "
+                                       f"memory, {cs.spill_bytes} B spills; correct on {len(spec.correctness_shapes)} shape(s); "
+                                       f"estimated {first.p50_ms:.4g} ms on {first.shape}")
+
+
+def check_replay(bound: BoundSpec) -> Check:
+    from resources.gpu import ReplayBackend
+
+    (row,), _ = ReplayBackend().evaluate(bound, [_baseline(bound.spec)], log=lambda _m: None)
+    if row.error or not row.measurements:
+        return Check("replay", "FAIL", f"the baseline has no recorded runs: {row.error}: {row.error_detail[:200]}",
+                     "pick a baseline the file recorded as valid")
+    n = sum(len(m.samples_ms) for m in row.measurements)
+    return Check("replay", "PASS", f"the baseline answers with {n} recorded run(s)")
+
+
+def checks_for(bound: BoundSpec) -> list[Callable[[], Check]]:
+    """The checks that apply to the bound family's kind, in order."""
+    fam, spec = bound.family, bound.spec
+    common = [lambda: check_space(fam, spec), lambda: check_shapes(fam, spec), lambda: check_formulas(fam, spec)]
+    if isinstance(fam, RecordedFamily):
+        return common + [lambda: check_replay(bound)]
+    kernel = [lambda: check_reference(fam, spec), lambda: check_tolerance(fam, spec), lambda: check_kernel(fam, spec)]
+    if isinstance(fam, TritonFamily):
+        return common + kernel + [lambda: check_sweep_path(bound)]
+    return common + kernel + [lambda: Check(
+        "sweep_path", "SKIP", "external kernel: no compile units and no latency model; its sweep needs the cuda backend "
+                              "(kregress sweep --backend cuda) or a recorded file")]
 
 
 def run_checks(name: str, spec_path: str | Path | None = None,
                on_check: Callable[[Check], None] | None = None) -> list[Check]:
-    """Every check on family ``name`` against its spec (``spec_path``, else ``specs/<name>.yaml`` beside it)."""
+    """Every check for family ``name``'s kind against its spec (``spec_path``, else its shipped spec)."""
     family = get_family(name)
     path = Path(spec_path) if spec_path else default_spec_path(family)
     if path is None:
-        return [Check("spec", "FAIL", f"no spec for family {name} (looked for specs/{name}.yaml beside its package)",
-                      "pass --spec FILE")]
+        return [Check("spec", "FAIL", f"no spec for family {name} (looked for specs/*.yaml with kernel_family: {name} "
+                                      "beside its package)", "pass --spec FILE")]
     try:
-        spec = load_spec(path)
+        bound = load_bound(path)
     except SpecError as exc:
         return [Check("spec", "FAIL", str(exc).splitlines()[0], "fix the spec (kregress specs validate FILE)")]
-    if spec.kernel_family != name and get_family(spec.kernel_family) is not family:
-        return [Check("spec", "FAIL", f"{path} is a spec of family {spec.kernel_family}, not {name}", "pass a spec of this family")]
-    family = family.for_params(spec.params)  # replay: the recorded file the spec names
-    out = [Check("spec", "PASS", str(path))]
+    if bound.spec.kernel_family != name and get_family(bound.spec.kernel_family) is not family:
+        return [Check("spec", "FAIL", f"{path} is a spec of family {bound.spec.kernel_family}, not {name}",
+                      "pass a spec of this family")]
+    out = [Check("spec", "PASS", f"{path} ({bound.family.kind} family)")]
     if on_check:
         on_check(out[0])
-    for fn in CHECKS:
-        c = fn(family, spec)
+    for fn in checks_for(bound):
+        c = fn()
         out.append(c)
         if on_check:
             on_check(c)

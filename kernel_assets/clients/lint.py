@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
-from kregress.clients.common import ENV_NAME, environment_secrets, helper_variables, is_placeholder, is_secret_name, looks_like_key
-from kregress.clients.export import CODEX_CHAT_REMOVED
+from kernel_assets.clients.common import ENV_NAME, environment_secrets, helper_variables, is_placeholder, is_secret_name, looks_like_key
+from kernel_assets.clients.export import CODEX_CHAT_REMOVED
 from kregress.core.endpoints import DEFAULT_ROOT, OTHER_TOOLS_ENV, RequestError, fingerprint, resolve_base_url, split_keys
 from kregress.core.endpoints import mask_endpoint_url as mask_url
 
@@ -383,7 +383,7 @@ def lint_text(text: str, name: str = "<config>", environ: Mapping[str, str] | No
         lint.codex(text)
         return lint.findings
     if kind == "cc-switch" and not text.lstrip().startswith("{"):
-        from kregress.clients.ccswitch import REQUIRED_TABLES_DDL
+        from kernel_assets.clients.ccswitch import REQUIRED_TABLES_DDL
 
         conn = sqlite3.connect(":memory:")
         try:
