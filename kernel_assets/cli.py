@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from kregress.core import paths
-from kregress.core.names import STRATEGIES
+from kregress.core.names import RESOURCE_ENVS, STRATEGIES, resource_env
 
 # Subcommands contributed by other modules: each exposes register(subparsers).
 PLUGINS = ("kernel_assets.cli_usage", "kernel_assets.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay")
@@ -212,7 +212,7 @@ def _run_inputs(args: argparse.Namespace, code_hash: str) -> dict[str, str]:
     """What decides a sweep's outcome outside the spec and the kernels: code, environment, CLI overrides."""
     return {
         "code_hash": code_hash,
-        "env": getattr(args, "env", None) or os.environ.get("KREGRESS_ENV", "local"),
+        "env": resource_env(getattr(args, "env", None)),
         "backend_arg": args.backend or "",
         "strategy_arg": args.strategy or "",
         "gpu": _gpu_probe(),
@@ -232,7 +232,7 @@ def sweep_fingerprint(spec, family_files: dict[str, str], args: argparse.Namespa
 def _times_on_a_gpu(args: argparse.Namespace) -> bool:
     """A sweep that measures on a GPU is never answered from the last one: its timings are the point
     (clocks, drivers and neighbours change while the spec does not)."""
-    env = getattr(args, "env", None) or os.environ.get("KREGRESS_ENV", "local")
+    env = resource_env(getattr(args, "env", None))
     return args.backend == "cuda" or env == "gpu" or (args.backend in (None, "", "auto") and os.path.exists("/dev/nvidiactl"))
 
 
@@ -559,7 +559,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="run one spec's whole graph in-process", epilog=SWEEP_EPILOG)
     s.add_argument("spec", help="path to a task spec YAML")
     s.add_argument("--dagster-home", help="default: $DAGSTER_HOME, else ./dagster_home")
-    s.add_argument("--env", choices=["local", "gpu"], help="resource set (default $KREGRESS_ENV or local)")
+    s.add_argument("--env", choices=list(RESOURCE_ENVS), help="resource set (default $KREGRESS_ENV or local)")
     s.add_argument("--backend", choices=["auto", "cuda", "interpreter"], help="override the benchmark backend")
     s.add_argument("--strategy", choices=list(STRATEGIES), help="override the spec's search strategy")
     s.add_argument("--force", action="store_true",

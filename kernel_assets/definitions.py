@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import dagster as dg
@@ -14,6 +13,7 @@ from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, 
 from kernel_assets.specs_resource import SpecStore
 from kernel_assets.executors import executor_from_env
 from kernel_assets.tokens import build_token_assets
+from kregress.core.names import ENV_VAR, resource_env
 from resources.gpu import ReplayBackend, compiled_backend
 from resources.ledger import LedgerResource
 from resources.taotoken import TaotokenResource
@@ -23,10 +23,10 @@ def build_resources(env: str | None = None) -> dict:
     """local (default): the cuda backend when torch sees a GPU, else the interpreter (AOT compile on the
     CPU, model-estimated latency); gpu: the cuda backend, one child process timing at a time. Both
     replay recorded families and use the local agent unless a spec asks for llm/hybrid."""
-    env = env or os.environ.get("KREGRESS_ENV", "local")
+    env = resource_env(env)
     by_env = {"local": lambda: compiled_backend("auto"), "gpu": lambda: compiled_backend("cuda")}
     if env not in by_env:
-        raise ValueError(f"KREGRESS_ENV={env!r} is unknown; allowed: {', '.join(by_env)}")
+        raise ValueError(f"{ENV_VAR}={env!r} is unknown; allowed: {', '.join(by_env)}")
     return {"specs": SpecStore(), "taotoken": TaotokenResource(), "ledger": LedgerResource(),
             "bench": by_env[env](), "replay": ReplayBackend()}
 

@@ -226,7 +226,8 @@ def cause_counts(verdicts) -> dict[str, int]:
 
 def summary_line(counts: dict[str, int], causes: dict[str, int]) -> str:
     """``PASS 0 / REGRESS 6 (slower 0, wrong 0, infeasible 6) / NEEDS_REVIEW 0``."""
-    detail = ", ".join(f"{c} {n}" for c, n in causes.items())
+    # the three causes a config-only sweep can have are always shown; `rejected` only once a patch was
+    detail = ", ".join(f"{c} {n}" for c, n in causes.items() if n or c in ("slower", "wrong", "infeasible"))
     return (f"PASS {counts.get('PASS', 0)} / REGRESS {counts.get('REGRESS', 0)} ({detail}) / "
             f"NEEDS_REVIEW {counts.get('NEEDS_REVIEW', 0)}")
 

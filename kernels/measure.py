@@ -172,7 +172,7 @@ def cuda_measurements(family: Family, config: dict, shapes: list[dict], dtype: s
     return out
 
 
-# --- device identity, clock locking and same-batch timing (issue 12) ------------------------------
+# --- device identity, clock locking and same-batch timing ----------------------------------------
 
 IDENTITY_FIELDS = ("gpu_name", "gpu_uuid", "host", "driver", "sm_clock_mhz", "mem_clock_mhz")
 

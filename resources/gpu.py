@@ -311,7 +311,7 @@ class InterpreterBackend(CompiledBackend):
 class CudaBackend(CompiledBackend):
     """Correctness on the GPU, then the variants timed in one batch with the baseline re-timed beside them.
 
-    Same-batch comparison (issue 12): one ``measure_batch`` job per evaluate, in one worker process on
+    Same-batch comparison: one ``measure_batch`` job per evaluate, in one worker process on
     one GPU, times baseline, v1, baseline, v2, ... (``batch_order``, ``batch_rounds``); every row keeps
     the baseline samples of its batch in ``batch_baseline`` and its verdict compares with those. With
     ``same_batch=False`` each variant is timed alone as before (do_bench per shape).
@@ -400,7 +400,7 @@ class ReplayBackend(BenchmarkBackend):
 
         spec, family = bound.spec, bound.family  # bound to the recorded file the spec names
 
-        # Same-batch emulation (issue 12): each evaluate is one batch; the baseline's runs are drawn
+        # Same-batch emulation: each evaluate is one batch; the baseline's runs are drawn
         # again from the same recording for it, and every variant of the batch compares with those.
         batch_id = f"{spec.task_id}/r{suggestions[0].round if suggestions else 0}/{uuid.uuid4().hex[:8]}"
         base, base_err, _ = self._replay(spec, family, spec.baseline)

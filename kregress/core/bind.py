@@ -205,6 +205,7 @@ def load_bound(path: str | Path, *, budget_scope: str = "") -> BoundSpec:
     spec, schema_lines, skip = parse_spec_data(data, path)
     lines = lines + schema_lines
     if spec is not None and not lines:
+        spec._source = path.resolve()
         return bind(spec, budget_scope=budget_scope)
     if isinstance(data, dict):  # the family's checks beside the schema errors, on the fields that passed
         _, _, problems = family_problems(data, frozenset(skip), spec_dir=path.parent)

@@ -114,7 +114,8 @@ class CompileUnit:
 @dataclass
 class Family(ABC):
     """What every family has, whatever its kind: a name, a search space, shape keys and checks, the
-    params it takes, and FLOP and byte formulas for its headline metric.
+    params it takes, and its headline metric. On its own it describes a search space (what an agent
+    policy needs); a family that runs is one of the kinds below.
 
     A family is one of three kinds, each an abstract base below; backends and the conformance kit
     dispatch on the kind (``isinstance``), never on flags:
@@ -193,14 +194,6 @@ class Family(ABC):
     def shape_label(self, shape: dict[str, Any]) -> str:
         return "x".join(str(shape[k]) for k in self.shape_keys)
 
-    @abstractmethod
-    def flops(self, shape: dict, params: dict) -> float:
-        """Floating-point operations of one launch on ``shape`` (the TFLOP/s figure's numerator)."""
-
-    @abstractmethod
-    def bytes_moved(self, shape: dict, dtype_bytes: int, params: dict) -> float:
-        """Compulsory bytes read and written by one launch (the GB/s figure's numerator)."""
-
     def peak_tflops(self, hw: Any, params: dict) -> float:
         """The compute roof on ``hw`` (the spec's ``hardware``), TFLOP/s: the dense bf16/fp16 tensor-core
         peak by default; a family of another precision (FP8) returns its own."""
@@ -209,14 +202,6 @@ class Family(ABC):
     def peak(self, hw: Any, params: dict) -> float:
         """The headline metric's peak on ``hw``: TFLOP/s (``peak_tflops``) or HBM GB/s."""
         return float(hw.limits.hbm_gbps) if self.headline_metric == "gbps" else self.peak_tflops(hw, params)
-
-    def speed_of_light_ms(self, shape: dict, dtype_bytes: int, hw: Any, params: dict) -> float:
-        """The fastest one launch on ``shape`` can possibly be on ``hw``: its FLOPs at the compute roof or
-        its compulsory bytes at HBM bandwidth, whichever takes longer. A measurement below it is not
-        physics: the gate calls such a variant implausible."""
-        t_compute = self.flops(shape, params) / (self.peak_tflops(hw, params) * 1e12)
-        t_memory = self.bytes_moved(shape, dtype_bytes, params) / (float(hw.limits.hbm_gbps) * 1e9)
-        return max(t_compute, t_memory) * 1e3
 
     def headline(self, tflops: float, gbps: float) -> tuple[str, float, str]:
         """(name, value, unit) of the headline metric for a measurement: ``("gbps", 1234.5, "GB/s")``
@@ -248,6 +233,22 @@ class Family(ABC):
 @dataclass
 class KernelFamily(Family):
     """A family that runs a kernel: inputs, the launch, a float64 reference, a tolerance."""
+
+    @abstractmethod
+    def flops(self, shape: dict, params: dict) -> float:
+        """Floating-point operations of one launch on ``shape`` (the TFLOP/s figure's numerator)."""
+
+    @abstractmethod
+    def bytes_moved(self, shape: dict, dtype_bytes: int, params: dict) -> float:
+        """Compulsory bytes read and written by one launch (the GB/s figure's numerator)."""
+
+    def speed_of_light_ms(self, shape: dict, dtype_bytes: int, hw: Any, params: dict) -> float:
+        """The fastest one launch on ``shape`` can possibly be on ``hw``: its FLOPs at the compute roof or
+        its compulsory bytes at HBM bandwidth, whichever takes longer. A measurement below it is not
+        physics: the gate calls such a variant implausible."""
+        t_compute = self.flops(shape, params) / (self.peak_tflops(hw, params) * 1e12)
+        t_memory = self.bytes_moved(shape, dtype_bytes, params) / (float(hw.limits.hbm_gbps) * 1e9)
+        return max(t_compute, t_memory) * 1e3
 
     @abstractmethod
     def make_inputs(self, shape: dict, dtype: "torch.dtype", device: str, seed: int, params: dict) -> dict:
@@ -334,6 +335,14 @@ class RecordedFamily(Family):
     recorded for that configuration; nothing is compiled or re-checked."""
 
     kind: ClassVar[str] = "recorded"
+
+    @abstractmethod
+    def flops(self, shape: dict, params: dict) -> float:
+        """Floating-point operations of one launch on ``shape`` (the TFLOP/s figure's numerator)."""
+
+    @abstractmethod
+    def bytes_moved(self, shape: dict, dtype_bytes: int, params: dict) -> float:
+        """Compulsory bytes read and written by one launch (the GB/s figure's numerator)."""
 
     @abstractmethod
     def replay(self, config: dict[str, int], shape: dict, params: dict) -> tuple[list, str | None, str]:

@@ -33,5 +33,17 @@ def arch_capability(arch: str) -> int:
     return int(arch.removeprefix("sm_").rstrip("a"))
 
 
+# The resource set (kernel_assets/definitions.py): KREGRESS_ENV, or `kregress sweep --env`.
+ENV_VAR = "KREGRESS_ENV"
+RESOURCE_ENVS = ("local", "gpu")
+
+
+def resource_env(override: str | None = None) -> str:
+    """The resource set a process runs with: ``override`` (a CLI flag), else $KREGRESS_ENV, else local."""
+    import os
+
+    return override or os.environ.get(ENV_VAR) or "local"
+
+
 # Rounds the asset graph is built with (round_1 .. round_MAX). A spec may use fewer.
 MAX_GRAPH_ROUNDS = 4

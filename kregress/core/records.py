@@ -167,7 +167,7 @@ class Measurement(BaseModel):
     device: str
     torch_version: str
     triton_version: str
-    # device identity (issue 12): which GPU, on which host, at which clocks
+    # device identity: which GPU, on which host, at which clocks
     gpu_name: str = ""
     gpu_uuid: str = ""
     host: str = ""
