@@ -69,13 +69,12 @@ def neighbour_configs(family, baseline: dict, params: dict, n: int) -> list[dict
 
 
 def bench_family(name: str, n_configs: int) -> dict:
+    from kregress.core.bind import load_bound
     from kregress.core.records import config_label
-    from kregress.core.family import get_family
-    from kregress.core.spec import load_spec
     from resources.workers import Worker, worker_env
 
-    spec = load_spec(REPO / SPECS[name])
-    fam = get_family(spec.kernel_family)
+    bound = load_bound(REPO / SPECS[name])
+    spec, fam = bound.spec, bound.family
     label, name = name, spec.kernel_family
     result = {"family": label, "spec": SPECS[label], "compile": [], "interp": []}
 
@@ -123,23 +122,18 @@ def bench_family(name: str, n_configs: int) -> dict:
 
 
 def peak_of(spec, fam) -> tuple[str, float]:
-    """(unit, peak) the headline is set against: FP8 or BF16 TFLOP/s, or HBM GB/s."""
-    lim = spec.hardware.limits
-    if fam.headline_metric == "gbps":
-        return "GB/s HBM", lim.hbm_gbps
-    if spec.dtype == "fp8_e4m3":
-        return "TFLOP/s FP8", float(spec.params.get("fp8_peak_tflops") or 2.0 * lim.peak_tflops)
-    return "TFLOP/s BF16", lim.peak_tflops
+    """(unit, peak) the headline is set against: the family's own peak (FP8 or BF16 TFLOP/s, or HBM GB/s)."""
+    _, _, unit = fam.headline(0.0, 0.0)
+    return unit, fam.peak(spec.hardware, spec.params)
 
 
 def cuda_family(label: str) -> list[str]:
     """Baseline of the spec on the GPU: correctness on device, then cuda-backend timing per shape."""
-    from kregress.core.family import get_family
-    from kregress.core.spec import load_spec
+    from kregress.core.bind import load_bound
     from resources.workers import Worker, worker_env
 
-    spec = load_spec(REPO / SPECS[label])
-    fam = get_family(spec.kernel_family)
+    bound = load_bound(REPO / SPECS[label])
+    spec, fam = bound.spec, bound.family
     unit, peak = peak_of(spec, fam)
     rows = []
     with tempfile.TemporaryDirectory(prefix=f"kregress-cuda-{label}-") as cache:
@@ -155,7 +149,7 @@ def cuda_family(label: str) -> list[str]:
             res = worker.call({**base, "op": "measure_cuda", "shapes": spec.shape_matrix,
                                "warmup_ms": spec.benchmark.warmup_ms, "rep_ms": spec.benchmark.rep_ms}, 1800)
             for m in res.get("measurements", []):
-                value = m["gbps"] if fam.headline_metric == "gbps" else m["tflops"]
+                _, value, _ = fam.headline(m["tflops"], m["gbps"])
                 rows.append(f"| {label} | {m['shape']} | p50 {m['p50_ms']:.4f} ms | {value:.1f} {unit} | "
                             f"{value / peak:.1%} of {peak:.0f} |")
             if "error" in res:

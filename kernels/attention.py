@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Rule, Space, TritonFamily, register
+from kernels.dtypes import TRITON_PTR
 from kernels.softmax import SOFTMAX_FILE, online_softmax_step
 
 
@@ -176,7 +177,6 @@ def attn_fwd_kernel(
         tl.store(lse_ptr + h * stride_lh + tq0 + offs_m, lse, mask=row_ok)
 
 
-TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
 HEAD_DIMS = (64, 128, 192)  # d_qk
 V_HEAD_DIMS = (64, 128)
 ROPE_DIM = 64  # d_qk = 192 is 128 + 64

@@ -64,6 +64,7 @@ import triton
 import triton.language as tl
 
 from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Rule, Space, TritonFamily, register
+from kernels.dtypes import TRITON_PTR
 from kernels.softmax import SOFTMAX_FILE, online_softmax_step
 
 D_LATENT = 512
@@ -189,7 +190,6 @@ def mla_combine_kernel(
     tl.store(lse_ptr + b.to(tl.int64) * stride_lb + h_idx * stride_lh + s_idx, lse, mask=row_ok)
 
 
-TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
 PAGE_SIZES = (16, 32, 64, 128, 256)
 SEQLEN_PATTERNS = ("spread", "uniform")
 PARAM_KEYS = ("softmax_scale", "page_size", "seqlens", "check_lse", "kv_dtype")
