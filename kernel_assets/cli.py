@@ -305,27 +305,24 @@ def _bind(spec):
         return None
 
 
-def _prepare(args: argparse.Namespace, bound=None):
-    """(bound spec, home, resources, instance) for a command that runs one spec in-process, or None after
-    printing why the spec cannot run (exit 2). The binding is handed over to the run's first step."""
-    if bound is None:
-        spec = _load(args)
-        bound = _bind(spec) if spec is not None else None
-    if bound is None:
-        return None
+def _prepare(args: argparse.Namespace, spec):
+    """(spec, home, resources, instance) for a command that runs one spec in-process. A bound spec (a
+    sweep) is handed over to the run's first step, which then validates nothing again."""
     home = _ensure_home(args.dagster_home)
     from kernel_assets.definitions import build_resources
     from kernel_assets.run_guard import prepared_instance
     from kernel_assets.specs_resource import SpecStore, hand_over
+    from kregress.core.bind import BoundSpec
 
     spec_file = str(Path(args.spec).resolve())
     os.environ["KREGRESS_SPEC_FILES"] = os.pathsep.join(
         [spec_file] + [f for f in os.environ.get("KREGRESS_SPEC_FILES", "").split(os.pathsep) if f and f != spec_file])
-    hand_over(bound)
+    if isinstance(spec, BoundSpec):
+        hand_over(spec)
     resources = build_resources(getattr(args, "env", None))
     resources["specs"] = SpecStore()
-    instance = prepared_instance(home, bound.task_id, log=_say)
-    return bound, home, resources, instance
+    instance = prepared_instance(home, spec.task_id, log=_say)
+    return spec, home, resources, instance
 
 
 def _budget_verdict(resources: dict, spec, run_id: str) -> list[str]:
@@ -366,10 +363,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     bound = _bind(spec)  # the run's one binding: the family's checks, the kernel hash
     if bound is None:
         return EXIT_BAD_SPEC
-    prepared = _prepare(args, bound)
-    if prepared is None:
-        return EXIT_BAD_SPEC
-    loaded, (bound, home, resources, instance) = spec, prepared
+    loaded, (bound, home, resources, instance) = spec, _prepare(args, bound)
     spec = bound.spec
     import dagster as dg
 
@@ -440,11 +434,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_review(args: argparse.Namespace) -> int:
-    prepared = _prepare(args)
-    if prepared is None:
-        return 2
-    bound, home, resources, instance = prepared
-    spec = bound.spec
+    spec = _load(args)  # schema only: the kernel change under review may break the spec's baseline
+    if spec is None:
+        return EXIT_BAD_SPEC
+    spec, home, resources, instance = _prepare(args, spec)
     import dagster as dg
 
     from kernel_assets.definitions import REVIEW_ASSETS

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from kregress.core.bind import BoundSpec, load_bound
 from kregress.core.paths import REPO_ROOT
-from kregress.core.spec import SpecError, discover_specs
+from kregress.core.spec import SpecError, TaskSpec, discover_specs, load_spec
 
 # task_id -> (sha256 of the spec file, its binding): bindings made by this process before a run
 _HANDED: dict[str, tuple[str, BoundSpec]] = {}
@@ -81,6 +81,11 @@ class SpecStore(dg.ConfigurableResource):
                 f"known: {', '.join(sorted(paths)) or 'none'}"
             )
         return paths[task_id]
+
+    def load(self, task_id: str) -> TaskSpec:
+        """The spec of ``task_id``, schema-checked only (no family bound): for a review, which looks at a
+        kernel change that may break the spec. A sweep binds (``bind``)."""
+        return load_spec(self.path_for(task_id))
 
     def bind(self, task_id: str, scope: str = "") -> BoundSpec:
         """The spec of ``task_id`` bound to its family, under the budget scope ``scope`` (the run id):

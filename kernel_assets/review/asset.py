@@ -54,11 +54,8 @@ def build_review_assets() -> list:
     )
     def kernel_source_review(context: dg.AssetExecutionContext, config: ReviewConfig, specs: SpecStore,
                              taotoken: TaotokenResource, ledger: LedgerResource):
-        spec = specs.load(context.partition_key)
-        try:
-            spec_path = str(specs.path_for(spec.task_id))
-        except Exception:
-            spec_path = ""
+        spec = specs.load(context.partition_key)  # schema only: the kernel change under review may break the spec
+        spec_path = str(spec.source or "")
         gateway, why = None, ""
         if not config.use_model:
             why = "use_model is off"
