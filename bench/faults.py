@@ -1,5 +1,5 @@
 """Fault scenarios, each a real `kregress sweep` process against the scripted OpenAI-compatible server
-(tests/fake_openai.py, 127.0.0.1 only), printed as one table.
+(kregress.testing.fake_gateway, 127.0.0.1 only), printed as one table.
 
     .venv/bin/python bench/faults.py [--only NAME ...]
 
@@ -26,10 +26,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 import yaml  # noqa: E402
-from fake_openai import FakeOpenAI, Reply  # noqa: E402
+from kregress.testing.fake_gateway import FakeOpenAI, Reply  # noqa: E402
 
 LIMIT_S = 600
 KEYS = {"TAOTOKEN_KEY_SUGGEST": "sk" "-FAULTBENCH-suggest-11112222333344445555,sk" "-FAULTBENCH-suggest-66667777888899990000",

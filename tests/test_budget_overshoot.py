@@ -8,7 +8,8 @@ later calls still allowed. Now a settlement above the reservation (an overshoot)
 from __future__ import annotations
 
 import pytest
-from fake_openai import Reply, make_gateway, overshoot_worker, run_spawned
+from kregress.testing.fake_gateway import Reply
+from gateway_helpers import make_gateway, overshoot_worker, run_spawned
 
 from kernel_assets.usage import budget_report
 from kregress.core.spec import Budget

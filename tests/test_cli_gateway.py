@@ -1,5 +1,5 @@
 """Gateway failures and budgets as the terminal shows them (`kregress sweep`, strategy llm, the real openai SDK
-against the local scripted server tests/fake_openai.py on 127.0.0.1).
+against the local scripted server kregress/testing/fake_gateway.py on 127.0.0.1).
 
 - a 401 on every key of the suggest role: one line with the error's class and fix, exit 1;
 - a model id the server does not list: one line, exit 1;
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_openai import FakeOpenAI, Reply
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
 from kernel_assets.cli import EXIT_BUDGET, EXIT_FAILED, main

@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, Reply
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 from kernel_assets.cli import main as kregress
 from kregress.clients.ccswitch import export_json, export_sql

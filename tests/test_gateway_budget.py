@@ -5,7 +5,8 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import pytest
-from fake_openai import budget_race_worker, make_gateway, prompt_tokens_of, run_spawned
+from kregress.testing.fake_gateway import prompt_tokens_of
+from gateway_helpers import budget_race_worker, make_gateway, run_spawned
 
 from kregress.core.spec import Budget
 from kernel_assets.usage import budget_report

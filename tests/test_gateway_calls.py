@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from fake_openai import FakeClock, make_gateway
+from kregress.testing.fake_gateway import FakeClock
+from gateway_helpers import make_gateway
 
 from resources.ledger import CACHE_ALIAS
 from resources.taotoken import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
-from fake_openai import FakeOpenAI, Reply
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 from kregress.core.endpoints import gateway_error_line
 from resources.ledger import LedgerResource

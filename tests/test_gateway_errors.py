@@ -7,7 +7,8 @@ mentioning "model" to "model id ... is not served" (a max_tokens error got the m
 from __future__ import annotations
 
 import pytest
-from fake_openai import FakeClock, make_gateway
+from kregress.testing.fake_gateway import FakeClock
+from gateway_helpers import make_gateway
 
 from kregress.core.endpoints import gateway_error_line
 from resources.taotoken import (

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from fake_openai import FakeClock, Reply, cooldown_worker, make_gateway, run_spawned
+from kregress.testing.fake_gateway import FakeClock, Reply
+from gateway_helpers import cooldown_worker, make_gateway, run_spawned
 
 from resources.ledger import Ledger
 from resources.taotoken import CredentialsError, RetriesExhausted, TaotokenResource, fingerprint

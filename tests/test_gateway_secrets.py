@@ -17,7 +17,8 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from fake_openai import FakeOpenAI, make_gateway
+from kregress.testing.fake_gateway import FakeOpenAI
+from gateway_helpers import make_gateway
 from test_llm_agent import VERDICTS, item, make_ctx, make_spec
 
 from kernel_assets.agent.llm import HybridPolicy, LLMPolicy, write_narrative

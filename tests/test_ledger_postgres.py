@@ -402,7 +402,8 @@ def test_processes_racing_for_one_budget_never_overshoot(pg_db):
 
 
 def test_gateway_processes_share_one_postgres_budget(pg_db):
-    from fake_openai import FakeOpenAI, budget_race_worker, run_spawned
+    from kregress.testing.fake_gateway import FakeOpenAI
+    from gateway_helpers import budget_race_worker, run_spawned
 
     _, url, _ = pg_db
     total = 2_000

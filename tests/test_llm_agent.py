@@ -6,7 +6,8 @@ import json
 import logging
 
 import pytest
-from fake_openai import Reply, make_gateway
+from kregress.testing.fake_gateway import Reply
+from gateway_helpers import make_gateway
 
 from kernel_assets.agent.base import AgentContext, Proposal, validate_and_dedupe
 from kernel_assets.agent.llm import HybridPolicy, LLMPolicy, extract_json, parse_suggestions, write_narrative

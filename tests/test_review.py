@@ -15,7 +15,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from fake_openai import FakeOpenAI, Reply
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 from review_helpers import HINTS_NEW, HINTS_OLD, REPO, git
 
 from kernel_assets.constants import SPECS_PARTITIONS

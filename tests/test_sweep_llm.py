@@ -11,7 +11,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 import yaml
-from fake_openai import FakeOpenAI, Reply
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
 
