@@ -89,9 +89,9 @@ class Scenario:
         if not path.exists():
             return 0, 0
         ledger = Ledger(path)
-        rows = [r for r in ledger.rows() if r.role in ("suggest", "report")]
+        rows = [r for r in ledger.usage.rows() if r.role in ("suggest", "report")]
         sweeps = {s for s in (getattr(r, "run_id", "") for r in rows) if s}
-        over = sum(ledger.overshoot(s).tokens for s in sweeps)
+        over = sum(ledger.usage.overshoot(s).tokens for s in sweeps)
         self.cache_hits = sum(1 for r in rows if r.cache_hit)
         return sum(1 for r in rows if not r.cache_hit), over
 

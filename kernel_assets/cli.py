@@ -332,19 +332,13 @@ def _prepare(args: argparse.Namespace, spec=None):
 
 
 def _budget_verdict(resources: dict, spec, run_id: str) -> list[str]:
-    """Why the sweep's token use went over its budget (one reason a line); [] when within or no calls."""
+    """Why the sweep's token use went over its budget (one typed breach a line, ``kregress.core.budget``); []
+    when within. The run's budget scope is the one every model call of the run counted against."""
     from kernel_assets.usage import budget_report
+    from kregress.core.budget import BudgetScope
 
-    ledger = resources["ledger"].get_ledger()
-    reasons = list(ledger.exceeded(run_id, spec.budget)) if hasattr(ledger, "exceeded") else []
-    rep = budget_report(ledger, spec.budget, sweep=run_id)
-    if not reasons and not rep.passed:
-        reasons.append(f"{rep.total} tokens against max_total_tokens {rep.total_limit}")
-    if rep.overshoot and not any("overshoot" in r.lower() or "beyond" in r for r in reasons):
-        o = rep.overshoot
-        reasons.append(f"overshoot: {o.calls} call(s) from round {o.first_round} billed {o.tokens} tokens beyond "
-                       f"their reservation (input +{o.input}, output +{o.output})")
-    return reasons
+    scope = BudgetScope.for_run(run_id, spec.task_id)
+    return [b.text for b in budget_report(resources["ledger"].get_ledger(), spec.budget, scope.sweep).breaches]
 
 
 def _say_unchanged(task_id: str, last: dict) -> int:

@@ -21,5 +21,5 @@ def narrative_for(context, spec, state, verdicts: dict[str, Verdict]) -> tuple[s
         text, source = write_narrative(gateway, spec, md, run_id=context.run_id, partition=context.partition_key)
     finally:
         gateway.close()
-    rows = ledger.reconcile(group_by=("role", "key_alias", "model"), run_id=context.run_id)
+    rows = ledger.usage.reconcile(group_by=("role", "key_alias", "model"), run_id=context.run_id)
     return text, source, pd.DataFrame(rows) if rows else None

@@ -2,11 +2,16 @@
 
 ``build_token_assets(partitions_def, load_spec)`` returns ``[token_usage, token_budget]``:
 
-- ``token_usage`` (partitioned like the sweep): the reconciliation table of the partition's latest sweep
-  (calls, ok, errors, cache hits, input, output, total per role and key alias) as table metadata, the same
+- ``token_usage`` (partitioned like the sweep): the reconciliation table of this run's sweep (its budget scope:
+  calls, ok, errors, cache hits, input, output, total per role and key alias) as table metadata, the same
   over every sweep of the partition, and the numbers (input/output/total tokens, calls, cache hits).
 - ``token_budget`` (asset check on token_usage): spend against the spec's budget per round
-  (``max_input_tokens_per_round``, ``max_output_tokens_per_round``) and per sweep (``max_total_tokens``).
+  (``max_input_tokens_per_round``, ``max_output_tokens_per_round``) and per sweep (``max_total_tokens``), as
+  ``kregress.core.budget.breaches`` judges it: the same rule as the CLI's exit code and ``kregress usage``.
+
+Both read the run's budget scope, ``BudgetScope.for_run(run_id, partition)``: the one every model call of the
+sweep counted against. Materialized on its own (a run that made no calls), the check judges that run and
+passes; the all-sweeps table still shows what the partition spent before.
 
 The spec is read through ``load_spec(partition_key) -> TaskSpec`` (the specs resource, once it exists).
 """
@@ -16,6 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import dagster as dg
 
+from kregress.core.budget import BudgetScope
 from kregress.core.spec import TaskSpec
 from kernel_assets.usage import budget_report, totals_row
 from resources.ledger import RECONCILE_COLUMNS as NUMERIC
@@ -31,16 +37,16 @@ def table_metadata(rows: list[dict[str, Any]], group_by: Sequence[str]) -> dg.Ta
     return dg.MetadataValue.table(records=records, schema=dg.TableSchema(columns=cols))
 
 
-def usage_metadata(ledger: Ledger, partition: str, group_by: Sequence[str] = ("role", "key_alias")) -> dict[str, Any]:
-    """What token_usage shows for one partition (usable without Dagster, e.g. in tests or the report)."""
-    sweep = ledger.latest_sweep(partition)
-    latest = ledger.reconcile(group_by, partition=partition, sweep=sweep) if sweep else []
-    every = ledger.reconcile(group_by, partition=partition)
-    by_round = ledger.reconcile(("round", "role"), partition=partition, sweep=sweep) if sweep else []
+def usage_metadata(ledger: Ledger, scope: BudgetScope, group_by: Sequence[str] = ("role", "key_alias")) -> dict[str, Any]:
+    """What token_usage shows for one sweep's scope (usable without Dagster, e.g. in tests or the report)."""
+    sweep, partition = scope.sweep, scope.partition
+    latest = ledger.usage.reconcile(group_by, sweep=sweep)
+    every = ledger.usage.reconcile(group_by, partition=partition)
+    by_round = ledger.usage.reconcile(("round", "role"), sweep=sweep)
     t_latest = totals_row(latest, list(group_by))
     t_all = totals_row(every, list(group_by))
     return {
-        "sweep": dg.MetadataValue.text(sweep or "(no model calls)"),
+        "sweep": dg.MetadataValue.text(sweep + ("" if latest else " (no model calls)")),
         "reconciliation": table_metadata(latest + ([t_latest] if latest else []), group_by),
         "reconciliation_by_round": table_metadata(by_round, ("round", "role")),
         "reconciliation_all_sweeps": table_metadata(every + ([t_all] if every else []), group_by),
@@ -54,10 +60,10 @@ def usage_metadata(ledger: Ledger, partition: str, group_by: Sequence[str] = ("r
     }
 
 
-def budget_check_result(ledger: Ledger, spec: TaskSpec, partition: str) -> dg.AssetCheckResult:
-    rep = budget_report(ledger, spec.budget, partition=partition)
+def budget_check_result(ledger: Ledger, spec: TaskSpec, scope: BudgetScope) -> dg.AssetCheckResult:
+    rep = budget_report(ledger, spec.budget, scope.sweep)
     meta: dict[str, Any] = {
-        "sweep": dg.MetadataValue.text(rep.sweep or "(no model calls)"),
+        "sweep": dg.MetadataValue.text(scope.sweep),
         "total_tokens": dg.MetadataValue.int(rep.total),
         "max_total_tokens": dg.MetadataValue.int(rep.total_limit),
         "max_input_tokens_per_round": dg.MetadataValue.int(spec.budget.max_input_tokens_per_round),
@@ -70,10 +76,7 @@ def budget_check_result(ledger: Ledger, spec: TaskSpec, partition: str) -> dg.As
         cols = [dg.TableColumn(c, t) for c, t in (("round", "int"), ("input", "int"), ("input_limit", "int"), ("output", "int"),
                                                   ("output_limit", "int"), ("calls", "int"), ("refused", "int"), ("ok", "bool"))]
         meta["spend_vs_budget"] = dg.MetadataValue.table(records=[dg.TableRecord(r) for r in rep.table()], schema=dg.TableSchema(columns=cols))
-    over = [r.round for r in rep.rounds if not r.ok]
-    parts = ([f"rounds {', '.join(map(str, over))}"] if over else []) + (["sweep total"] if rep.total > rep.total_limit else []) + (
-        [f"overshoot: {rep.overshoot.tokens} tokens billed beyond reservations"] if rep.overshoot else [])
-    desc = "within budget" if rep.passed else "over budget: " + " and ".join(parts)
+    desc = "within budget" if rep.passed else "over budget: " + "; ".join(b.text for b in rep.breaches)
     meta["result"] = dg.MetadataValue.text(desc + (f"; {len(rep.refusals)} call(s) refused before sending" if rep.refusals else ""))
     return dg.AssetCheckResult(passed=rep.passed, severity=dg.AssetCheckSeverity.ERROR, metadata=meta)
 
@@ -99,7 +102,7 @@ def build_token_assets(
     def token_usage(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ledger: Ledger = getattr(context.resources, ledger_resource_key).get_ledger()
         partition = context.partition_key if context.has_partition_key else ""
-        meta = usage_metadata(ledger, partition)
+        meta = usage_metadata(ledger, BudgetScope.for_run(context.run.run_id, partition))
         context.log.info(f"token usage for {partition or '(unpartitioned)'}: {meta['total_tokens'].value} tokens in {meta['calls'].value} calls")
         return dg.MaterializeResult(metadata=meta)
 
@@ -113,6 +116,6 @@ def build_token_assets(
     def token_budget(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         ledger: Ledger = getattr(context.resources, ledger_resource_key).get_ledger()
         partition = context.partition_key if context.has_partition_key else ""
-        return budget_check_result(ledger, load_spec(partition), partition)
+        return budget_check_result(ledger, load_spec(partition), BudgetScope.for_run(context.run.run_id, partition))
 
     return [token_usage, token_budget]

@@ -46,6 +46,7 @@ def budget_race_worker(root: str, ledger_target: str, wid: int, total: int, out:
     ``(wid, ok, refused)`` on ``out``, or the error text, so the parent never hangs."""
     import random
 
+    from kregress.core.budget import BudgetScope
     from kregress.core.spec import Budget
     from resources.ledger import BudgetExceeded, Ledger
     from resources.taotoken import CallContext, TaotokenResource
@@ -59,7 +60,7 @@ def budget_race_worker(root: str, ledger_target: str, wid: int, total: int, out:
         for i in range(40):
             msgs = [{"role": "user", "content": f"worker {wid} call {i}: propose variants for the gemm sweep"}]
             try:
-                g.chat("suggest", msgs, max_tokens=100, budget=budget, ctx=CallContext(sweep="shared", round=1))
+                g.chat("suggest", msgs, max_tokens=100, budget=budget, ctx=CallContext(scope=BudgetScope("shared"), round=1))
                 ok += 1
             except BudgetExceeded:
                 refused += 1
@@ -75,6 +76,7 @@ def overshoot_worker(root: str, ledger_target: str, wid: int, out: Any) -> None:
     each, against a server that bills more than the gateway reserved. Puts ``(wid, sent, refused, reasons)``."""
     import random
 
+    from kregress.core.budget import BudgetScope
     from kregress.core.spec import Budget
     from resources.ledger import BudgetExceeded, Ledger
     from resources.taotoken import CallContext, TaotokenResource
@@ -90,7 +92,7 @@ def overshoot_worker(root: str, ledger_target: str, wid: int, out: Any) -> None:
             for i in range(5):
                 msgs = [{"role": "user", "content": f"worker {wid} round {rnd} call {i}: propose variants for the gemm sweep"}]
                 try:
-                    g.chat("suggest", msgs, max_tokens=100, budget=budget, ctx=CallContext(sweep=f"over-{wid}", round=rnd))
+                    g.chat("suggest", msgs, max_tokens=100, budget=budget, ctx=CallContext(scope=BudgetScope(f"over-{wid}"), round=rnd))
                     sent += 1
                 except BudgetExceeded as e:
                     refused += 1

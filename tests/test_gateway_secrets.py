@@ -98,8 +98,8 @@ def test_no_key_anywhere_after_a_sweep(tmp_path, monkeypatch, caplog, capsys):
     assert n1[1].startswith("fallback: credentials error") and n2[1].startswith("llm:report#")
 
     # exports, the CLI and the Dagster assets (run storage under DAGSTER_HOME)
-    ledger.export_jsonl(home / "usage.jsonl")
-    ledger.export_usage_csv(home / "usage.csv")
+    ledger.usage.export_jsonl(home / "usage.jsonl")
+    ledger.usage.export_usage_csv(home / "usage.csv")
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     out = io.StringIO()
@@ -130,6 +130,6 @@ def test_no_key_anywhere_after_a_sweep(tmp_path, monkeypatch, caplog, capsys):
         for n in NEEDLES:
             assert n.encode() not in data, f"{n[:12]}... found in {p.relative_to(home)}"
     # the ledger did record the attempts, under aliases
-    aliases = {r.key_alias for r in ledger.rows()}
+    aliases = {r.key_alias for r in ledger.usage.rows()}
     assert any(a.startswith("suggest#") for a in aliases) and any(a.startswith("report#") for a in aliases)
     assert all(Path(p).exists() for p in [home / "usage.jsonl", home / "table.csv"])

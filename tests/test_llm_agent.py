@@ -181,7 +181,7 @@ def test_llm_policy_end_to_end(srv, ledger):
     assert prop.tokens == {"prompt": 900, "completion": 120, "total": 1020}
     body = srv.chat_requests()[0].body
     assert body["messages"][0]["content"] == SUGGEST_SYSTEM_PROMPT and body["max_tokens"] == 1536
-    rows = ledger.rows()
+    rows = ledger.usage.rows()
     assert len(rows) == 1 and (rows[0].round, rows[0].task, rows[0].partition, rows[0].run_id) == (2, "round_2_suggestions", "toy-sweep", "run-x")
 
 
@@ -199,7 +199,7 @@ def test_llm_policy_bad_content_is_a_value_not_an_exception(srv, ledger, content
     srv.push(content=content)
     prop = LLMPolicy(g).propose(make_ctx())
     assert prop.suggestions == [] and prop.dropped[0].reason.startswith(reason)
-    assert len(ledger.rows()) == 1 and len(srv.chat_requests()) == 1
+    assert len(ledger.usage.rows()) == 1 and len(srv.chat_requests()) == 1
 
 
 def test_llm_policy_shrinks_history_then_refuses_when_over_budget(srv, ledger):
@@ -323,9 +323,9 @@ def test_narrative_with_a_key_calls_the_report_role_once(srv, ledger):
     assert source.startswith("llm:report#") and source.endswith(":kregress-test-model")
     chats = srv.chat_requests()
     assert len(chats) == 1 and chats[0].token == KEY + "-report" and "r1_v2 | REGRESS" in chats[0].body["messages"][1]["content"]
-    r = ledger.rows()[0]
+    r = ledger.usage.rows()[0]
     assert (r.role, r.run_id, r.partition, r.round, r.task) == ("report", "run-x", "toy-sweep", 0, "verdict_report")
-    assert ledger.spend("run-x")[0]["calls"] == 1  # counted in the sweep's budget scope
+    assert ledger.usage.spend("run-x").calls == 1  # counted in the sweep's budget scope
 
 
 def test_narrative_falls_back_on_gateway_errors(srv, ledger):

@@ -82,7 +82,7 @@ def test_llm_sweep_end_to_end_and_no_key_leaks(tmp_path, dagster_home, monkeypat
     from resources.ledger import LedgerResource
 
     ledger = LedgerResource().get_ledger()
-    rows = ledger.rows()
+    rows = ledger.usage.rows()
     chat_rows = [r for r in rows if r.role in ("suggest", "report")]
     assert len(chat_rows) == len(srv.chat_requests()) == 4  # one row per attempt: 429 + 2 suggest + 1 report
     assert [r.status for r in chat_rows].count("ok") == 3 and any("429" in r.error_class for r in chat_rows)
