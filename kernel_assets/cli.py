@@ -31,9 +31,11 @@ from kregress.core.names import STRATEGIES
 PLUGINS = ("kernel_assets.cli_usage", "kregress.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay")
 
 # Exit codes of `kregress sweep`.
-EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET, EXIT_NO_PROPOSAL = 0, 1, 2, 3, 4
 SWEEP_EPILOG = ("exit codes: 0 done (or unchanged since the last sweep); 1 a step failed (the reason is printed on one "
-                "line); 2 the spec is invalid; 3 the token budget was exceeded (--budget-overshoot warn: a warning)")
+                "line); 2 the spec is invalid; 3 the token budget was exceeded, or refused every prompt so that no model "
+                "call was sent (--budget-overshoot warn: a warning); 4 strategy llm and no round produced a usable "
+                "proposal (the round's line names the cause and the fix)")
 # Test hook: `step:<step_key>` (at that step's start) or `log:<text>` (after a progress line containing text)
 # makes the sweep process SIGKILL itself, as a crash would. Only tests set it.
 KILL_ENV = "KREGRESS_TEST_KILL_AT"
@@ -72,9 +74,11 @@ def failure_line(err) -> str:
 
     if err is None:
         return "no error recorded"
+    from resources.ledger import ledger_error_line
+
     chain = _error_chain(err)
     for e in chain:
-        line = gateway_error_line(getattr(e, "message", "") or "")
+        line = gateway_error_line(getattr(e, "message", "") or "") or ledger_error_line(getattr(e, "message", "") or "")
         if line:
             cls = getattr(e, "cls_name", "") or ""
             return f"{cls}: {line}" if cls and cls not in line else line
@@ -403,7 +407,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
          f"DAGSTER_HOME={home}; backend={backend}; strategy={args.strategy or spec.search.strategy}")
     result = job.execute_in_process(partition_key=spec.task_id, instance=instance, run_config=run_config,
                                     raise_on_error=False, tags=run_tags())
-    over = _budget_verdict(resources, spec, result.run_id)
+    try:
+        over = _budget_verdict(resources, spec, result.run_id)
+    except Exception as exc:  # noqa: BLE001 - an unreadable ledger: its one line, not a traceback
+        from resources.ledger import LedgerConnectionError
+
+        if not isinstance(exc, LedgerConnectionError):
+            raise
+        _say(f"kregress: sweep {spec.task_id}: the token ledger could not be read after the run: {exc}")
+        return EXIT_FAILED
     budget_rc = EXIT_OK
     if over:
         warn = args.budget_overshoot == "warn"
@@ -414,9 +426,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         failures = handler.failures or [
             (e.step_key, failure_line(getattr(e.event_specific_data, "error", None)))
             for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-        first = failures[0][1] if failures else "see the run in dagster"
+        # the reason was printed once, on the step's FAILED line; say it here only if no such line was printed
+        first = "" if handler.failures else "; " + (failures[0][1] if failures else "see the run in dagster")
         _say(f"kregress: sweep {spec.task_id} FAILED (run {result.run_id}); failed steps: "
-             f"{', '.join(s for s, _ in failures) or '-'}; {first}")
+             f"{', '.join(s for s, _ in failures) or '-'}{first}")
         return EXIT_FAILED
     summary = result.output_for_node("verdict_report")
     counts = summary["counts"]
@@ -431,6 +444,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 f"({summary['variants']} variants; {best}; stopped: {summary['stopped'] or 'no'})")
     print(f"report: {report}")
     print(verdicts + ("; budget EXCEEDED" if over else ""))
+    strategy = args.strategy or spec.search.strategy
+    if strategy == "llm" and not (summary.get("sources") or {}).get("llm") and not over:
+        _say(f"kregress: sweep {spec.task_id}: no round produced a usable proposal from the model "
+             f"(stopped: {summary['stopped'] or 'no'}); exit {EXIT_NO_PROPOSAL}")
+        return EXIT_NO_PROPOSAL
     if not over:
         _record_sweep(home, spec.task_id, {"run_id": result.run_id, "ts": time.time(), "fingerprint": fingerprint,
                                            "task_id": spec.task_id,

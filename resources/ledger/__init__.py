@@ -30,6 +30,7 @@ from resources.ledger.engine import (
     LedgerWriteError,
     default_ledger_path,
     is_postgres_url,
+    ledger_error_line,
     mask_url,
     postgres_url,
     sqlite_path_from_url,
@@ -110,5 +111,5 @@ __all__ = [
     "Ledger", "LedgerResource", "ledger_from_url", "Engine", "UsageStore", "CooldownStore", "ResponseCache",
     "BudgetExceeded", "Reservation", "Recovered", "RoundRow", "LedgerConfigError", "LedgerConnectionError", "LedgerWriteError",
     "CACHE_ALIAS", "GROUPABLE", "RECONCILE_COLUMNS", "USAGE_FIELDS", "SENT", "INTERRUPTED", "METADATA",
-    "default_ledger_path", "is_postgres_url", "mask_url", "postgres_url", "sqlite_path_from_url", "new_owner",
+    "default_ledger_path", "is_postgres_url", "ledger_error_line", "mask_url", "postgres_url", "sqlite_path_from_url", "new_owner",
 ]

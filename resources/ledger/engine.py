@@ -18,6 +18,7 @@ naming the file and what to do (``LedgerWriteError``).
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -43,6 +44,15 @@ class LedgerConnectionError(RuntimeError):
 
 class LedgerWriteError(LedgerConnectionError):
     """The ledger file cannot be written (read-only file or folder, full disk); one line: the file and the fix."""
+
+
+LEDGER_ERROR_LINE = re.compile(r"\[ledger\] [^\n]*? Fix: [^\n]*")
+
+
+def ledger_error_line(text: str) -> str | None:
+    """The ``[ledger] ... Fix: ...`` line in ``text`` (e.g. a failed step's error), or None."""
+    m = LEDGER_ERROR_LINE.search(text or "")
+    return m.group(0).strip() if m else None
 
 
 # --- the schema (defined once; SQLAlchemy renders it for SQLite and PostgreSQL) ---------------------

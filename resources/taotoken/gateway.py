@@ -50,6 +50,7 @@ from resources.taotoken.keys import CREDENTIALS, ApiKey, KeyPool
 from resources.taotoken.settings import GatewaySettings
 
 log_default = logging.getLogger("kregress.gateway")
+NO_CHOICES = "no_choices"  # ContentError.kind of a 200 answer whose choices list is empty
 MIN_DELAY_S = 0.1  # the shortest wait between attempts (a server answering "Retry-After: 0" forever still ends)
 
 
@@ -278,7 +279,7 @@ class Gateway:
                 f"[content] POST {self.sdk_base}/chat/completions answered 200 with an empty choices list: model {self.model!r} "
                 f"returned no message (role {role}, key {key.alias}){billed}. Fix: the provider refused or failed this prompt; "
                 f"retry later, or set {MODEL_ENV} to another model served at {self.sdk_base}/models.",
-                role=role, key_alias=key.alias, status=200,
+                role=role, key_alias=key.alias, status=200, kind=NO_CHOICES,
             )
             return _Outcome(False, "content", 200, request_id=request_id or str(getattr(completion, "id", "") or ""),
                             prompt_tokens=pt, completion_tokens=ct, error=err, usage_reported=usage is not None)
