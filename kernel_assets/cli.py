@@ -78,7 +78,11 @@ def failure_line(err) -> str:
 
     chain = _error_chain(err)
     for e in chain:
-        line = gateway_error_line(getattr(e, "message", "") or "") or ledger_error_line(getattr(e, "message", "") or "")
+        line = ledger_error_line(getattr(e, "message", "") or "")
+        if line:  # the file and the fix; the exception's name tells a user nothing more
+            return line
+    for e in chain:
+        line = gateway_error_line(getattr(e, "message", "") or "")
         if line:
             cls = getattr(e, "cls_name", "") or ""
             return f"{cls}: {line}" if cls and cls not in line else line

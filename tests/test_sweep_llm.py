@@ -14,6 +14,7 @@ import yaml
 from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
+from kernel_assets.cli import EXIT_BUDGET
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {
@@ -167,4 +168,7 @@ def test_llm_sweep_whose_budget_refuses_every_prompt_says_so(tmp_path, dagster_h
     text = out.out + out.err
     assert "round 1: the token budget refused the suggest prompt, nothing was sent (BudgetExceeded:" in text, text[-3000:]
     assert "max_input_tokens_per_round" in text and "proposed nothing new" not in text
-    assert rc == 0  # the budget held: nothing was overspent, the sweep stopped where it had to
+    # nothing was overspent, but a budget that refuses every prompt cannot run an llm sweep: exit 3, with the reason
+    assert rc == EXIT_BUDGET, text[-3000:]
+    over = [ln for ln in text.splitlines() if "token budget EXCEEDED" in ln]
+    assert len(over) == 1 and "the budget refused every suggest prompt (1 refused, none sent): round 1 input" in over[0]

@@ -58,7 +58,7 @@ UNUSABLE: dict[str, tuple[str, str]] = {
     "no_choices": ("the provider answered with an empty choices list (no message)",
                    "retry later, or set TAOTOKEN_MODEL_ID to another model served by the gateway"),
     "content": ("the gateway refused the prompt's content",
-                "see the [content] line above for what the server said"),
+                "show fewer history rows (search.top_k) or use another model (TAOTOKEN_MODEL_ID)"),
 }
 
 
@@ -68,6 +68,7 @@ class Unusable:
 
     cause: str
     detail: str = ""  # e.g. "6 proposals; first: BLOCK_M=96 not in {16, 32, 64, 128, 256}"
+    fix_text: str = ""  # the server's own fix, where it named one (a classified content error)
 
     @property
     def what(self) -> str:
@@ -76,7 +77,7 @@ class Unusable:
 
     @property
     def fix(self) -> str:
-        return UNUSABLE[self.cause][1]
+        return self.fix_text or UNUSABLE[self.cause][1]
 
     def line(self, round: int, source: str = "llm") -> str:
         """``round 1: no usable proposal from llm: <what>. Fix: <fix>``: the one line the terminal shows."""

@@ -274,8 +274,12 @@ class LLMPolicy:
             raise RetriesExhausted(f"[transient] llm round {ctx.round}: no proposals, the gateway stayed down: {e.what}. Fix: {e.fix}",
                                    role=e.role, key_alias=e.key_alias, status=e.status, kind=e.kind) from None
         except ContentError as e:
-            cause = "no_choices" if e.kind == NO_CHOICES else "content"
-            return Proposal([], notes=[f"llm: {e}"], unusable=Unusable(cause, e.what[:300]), model=self.gateway.model)
+            if e.kind == NO_CHOICES:
+                pt, ct = getattr(e, "billed", (0, 0))
+                unusable = Unusable("no_choices", f"{pt}+{ct} tokens billed, recorded in the ledger")
+            else:
+                unusable = Unusable("content", e.what[:300], e.fix)
+            return Proposal([], notes=[f"llm: {e}"], unusable=unusable, model=self.gateway.model)
         tokens = {"prompt": res.prompt_tokens, "completion": res.completion_tokens, "total": res.total_tokens}
         parsed = parse_suggestions(res.text, ctx, source="llm", max_chars=self.max_response_chars, finish_reason=res.finish_reason)
         notes = list(parsed.notes)

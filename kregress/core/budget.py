@@ -6,8 +6,8 @@ Every question about a budget goes through these functions and reads their recor
   the round and the sweep have left), or the breaches it would cause. The ledger's reservation calls it
   inside its transaction.
 - ``breaches(budget, spend)``: what is over budget in a sweep's spend: a round's input or output, the sweep
-  total, an overshoot (the server billed more than was reserved), or a budget that refused every prompt so
-  that no call was ever sent. The CLI's exit code, the ``token_budget`` asset check and ``kregress usage``
+  total, an overshoot (the server billed more than was reserved), or a budget that refused every suggest
+  prompt so that no round's call was ever sent. The CLI's exit code, the ``token_budget`` asset check and ``kregress usage``
   all read it.
 
 Spend counts settled usage at what the server reported and in-flight reservations at their estimate. The
@@ -70,8 +70,9 @@ class Breach:
 
     ``used`` is what was already charged against the limit, ``requested`` what a call would add (0 for a
     standing breach), ``allowed`` the limit's value; ``by`` = used + requested - allowed. An overshoot is
-    measured against what its calls reserved (``by`` is the tokens billed beyond it). ``refused``: no call of the sweep was ever sent because the budget refused the
-    first prompt (the breach that refused it is ``refusal``).
+    measured against what its calls reserved (``by`` is the tokens billed beyond it). ``refused``: no call of
+    the search rounds was ever sent because the budget refused every suggest prompt (the first breach that
+    refused one is ``refusal``).
     """
 
     kind: BreachKind
@@ -96,7 +97,7 @@ class Breach:
             return (f"overshoot: {o.calls} call(s) from round {o.first_round} on were billed {o.tokens} tokens beyond their "
                     f"reservation (input +{o.input}, output +{o.output})")
         if self.kind == "refused" and self.refusal is not None:
-            return (f"the budget refused every prompt ({self.calls} refused, none sent): {self.refusal.text}; raise the "
+            return (f"the budget refused every suggest prompt ({self.calls} refused, none sent): {self.refusal.text}; raise the "
                     f"spec's budget.{self.refusal.limit} or show fewer history rows (search.top_k)")
         where = f"round {self.round} {'input' if 'input' in self.limit else 'output'}" if self.kind == "round" else "sweep total"
         if self.requested:
@@ -129,6 +130,7 @@ class Spend:
     overshoot: Overshoot = field(default_factory=Overshoot)
     calls: int = 0  # reservations that went out (reserved, settled or released)
     refusals: tuple[Breach, ...] = ()
+    round_calls: int = 0  # of the calls, those of the search rounds (round >= 1: the suggest calls)
 
     @property
     def total(self) -> int:
@@ -196,7 +198,7 @@ def admit(budget: Budget | None, spend: Spend, req: Request) -> Admission:
 
 def breaches(budget: Budget, spend: Spend) -> list[Breach]:
     """Everything over budget in a sweep: each round's input and output (rounds >= 1), the sweep total, an
-    overshoot, and a budget that refused every prompt (nothing was sent). [] when within budget."""
+    overshoot, and a budget that refused every suggest prompt (no round's call was sent). [] when within budget."""
     out: list[Breach] = []
     for rnd, (used_in, used_out) in sorted(spend.rounds.items()):
         if rnd < 1:
@@ -209,9 +211,10 @@ def breaches(budget: Budget, spend: Spend) -> list[Breach]:
         out.append(Breach("sweep", "max_total_tokens", spend.total, budget.max_total_tokens))
     if spend.overshoot:
         out.append(overshoot_breach(spend.overshoot))
-    if spend.refusals and not spend.calls:
-        first = spend.refusals[0]
-        out.append(Breach("refused", first.limit, 0, 0, round=first.round, calls=len(spend.refusals), refusal=first))
+    refused = [b for b in spend.refusals if (b.round or 0) >= 1]
+    if refused and not spend.round_calls:
+        first = refused[0]
+        out.append(Breach("refused", first.limit, 0, 0, round=first.round, calls=len(refused), refusal=first))
     return out
 
 

@@ -132,7 +132,8 @@ def _spend_from(rows: Sequence[Any], refusals: Sequence[Any] = ()) -> Spend:
         Breach.from_json(json.loads(r.breach)) for r in refusals if r.breach
     )
     return Spend(rounds={int(r.round): (int(r.input), int(r.output)) for r in rows}, overshoot=over,
-                 calls=sum(int(r.calls or 0) for r in rows), refusals=typed)
+                 calls=sum(int(r.calls or 0) for r in rows), refusals=typed,
+                 round_calls=sum(int(r.calls or 0) for r in rows if int(r.round) >= 1))
 
 
 class UsageStore:

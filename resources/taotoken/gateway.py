@@ -281,6 +281,7 @@ class Gateway:
                 f"retry later, or set {MODEL_ENV} to another model served at {self.sdk_base}/models.",
                 role=role, key_alias=key.alias, status=200, kind=NO_CHOICES,
             )
+            err.billed = (int(pt or 0), int(ct or 0))  # type: ignore[attr-defined]  # what the server reported for it
             return _Outcome(False, "content", 200, request_id=request_id or str(getattr(completion, "id", "") or ""),
                             prompt_tokens=pt, completion_tokens=ct, error=err, usage_reported=usage is not None)
         if isinstance(completion, (str, bytes)) or not choices:
