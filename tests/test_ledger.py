@@ -242,3 +242,90 @@ def test_an_overshoot_fails_the_budget_check_and_blocks_the_sweep(tmp_path):
     assert ev.passed is False and ev.metadata["overshoot_tokens"].value == 300
     assert ev.metadata["result"].value.startswith("over budget: overshoot: 1 call(s) from round 1 on were billed 300 tokens")
     assert "OVERSHOOT" in ev.metadata["per_round"].value
+
+
+# --- a process killed mid-call, an older ledger, the budget from `kregress usage` ----------------------
+
+
+def _reserve_send_and_die(db: str, with_attempt: bool) -> None:
+    """In a child process: reserve, write an attempt as sent (or not), then die without settling (as kill -9 would)."""
+    import os
+
+    led = Ledger(db)
+    r = led.usage.reserve(BudgetScope("killed", "p1"), round=0, est_input=300, est_output=200, budget=Budget(), role="report",
+                          task="verdict_report")
+    if with_attempt:
+        led.usage.begin_attempt(rec(role="report", round=0, task="verdict_report"), sweep="killed", reservation_id=r.id)
+    os._exit(0)
+
+
+@pytest.mark.parametrize("with_attempt,state,charged", [(True, "settled", (300, 200)), (False, "released", (0, 0))])
+def test_a_dead_process_reservation_is_settled_or_released_by_the_next_caller(tmp_path, with_attempt, state, charged):
+    import multiprocessing as mp
+
+    db = str(tmp_path / "ledger.sqlite")
+    p = mp.get_context("spawn").Process(target=_reserve_send_and_die, args=(db, with_attempt))
+    p.start()
+    p.join(60)
+    led = Ledger(db)
+    (left,) = led.usage.in_flight()
+    assert left["owner"].split(":")[1] == str(p.pid)
+    live = led.usage.reserve(BudgetScope("alive"), round=1, est_input=1, est_output=1, budget=None)  # this process: alive
+    (done,) = led.usage.recover()
+    assert (done.state, done.input, done.output, done.interrupted_attempts) == (state, *charged, int(with_attempt))
+    assert [r["id"] for r in led.usage.in_flight()] == [live.id]  # a live owner's call is left alone
+    assert led.usage.spend("killed").rounds == {0: charged}  # an attempt may have been billed: charged at its estimate
+    if with_attempt:
+        (row,) = led.usage.rows(sweep="killed")
+        assert (row.status, row.error_class) == ("error", "interrupted")
+    assert led.usage.recover() == []  # once
+
+
+def test_a_ledger_made_by_an_older_version_gets_the_new_columns(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "old.sqlite"
+    con = sqlite3.connect(db)
+    con.executescript("""
+        CREATE TABLE reservations (id INTEGER PRIMARY KEY AUTOINCREMENT, ts FLOAT NOT NULL, sweep TEXT NOT NULL,
+            run_id TEXT DEFAULT '' NOT NULL, partition TEXT DEFAULT '' NOT NULL, round INTEGER DEFAULT '0' NOT NULL,
+            role TEXT DEFAULT '' NOT NULL, task TEXT DEFAULT '' NOT NULL, est_input INTEGER NOT NULL, est_output INTEGER NOT NULL,
+            input_tokens INTEGER DEFAULT '0' NOT NULL, output_tokens INTEGER DEFAULT '0' NOT NULL, state TEXT NOT NULL,
+            reason TEXT DEFAULT '' NOT NULL, settled_ts FLOAT);
+        INSERT INTO reservations (ts, sweep, round, est_input, est_output, input_tokens, output_tokens, state)
+            VALUES (1.0, 'old-sweep', 1, 100, 50, 90, 40, 'settled');
+    """)
+    con.commit()
+    con.close()
+    led = Ledger(db)
+    assert led.usage.spend("old-sweep").rounds == {1: (90, 40)}  # the old rows still count
+    from resources.ledger import BudgetExceeded
+
+    with pytest.raises(BudgetExceeded, match="max_input_tokens_per_round 100"):
+        led.usage.reserve(BudgetScope("old-sweep"), round=1, est_input=20, est_output=5, budget=Budget(max_input_tokens_per_round=100))
+    assert led.usage.refusals("old-sweep")[0]["breach"].limit == "max_input_tokens_per_round"  # the new column, filled
+    cols = {r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(reservations)")}
+    assert {"owner", "breach"} <= cols
+
+
+def test_kregress_usage_judges_a_sweep_with_the_same_rule(tmp_path, capsys):
+    import yaml
+
+    led = Ledger(tmp_path / "ledger.sqlite")
+    one = led.usage.reserve(BudgetScope("run-a", "gemm_smoke"), round=1, est_input=100, est_output=50, budget=None, role="suggest")
+    led.usage.settle(one, 5000, 40)
+    spec = yaml.safe_load(open("specs/gemm_smoke.yaml"))
+    spec["budget"] = {"max_input_tokens_per_round": 4000, "max_output_tokens_per_round": 2000, "max_total_tokens": 20000}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    parser = argparse.ArgumentParser(prog="kregress")
+    register(parser.add_subparsers(dest="command"))
+    out = io.StringIO()
+    rc = run_usage(parser.parse_args(["usage", "--dagster-home", str(tmp_path), "--spec", str(tmp_path / "s.yaml")]), out)
+    text = out.getvalue()
+    assert rc == 3, text
+    assert "sweep run-a (its latest)" in text
+    assert "over budget: round 1 input 5000 > max_input_tokens_per_round 4000 (by 1000); overshoot: 1 call(s) from round 1" in text
+    out = io.StringIO()
+    assert run_usage(parser.parse_args(["usage", "--dagster-home", str(tmp_path), "--spec", str(tmp_path / "s.yaml"),
+                                        "--sweep", "never"]), out) == 0
+    assert "within budget" in out.getvalue()
