@@ -214,7 +214,7 @@ def test_asset_reviews_the_planted_diff_with_the_scripted_model(tmp_path, env, m
 
         report = (env / "reports" / "gemm_smoke" / "review.md").read_text()
         assert f"kernels/gemm.py:{mask_line}" in report and "outside the diff" in report
-        rows = Ledger(ledger_path).rows()
+        rows = Ledger(ledger_path).usage.rows()
         assert [(r.role, r.task, r.status) for r in rows] == [("review", ASSET_NAME, "ok")]
         first_head = git(repo, "rev-parse", "HEAD")
 
