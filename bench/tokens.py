@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import random
-import sys
 import tempfile
 from pathlib import Path
 

@@ -21,9 +21,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import dagster as dg
 
+from kernel_assets.usage import budget_report, totals_row
 from kregress.core.budget import BudgetScope
 from kregress.core.spec import TaskSpec
-from kernel_assets.usage import budget_report, totals_row
 from resources.ledger import RECONCILE_COLUMNS as NUMERIC
 from resources.ledger import Ledger
 

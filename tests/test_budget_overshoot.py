@@ -8,12 +8,12 @@ later calls still allowed. Now a settlement above the reservation (an overshoot)
 from __future__ import annotations
 
 import pytest
-from kregress.testing.fake_gateway import Reply
 from gateway_helpers import make_gateway, overshoot_worker, run_spawned
 
 from kernel_assets.usage import budget_report
 from kregress.core.budget import BudgetScope
 from kregress.core.spec import Budget
+from kregress.testing.fake_gateway import Reply
 from resources.ledger import BudgetExceeded, Ledger
 from resources.taotoken import CallContext, estimate_messages_tokens
 
@@ -54,7 +54,8 @@ def test_a_huge_reply_billed_as_huge_usage_blocks_further_calls(srv, ledger):
     assert res.truncated and res.completion_tokens == 1_300_000  # recorded as billed
     for rnd, role in ((1, "suggest"), (2, "suggest"), (0, "report")):
         with pytest.raises(BudgetExceeded, match="sweep blocked"):
-            g.chat(role, [{"role": "user", "content": f"round {rnd}"}], max_tokens=100, budget=budget, ctx=CallContext(scope=BudgetScope("big"), round=rnd))
+            g.chat(role, [{"role": "user", "content": f"round {rnd}"}], max_tokens=100, budget=budget,
+                   ctx=CallContext(scope=BudgetScope("big"), round=rnd))
     assert len(srv.chat_requests()) == 1
     over = ledger.usage.overshoot("big")
     assert over.output == 1_300_000 - 1000 and over.calls == 1

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
 from kernel_assets.cli import EXIT_BUDGET, EXIT_FAILED, main
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {"TAOTOKEN_KEY_SUGGEST": "sk" "-CLIGW-suggest-11112222333344445555,sk" "-CLIGW-suggest-66667777888899990000",

@@ -16,13 +16,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from kregress.testing.fake_gateway import FakeOpenAI
 
 from kernel_assets.cli import main as kregress
 from kregress.clients.cli import run_export
 from kregress.clients.doctor import run_doctor
 from kregress.clients.export import ExportOptions, export_codex
 from kregress.clients.lint import lint_file
+from kregress.testing.fake_gateway import FakeOpenAI
 
 KEY = "sk" "-DOCCANARY-review-0123456789abcdef"
 MODEL = "kregress-test-model"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import pytest
-from kregress.testing.fake_gateway import prompt_tokens_of
 from gateway_helpers import budget_race_worker, make_gateway, run_spawned
 
+from kernel_assets.usage import budget_report
 from kregress.core.budget import BudgetScope
 from kregress.core.spec import Budget
-from kernel_assets.usage import budget_report
+from kregress.testing.fake_gateway import prompt_tokens_of
 from resources.ledger import BudgetExceeded, Ledger
 from resources.taotoken import CallContext, estimate_messages_tokens, estimate_tokens
 

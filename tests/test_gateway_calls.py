@@ -9,9 +9,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from kregress.testing.fake_gateway import FakeClock
 from gateway_helpers import make_gateway
 
+from kregress.testing.fake_gateway import FakeClock
 from resources.ledger import CACHE_ALIAS
 from resources.taotoken import (
     ContentError,

@@ -7,10 +7,10 @@ mentioning "model" to "model id ... is not served" (a max_tokens error got the m
 from __future__ import annotations
 
 import pytest
-from kregress.testing.fake_gateway import FakeClock
 from gateway_helpers import make_gateway
 
 from kregress.core.endpoints import gateway_error_line
+from kregress.testing.fake_gateway import FakeClock
 from resources.taotoken import (
     ContentError,
     CredentialsError,

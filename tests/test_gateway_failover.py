@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from kregress.testing.fake_gateway import FakeClock, Reply
 from gateway_helpers import cooldown_worker, make_gateway, run_spawned
 
+from kregress.testing.fake_gateway import FakeClock, Reply
 from resources.ledger import Ledger
 from resources.taotoken import CredentialsError, RetriesExhausted, TaotokenResource, fingerprint
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from kregress.testing.fake_gateway import FakeOpenAI
 from gateway_helpers import make_gateway
 from test_llm_agent import VERDICTS, item, make_ctx, make_spec
 
 from kernel_assets.agent.llm import HybridPolicy, LLMPolicy, write_narrative
 from kernel_assets.cli_usage import register
 from kernel_assets.tokens import build_token_assets
+from kregress.testing.fake_gateway import FakeOpenAI
 from resources.ledger import LedgerResource
 from resources.taotoken import CredentialsError, GatewayError, TaotokenResource
 

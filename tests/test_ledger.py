@@ -13,15 +13,15 @@ import pytest
 
 from kernel_assets.cli_usage import register, run_usage
 from kernel_assets.tokens import build_token_assets
-from kregress.core.records import UsageRecord
-from kregress.core.budget import BudgetScope
-from kregress.core.spec import Budget, TaskSpec
 from kernel_assets.usage import budget_report, format_table
+from kregress.core.budget import BudgetScope
+from kregress.core.records import UsageRecord
+from kregress.core.spec import Budget, TaskSpec
 from resources.ledger import (
     Ledger,
-    RoundRow,
     LedgerConfigError,
     LedgerResource,
+    RoundRow,
     default_ledger_path,
     sqlite_path_from_url,
 )

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from kregress.core.records import UsageRecord
 from kernel_assets.usage import budget_report
 from kregress.core.budget import BudgetScope
+from kregress.core.records import UsageRecord
 from kregress.core.spec import Budget
 from resources.ledger import (
     BudgetExceeded,
@@ -404,8 +404,9 @@ def test_processes_racing_for_one_budget_never_overshoot(pg_db):
 
 
 def test_gateway_processes_share_one_postgres_budget(pg_db):
-    from kregress.testing.fake_gateway import FakeOpenAI
     from gateway_helpers import budget_race_worker, run_spawned
+
+    from kregress.testing.fake_gateway import FakeOpenAI
 
     _, url, _ = pg_db
     total = 2_000

@@ -6,15 +6,15 @@ import json
 import logging
 
 import pytest
-from kregress.testing.fake_gateway import Reply
 from gateway_helpers import make_gateway
 
 from kernel_assets.agent.base import AgentContext, Proposal, validate_and_dedupe
 from kernel_assets.agent.llm import HybridPolicy, LLMPolicy, extract_json, parse_suggestions, write_narrative
 from kernel_assets.agent.prompt import HEADER, SUGGEST_SYSTEM_PROMPT, build_suggest_messages, failure_lines, summarize_history
-from kregress.core.records import CompileStats, Measurement, Suggestion, VariantResult, config_hash
 from kregress.core.family import Family, Rule, Space
+from kregress.core.records import CompileStats, Measurement, Suggestion, VariantResult, config_hash
 from kregress.core.spec import Budget, TaskSpec
+from kregress.testing.fake_gateway import Reply
 from resources.taotoken import CredentialsError, RetriesExhausted
 
 KEY = "sk" "-agent-test-key-00000000000000"

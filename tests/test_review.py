@@ -15,7 +15,6 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from kregress.testing.fake_gateway import FakeOpenAI, Reply
 from review_helpers import HINTS_NEW, HINTS_OLD, REPO, git
 
 from kernel_assets.constants import SPECS_PARTITIONS
@@ -32,6 +31,7 @@ from kernel_assets.review import (
 )
 from kernel_assets.specs_resource import SpecStore
 from kregress.core.spec import load_spec
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 from resources.ledger import Ledger, LedgerResource
 from resources.taotoken import TaotokenResource
 

@@ -11,10 +11,10 @@ import dagster as dg
 import pandas as pd
 import pytest
 import yaml
-from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
 from kernel_assets.cli import EXIT_BUDGET
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {

@@ -389,7 +389,8 @@ def fallback_narrative(spec: TaskSpec, verdict_markdown: str, why: str) -> str:
     if counts["REGRESS"]:
         parts.append("Regressed variants failed correctness, a constraint or the latency guard; see their reasons in the table.")
     if counts["NEEDS_REVIEW"]:
-        parts.append("NEEDS_REVIEW rows rest on evidence that cannot decide a latency verdict (e.g. the analytic model); re-run them on a GPU or replay.")
+        parts.append("NEEDS_REVIEW rows rest on evidence that cannot decide a latency verdict (e.g. the analytic model); "
+                     "re-run them on a GPU or replay.")
     parts.append(f"This summary was written without a model ({why}); the verdict table is the authoritative result.")
     return " ".join(parts)
 

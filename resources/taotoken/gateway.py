@@ -465,7 +465,8 @@ class Gateway:
                 error_class=("usage_estimated" if usage_estimated else "") if out.ok else (out.kind + (f":{out.status}" if out.status else "")),
             )
             if out.ok:
-                self._say("info", f"{role}: {key.alias} ok in {latency:.0f} ms (attempt {attempt}, {pt}+{ct} tokens, request {out.request_id or '-'})")
+                self._say("info", f"{role}: {key.alias} ok in {latency:.0f} ms (attempt {attempt}, {pt}+{ct} tokens, "
+                                  f"request {out.request_id or '-'})")
                 return ChatResult(
                     text=out.text, role=role, model=self.model, key_alias=key.alias, request_id=out.request_id, prompt_tokens=int(pt),
                     completion_tokens=int(ct), total_tokens=int(pt) + int(ct), finish_reason=out.finish_reason, attempts=attempt,
