@@ -53,6 +53,27 @@ def test_success_records_usage_and_settles(srv, ledger):
     assert ledger.usage.spend("default").total == 168  # the reservation was settled with the reported usage
 
 
+def test_each_attempt_is_on_record_before_the_server_sees_it(srv, ledger):
+    """While the server holds a request, the ledger already has that attempt (status sent) and its reservation in
+    flight: a process killed right then leaves both, for the next call to settle."""
+    from kregress.testing.fake_gateway import Reply
+
+    env = {"TAOTOKEN_KEY_SUGGEST": f"{K1},{K2}"}
+    g = make_gateway(srv, ledger, env)
+    seen_by_server = []
+
+    def handler(req):
+        seen_by_server.append(([(r.status, r.attempt) for r in ledger.usage.rows()], len(ledger.usage.in_flight())))
+        if len(seen_by_server) == 1:
+            return Reply(status=429, headers={"Retry-After": "0"})
+        return Reply(content="[]")
+
+    srv.handler = handler
+    g.chat("suggest", MSG)
+    assert seen_by_server == [([("sent", 1)], 1), ([("error", 1), ("sent", 2)], 1)]
+    assert [(r.status, r.attempt) for r in ledger.usage.rows()] == [("error", 1), ("ok", 2)] and ledger.usage.in_flight() == []
+
+
 def test_default_timeouts_and_sdk_retries_off(srv, ledger):
     g = TaotokenResource(base_url=srv.root, model_id="m").get_gateway(ledger, environ={"TAOTOKEN_API_KEY": K1})
     assert (g.timeout.connect, g.timeout.read) == (10.0, 120.0)
