@@ -98,9 +98,9 @@ class Scenario:
 
 
 def one_line(err: str) -> str:
-    """The line that says what happened: a budget overshoot, a freed dead run, a failed sweep, a failed step."""
+    """The line that says what happened: a budget overshoot, a freed dead run, a failed step (its reason), a failed sweep."""
     lines = [ln.strip() for ln in err.splitlines()]
-    for needle in ("EXCEEDED", "marked it failed", "kregress: sweep", " FAILED "):
+    for needle in ("EXCEEDED", "marked it failed", " FAILED round", "kregress: sweep", " FAILED "):
         for ln in lines:
             if needle in ln and (needle != "kregress: sweep" or "FAILED" in ln):
                 return ln[:170]
