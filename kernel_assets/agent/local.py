@@ -45,8 +45,8 @@ import numpy as np
 import optuna
 
 from kernel_assets.agent.base import AgentContext, Proposal, validate_and_dedupe
-from kregress.core.family import Space
 from kregress.core.records import Suggestion, VariantResult, config_label
+from kregress.core.family import Space
 from kregress.core.spec import HardwareLimits
 
 optuna.logging.set_verbosity(logging.WARNING)
