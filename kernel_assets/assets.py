@@ -28,6 +28,7 @@ from kernel_assets.report import _md_table, md_image, tables, write_report
 from kernel_assets.specs_resource import SpecStore
 from kregress.core import paths
 from kregress.core.bind import BoundSpec
+from kregress.core.budget import BudgetScope
 from kregress.core.family import RecordedFamily, families
 from kregress.core.names import GPU_POOL, STRATEGIES
 from kregress.core.records import Suggestion, VariantResult, config_label
@@ -99,7 +100,7 @@ def _bound(bound: BoundSpec | None, step: str) -> BoundSpec:
 def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkBackend,
                      replay: ReplayBackend):
     """Compile, correctness and latency of the spec's baseline config."""
-    bound = specs.bind(context.partition_key, scope=context.run_id)  # the run's one binding of its spec
+    bound = specs.bind(context.partition_key, run_id=context.run_id)  # the run's one binding of its spec
     spec, fam = bound.spec, bound.family
     sugg = Suggestion(variant_id="baseline", config=spec.baseline, patch_summary="the spec's baseline config",
                       source="baseline", round=0, risk="low")
@@ -150,22 +151,33 @@ def build_round(k: int):
         if prev.stopped or k > spec.search.max_rounds:
             reason = prev.stopped or f"max_rounds reached ({spec.search.max_rounds})"
             context.log.info(f"round {k} skipped: {reason}")
-            return dg.MaterializeResult(value=Proposal(suggestions=[], notes=[f"round {k} skipped: {reason}"], bound=bound),
+            return dg.MaterializeResult(value=Proposal(suggestions=[], notes=[f"round {k} skipped: {reason}"], bound=bound,
+                                                       skipped=reason),
                                         metadata={"proposals": 0, "stopped": reason, "strategy": strategy})
+        scope = bound.budget_scope or BudgetScope.for_run(context.run_id, context.partition_key)
         ctx = AgentContext(
             spec=spec, family=fam, round=k, n=spec.search.variants_per_round, history=prev.history,
             objective=prev.objective, profile_summary=prev.summary, failures=prev.failures,
-            run_id=context.run_id, partition=context.partition_key, log=context.log,
+            run_id=context.run_id, partition=context.partition_key, log=context.log, scope=scope,
+            feedback=[f"{d.reason}: {d.raw[:80]}" for d in prev.dropped if d.round == k - 1 and d.source == "llm"],
         )
-        policy = policy_for(strategy, spec, SimpleNamespace(taotoken=taotoken, ledger=ledger))
+        policy = policy_for(strategy, spec, SimpleNamespace(taotoken=taotoken, ledger=ledger, log=context.log, scope=scope))
         t0 = time.perf_counter()
         proposal = policy.propose(ctx)
         proposal.bound = bound
+        if proposal.unusable is not None and not proposal.suggestions:
+            context.log.warning(proposal.unusable.line(k, strategy))  # the round's one line: the cause and the fix
+        # the forecasts, on record here, before round_k_variants measures anything
         df = pd.DataFrame([{"variant_id": s.variant_id, "config": config_label(s.config), "patch_summary": s.patch_summary,
-                            "expected_effect": s.expected_effect, "risk": s.risk, "source": s.source}
+                            "expected_speedup": s.expected_speedup, "expected_speedup_low": s.expected_speedup_low,
+                            "expected_speedup_high": s.expected_speedup_high, "bottleneck": s.bottleneck,
+                            "risk": s.risk, "source": s.source}
                            for s in proposal.suggestions])
         md = {
             "proposals": len(proposal.suggestions), "dropped": len(proposal.dropped), "strategy": strategy,
+            "model": proposal.model or "-",
+            "forecasts": dg.MetadataValue.json({s.variant_id: [s.expected_speedup, s.expected_speedup_low, s.expected_speedup_high]
+                                                for s in proposal.suggestions}),
             "policy_seconds": round(time.perf_counter() - t0, 3),
             "table": dg.MetadataValue.md(_md_table(df, list(df.columns)) if len(df) else "_none_"),
             "notes": dg.MetadataValue.md("\n".join(f"- {n}" for n in proposal.notes) or "_none_"),
@@ -215,14 +227,8 @@ def build_round(k: int):
     def profiles(context: dg.AssetExecutionContext, prev: sweep.RoundState, proposal: Proposal,
                  rows: list[VariantResult]):
         spec = _bound(prev.bound, f"round_{k}_profiles").spec
-        skipped = not proposal.suggestions and any("skipped" in n for n in proposal.notes)
-        stop = None
-        if not proposal.suggestions and not skipped:
-            refused = [n for n in proposal.notes if n.startswith("BudgetExceeded")]
-            stop = (f"round {k}: the token budget refused the suggest prompt, nothing was sent ({refused[0]}); "
-                    "raise the spec's budget (max_input_tokens_per_round, max_output_tokens_per_round, "
-                    "max_total_tokens) or lower search.top_k" if refused else
-                    f"round {k}: the agent proposed nothing new")
+        skipped = proposal.skipped is not None
+        stop = proposal.stop_reason(k, "llm" if proposal.unusable is not None else "agent")
         state = prev if skipped else sweep.advance(prev, spec, k, rows, proposal.dropped, proposal.notes, stop)
         state.bound = prev.bound
         md = {"best_variant": state.best_id, "rounds_without_improvement": state.rounds_without_improvement,
@@ -250,13 +256,14 @@ def _last_profiles_key() -> str:
 def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource,
                    ledger: LedgerResource, state: sweep.RoundState):
     """PASS / REGRESS / NEEDS_REVIEW per variant with its evidence; report.md and Parquet tables."""
-    from kernel_assets.narrative import narrative_for
+    from kernel_assets.narrative import forecast_section, narrative_for
 
     bound = _bound(state.bound, "verdict_report")
     spec, fam = bound.spec, bound.family
     baseline = state.history[0]
     verdicts = {r.variant_id: sweep.verdict_for(r, baseline, spec) for r in state.history[1:]}
     narrative, source, token_table = narrative_for(context, spec, state, verdicts)
+    forecasts = forecast_section(context, state)
     past = history.compare_baseline(spec, baseline)
     history_file = history.append_sweep(spec, context.run_id, state.history, verdicts, past.verdict)
     past_text = (f"**{past.verdict}**: {past.reason}" + (f" (ratio {past.ratio:.3f})" if past.ratio else "")
@@ -264,10 +271,11 @@ def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource
     out_dir = paths.reports_dir(spec.task_id)
     res = write_report(out_dir, spec, str(bound.source or ""), state, verdicts, list(fam.space.params),
                        narrative=narrative, narrative_source=source, token_table=token_table,
-                       extra_sections=[("Baseline vs history", past_text)])
+                       extra_sections=[("Baseline vs history", past_text), ("Forecasts", forecasts)])
     counts = {k: int(res["counts"].get(k, 0)) for k in ("PASS", "REGRESS", "NEEDS_REVIEW")}
     summary = {"task_id": spec.task_id, "report_dir": str(out_dir), "counts": counts, "best": state.best_id,
                "stopped": state.stopped, "variants": len(state.history) - 1,
+               "sources": {src: sum(1 for r in state.history[1:] if r.source == src) for src in {r.source for r in state.history[1:]}},
                # REGRESS split by cause, the line to print, and the headline best on its evidence
                "causes": res["causes"], "summary_line": res["summary_line"], "best_kind": res["best"]["kind"],
                "best_ties": res["best"]["ties"],

@@ -31,9 +31,11 @@ from kregress.core.names import RESOURCE_ENVS, STRATEGIES, resource_env
 PLUGINS = ("kernel_assets.cli_usage", "kernel_assets.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay")
 
 # Exit codes of `kregress sweep`.
-EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET, EXIT_NO_PROPOSAL = 0, 1, 2, 3, 4
 SWEEP_EPILOG = ("exit codes: 0 done (or unchanged since the last sweep); 1 a step failed (the reason is printed on one "
-                "line); 2 the spec is invalid; 3 the token budget was exceeded (--budget-overshoot warn: a warning)")
+                "line); 2 the spec is invalid; 3 the token budget was exceeded, or refused every prompt so that no model "
+                "call was sent (--budget-overshoot warn: a warning); 4 strategy llm and no round produced a usable "
+                "proposal (the round's line names the cause and the fix)")
 # Test hook: `step:<step_key>` (at that step's start) or `log:<text>` (after a progress line containing text)
 # makes the sweep process SIGKILL itself, as a crash would. Only tests set it.
 KILL_ENV = "KREGRESS_TEST_KILL_AT"
@@ -72,7 +74,13 @@ def failure_line(err) -> str:
 
     if err is None:
         return "no error recorded"
+    from resources.ledger import ledger_error_line
+
     chain = _error_chain(err)
+    for e in chain:
+        line = ledger_error_line(getattr(e, "message", "") or "")
+        if line:  # the file and the fix; the exception's name tells a user nothing more
+            return line
     for e in chain:
         line = gateway_error_line(getattr(e, "message", "") or "")
         if line:
@@ -326,19 +334,13 @@ def _prepare(args: argparse.Namespace, spec):
 
 
 def _budget_verdict(resources: dict, spec, run_id: str) -> list[str]:
-    """Why the sweep's token use went over its budget (one reason a line); [] when within or no calls."""
+    """Why the sweep's token use went over its budget (one typed breach a line, ``kregress.core.budget``); []
+    when within. The run's budget scope is the one every model call of the run counted against."""
     from kernel_assets.usage import budget_report
+    from kregress.core.budget import BudgetScope
 
-    ledger = resources["ledger"].get_ledger()
-    reasons = list(ledger.exceeded(run_id, spec.budget)) if hasattr(ledger, "exceeded") else []
-    rep = budget_report(ledger, spec.budget, sweep=run_id)
-    if not reasons and not rep.passed:
-        reasons.append(f"{rep.total} tokens against max_total_tokens {rep.total_limit}")
-    if rep.overshoot and not any("overshoot" in r.lower() or "beyond" in r for r in reasons):
-        o = rep.overshoot
-        reasons.append(f"overshoot: {o.calls} call(s) from round {o.first_round} billed {o.tokens} tokens beyond "
-                       f"their reservation (input +{o.input}, output +{o.output})")
-    return reasons
+    scope = BudgetScope.for_run(run_id, spec.task_id)
+    return [b.text for b in budget_report(resources["ledger"].get_ledger(), spec.budget, scope.sweep).breaches]
 
 
 def _say_unchanged(task_id: str, last: dict) -> int:
@@ -397,7 +399,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
          f"DAGSTER_HOME={home}; backend={backend}; strategy={args.strategy or spec.search.strategy}")
     result = job.execute_in_process(partition_key=spec.task_id, instance=instance, run_config=run_config,
                                     raise_on_error=False, tags=run_tags())
-    over = _budget_verdict(resources, spec, result.run_id)
+    try:
+        over = _budget_verdict(resources, spec, result.run_id)
+    except Exception as exc:  # noqa: BLE001 - an unreadable ledger: its one line, not a traceback
+        from resources.ledger import LedgerConnectionError
+
+        if not isinstance(exc, LedgerConnectionError):
+            raise
+        _say(f"kregress: sweep {spec.task_id}: the token ledger could not be read after the run: {exc}")
+        return EXIT_FAILED
     budget_rc = EXIT_OK
     if over:
         warn = args.budget_overshoot == "warn"
@@ -408,23 +418,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         failures = handler.failures or [
             (e.step_key, failure_line(getattr(e.event_specific_data, "error", None)))
             for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-        first = failures[0][1] if failures else "see the run in dagster"
+        # the reason was printed once, on the step's FAILED line; say it here only if no such line was printed
+        first = "" if handler.failures else "; " + (failures[0][1] if failures else "see the run in dagster")
         _say(f"kregress: sweep {spec.task_id} FAILED (run {result.run_id}); failed steps: "
-             f"{', '.join(s for s, _ in failures) or '-'}; {first}")
+             f"{', '.join(s for s, _ in failures) or '-'}{first}")
         return EXIT_FAILED
     summary = result.output_for_node("verdict_report")
     counts = summary["counts"]
     report = f"{summary['report_dir']}/report.md"
     causes = summary.get("causes") or {}
-    regress = f"REGRESS {counts['REGRESS']}" + (
-        f" (slower {causes.get('slower', 0)}, wrong {causes.get('wrong', 0)}, infeasible {causes.get('infeasible', 0)})"
-        if counts["REGRESS"] else "")
+    shown = ", ".join(f"{c} {n}" for c, n in causes.items() if n or c in ("slower", "wrong", "infeasible"))
+    regress = f"REGRESS {counts['REGRESS']}" + (f" ({shown})" if counts["REGRESS"] else "")
     ties = [t for t in summary.get("best_ties") or [] if t != summary["best"]]
     best = f"{summary.get('best_kind', 'best')} {summary['best']}" + (f" (tied with {', '.join(ties)})" if ties else "")
     verdicts = (f"verdicts: PASS {counts['PASS']}, {regress}, NEEDS_REVIEW {counts['NEEDS_REVIEW']} "
                 f"({summary['variants']} variants; {best}; stopped: {summary['stopped'] or 'no'})")
     print(f"report: {report}")
     print(verdicts + ("; budget EXCEEDED" if over else ""))
+    strategy = args.strategy or spec.search.strategy
+    if strategy == "llm" and not (summary.get("sources") or {}).get("llm") and not over:
+        _say(f"kregress: sweep {spec.task_id}: no round produced a usable proposal from the model "
+             f"(stopped: {summary['stopped'] or 'no'}); exit {EXIT_NO_PROPOSAL}")
+        return EXIT_NO_PROPOSAL
     if not over:
         fingerprint = sweep_fingerprint(loaded, {str(f): _file_sha(f) for f in bound.family.source_files()}, args)
         _record_sweep(home, spec.task_id, {"run_id": result.run_id, "ts": time.time(), "fingerprint": fingerprint,

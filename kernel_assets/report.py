@@ -19,6 +19,8 @@ COLUMNS = [
     "occupancy_limiter", "max_abs_err", "max_rel_err", "ref_rounding_abs", "atol", "rtol", "verdict", "cause",
     "ratio", "ratio_ci_low", "ratio_ci_high", "p50_ratio", "worst_shape", "evidence", "reasons", "patch_summary",
     "expected_effect", "risk", "parent", "config_hash",
+    # the forecast as proposed (before measurement), and the measured speedup it is scored against (cuda/replay only)
+    "expected_speedup", "expected_speedup_low", "expected_speedup_high", "bottleneck", "measured_speedup",
 ]
 SHAPE_COLUMNS = ["variant_id", "round", "config_label", "shape", "verdict", "cause", "ratio", "ratio_ci_low",
                  "ratio_ci_high", "p50_ratio", "n_variant", "n_baseline", "batch", "evidence", "reason"]
@@ -64,6 +66,8 @@ def row_record(row: VariantResult, verdict: Verdict | None, param_names: list[st
         "reasons": "; ".join(verdict.reasons) if verdict else "",
         "patch_summary": row.patch_summary, "expected_effect": row.expected_effect, "risk": row.risk,
         "parent": row.parent, "config_hash": row.config_hash,
+        "expected_speedup": row.expected_speedup, "expected_speedup_low": row.expected_speedup_low,
+        "expected_speedup_high": row.expected_speedup_high, "bottleneck": row.bottleneck,
     }
     for p in param_names:
         rec[p] = row.config.get(p)
@@ -72,7 +76,13 @@ def row_record(row: VariantResult, verdict: Verdict | None, param_names: list[st
 
 def tables(history: list[VariantResult], verdicts: dict[str, Verdict], param_names: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(variants, verdicts, measurements) frames; config parameters are columns of their own."""
+    from kregress.core.forecast import measured_speedup
+    from kregress.core.names import MEASURED_EVIDENCE
+
     recs = [row_record(r, verdicts.get(r.variant_id), param_names) for r in history]
+    for r, rec in zip(history, recs):
+        rec["measured_speedup"] = (measured_speedup(r, history[0]) if r.round > 0 and r.evidence in MEASURED_EVIDENCE
+                                   else None)
     cols = COLUMNS[:4] + param_names + COLUMNS[4:]
     variants = pd.DataFrame.from_records(recs, columns=cols)
     verdict_df = variants[variants["round"] > 0].reset_index(drop=True)

@@ -22,41 +22,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from kregress.core.process import pid_start as _pid_start
+from kregress.core.process import process_alive
+
 HOST_TAG, PID_TAG, PID_START_TAG = "kregress/host", "kregress/pid", "kregress/pid_start"
 LOCK_NAME = ".kregress-init.lock"
-
-
-def _pid_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot (Linux /proc), '' where unknown: with the PID it
-    names one process, so a reused PID is not taken for the run's."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
 
 
 def run_tags() -> dict[str, str]:
     pid = os.getpid()
     return {HOST_TAG: socket.gethostname(), PID_TAG: str(pid), PID_START_TAG: _pid_start(pid)}
-
-
-def process_alive(pid: int, start: str = "") -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, another user's
-    if start:
-        now = _pid_start(pid)
-        if now and now != start:
-            return False  # the PID was reused by another process
-    try:  # a zombie (killed, not yet reaped by its parent) is gone for our purposes
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 @contextmanager

@@ -87,13 +87,13 @@ class SpecStore(dg.ConfigurableResource):
         kernel change that may break the spec. A sweep binds (``bind``)."""
         return load_spec(self.path_for(task_id))
 
-    def bind(self, task_id: str, scope: str = "") -> BoundSpec:
-        """The spec of ``task_id`` bound to its family, under the budget scope ``scope`` (the run id):
-        the binding this process handed over when the file is unchanged, else read and bound now."""
+    def bind(self, task_id: str, run_id: str = "") -> BoundSpec:
+        """The spec of ``task_id`` bound to its family, under the budget scope of run ``run_id``: the
+        binding this process handed over when the file is unchanged, else read and bound now."""
         path = self.path_for(task_id)
         with _LOCK:
             handed = _HANDED.get(task_id)
         if handed is not None and handed[1].source is not None and Path(handed[1].source) == path.resolve() \
                 and handed[0] == _file_sha(path):
-            return handed[1].with_scope(scope)
-        return load_bound(path, budget_scope=scope)
+            return handed[1].for_run(run_id)
+        return load_bound(path).for_run(run_id)

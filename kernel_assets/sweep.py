@@ -173,7 +173,7 @@ def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> 
     v_obj, b_obj = objective(row, spec), objective(baseline, spec)
     if v_obj is None or b_obj is None:
         return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW",
-                       reasons=["no latency for the variant or the baseline"], evidence=row.evidence)
+                       reasons=[row.error_detail or "no latency for the variant or the baseline"], evidence=row.evidence)
     point = v_obj / b_obj
     guard = spec.regression_guard.not_worse_than_baseline_ratio
     rg = spec.regression_guard

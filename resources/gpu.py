@@ -236,8 +236,8 @@ class CompiledBackend(BenchmarkBackend):
                 rows[i].error = "nan_inf" if c.nan_inf else "numeric_mismatch"
                 rows[i].error_detail = c.mismatch_sample[:600]
 
-        # 3. latency on the shape matrix
-        timed = [i for i in ok if rows[i].error is None]
+        # 3. latency on the shape matrix, best forecast first
+        timed = forecast_order(rows, [i for i in ok if rows[i].error is None])
         if timed:
             self._time(spec, family, rows, compiled, timed, timeout, stats, log)
         return rows
@@ -335,6 +335,27 @@ class CudaBackend(CompiledBackend):
         return [sm, mem]
 
     def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
+        """Time the round's variants best-forecast first. With ``benchmark.max_gpu_seconds_per_round`` each variant is
+        its own batch (the baseline re-timed beside it) and the round stops once the cap is spent: the variants
+        left get no timing and say why."""
+        order = forecast_order(rows, timed)
+        cap = spec.benchmark.max_gpu_seconds_per_round
+        groups = [order] if not cap else [[i] for i in order]
+        spent = 0.0
+        for g, group in enumerate(groups):
+            if cap and spent >= cap:
+                left = [i for grp in groups[g:] for i in grp]
+                for i in left:
+                    rows[i].error_detail = (f"not timed: the round's GPU time cap (benchmark.max_gpu_seconds_per_round={cap:g}) "
+                                            f"was spent ({spent:.1f} s) on variants with a better forecast")
+                log(f"round stopped early: {spent:.1f} s of GPU timing reached benchmark.max_gpu_seconds_per_round={cap:g}; "
+                    f"{len(left)} variant(s) not timed: {', '.join(rows[i].variant_id for i in left)}")
+                return
+            before = sum(stats.measure_seconds)
+            self._time_group(spec, family, rows, group, timeout, stats, log)
+            spent += sum(stats.measure_seconds) - before
+
+    def _time_group(self, spec, family, rows, timed, timeout, stats, log) -> None:
         name = family.lookup or family.name
         if self.same_batch:
             import uuid
@@ -348,8 +369,7 @@ class CudaBackend(CompiledBackend):
                    "rounds": self.batch_rounds, "order": self.batch_order, "lock_clocks": lock}
             log(f"timing {len(timed)} variant(s) on the GPU in batch {batch_id}: baseline re-timed between every "
                 f"two ({self.batch_order}, {self.batch_rounds} rounds" + (f", clocks locked {self.lock_clocks} MHz)" if lock else ")"))
-            pool = self.pool("cuda", 1, interpret=False)
-            (res,) = pool.run([job], timeout * (len(timed) + 1))
+            (res,) = self._run_cuda([job], timeout * (len(timed) + 1))
             stats.measure_seconds.append(res.get("wall_s", 0.0))
             if "batch" in res:
                 base = [Measurement(**m) for m in res["batch"]["baseline"]]
@@ -366,14 +386,22 @@ class CudaBackend(CompiledBackend):
                   "shapes": spec.shape_matrix, "params": spec.params, "warmup_ms": spec.benchmark.warmup_ms,
                   "rep_ms": spec.benchmark.rep_ms} for i in timed]
         log(f"timing {len(mjobs)} variant(s) on the GPU, one at a time")
-        pool = self.pool("cuda", 1, interpret=False)
-        for i, res in zip(timed, pool.run(mjobs, timeout)):
+        for i, res in zip(timed, self._run_cuda(mjobs, timeout)):
             stats.measure_seconds.append(res.get("wall_s", 0.0))
             if "measurements" in res:
                 rows[i].measurements = [Measurement(**m) for m in res["measurements"]]
                 rows[i].evidence = "cuda"
             else:
                 rows[i].error, rows[i].error_detail = res["error"], res.get("detail", "")
+
+    def _run_cuda(self, jobs: list[dict], timeout: float) -> list[dict]:
+        """Run timing jobs in the step's one GPU worker process (in order; one GPU is measured by one job at a time)."""
+        return self.pool("cuda", 1, interpret=False).run(jobs, timeout)
+
+
+def forecast_order(rows: list[VariantResult], idx: list[int]) -> list[int]:
+    """``idx`` best forecast first (highest expected_speedup; no forecast last), proposal order among equals."""
+    return sorted(idx, key=lambda i: (rows[i].expected_speedup is None, -(rows[i].expected_speedup or 0.0), i))
 
 
 class ReplayBackend(BenchmarkBackend):

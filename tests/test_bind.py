@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kregress.core.bind import BoundSpec, bind, load_bound
+from kregress.core.budget import BudgetScope
 from kregress.core.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +59,7 @@ def test_a_bound_spec_travels_as_a_reference_and_is_never_revalidated(monkeypatc
     import kregress.core.bind as bind_mod
     import kregress.core.spec as spec_mod
 
-    bound = load_bound(REPLAY, budget_scope="run-1")
+    bound = load_bound(REPLAY).for_run("run-1")
     counts: Counter = Counter()
     _count(monkeypatch, counts, spec_mod, "parse_spec_data")
     _count(monkeypatch, counts, bind_mod, "bind")
@@ -66,10 +67,10 @@ def test_a_bound_spec_travels_as_a_reference_and_is_never_revalidated(monkeypatc
     again = pickle.loads(pickle.dumps(bound))
     assert isinstance(again, BoundSpec) and again.family is bound.family
     assert (again.kernel_hash, again.spec_hash, again.budget_scope, again.source) == \
-        (bound.kernel_hash, bound.spec_hash, "run-1", bound.source)
+        (bound.kernel_hash, bound.spec_hash, BudgetScope.for_run("run-1", "replay_clblast_rtx3090"), bound.source)
     assert again.spec == bound.spec and again.spec.source == bound.spec.source
     assert not counts, counts
-    assert bound.with_scope("run-2").budget_scope == "run-2" and bound.with_scope("run-1") is bound
+    assert bound.for_run("run-2").budget_scope.sweep == "run-2" and bound.for_run("run-1") is bound
 
 
 def test_bind_resolves_params_against_the_spec_folder(tmp_path):

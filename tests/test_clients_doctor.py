@@ -2,7 +2,7 @@
 
 A small gateway of our own (stdlib http.server on 127.0.0.1) serves /v1/models, /v1/chat/completions,
 /v1/responses (OpenAI Responses shape) and /v1/messages (Anthropic Messages shape), each path scriptable;
-tests/fake_openai.py (chat only) stands for a gateway without the coding tools' endpoints.
+kregress/testing/fake_gateway.py (chat only) stands for a gateway without the coding tools' endpoints.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI
 
 from kernel_assets.cli import main as kregress
 from kernel_assets.clients.cli import run_export
 from kernel_assets.clients.doctor import run_doctor
 from kernel_assets.clients.export import ExportOptions, export_codex
 from kernel_assets.clients.lint import lint_file
+from kregress.testing.fake_gateway import FakeOpenAI
 
 KEY = "sk" "-DOCCANARY-review-0123456789abcdef"
 MODEL = "kregress-test-model"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kregress.core.budget import BudgetScope
 from kregress.core.family import Family, RecordedFamily, UnknownFamily, family_names, get_family
 from kregress.core.spec import (
     HardwareLimits,
@@ -47,9 +48,9 @@ class BoundSpec:
     family: Family
     kernel_hash: str  # the family's source hash when the spec was bound: what the caches are keyed by
     source: Path | None = None  # the spec file, when it came from one
-    # The token-budget scope of the run that bound it (its Dagster run id): every model call of the
-    # sweep reserves against it, the CLI's exit code and the token_budget check read it.
-    budget_scope: str = ""
+    # The token-budget scope of the run that bound it (``BudgetScope.for_run(run id, task_id)``): every model
+    # call of the sweep reserves against it; the CLI's exit code and the token_budget check judge it.
+    budget_scope: BudgetScope | None = None
     spec_hash: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -60,8 +61,9 @@ class BoundSpec:
     def task_id(self) -> str:
         return self.spec.task_id
 
-    def with_scope(self, scope: str) -> "BoundSpec":
-        """The same binding under a run's budget scope (no lookup, no validation)."""
+    def for_run(self, run_id: str) -> "BoundSpec":
+        """The same binding under the budget scope of run ``run_id`` (no lookup, no validation)."""
+        scope = BudgetScope.for_run(run_id, self.task_id)
         return self if scope == self.budget_scope else replace(self, budget_scope=scope)
 
     def ref(self) -> dict[str, Any]:
@@ -75,7 +77,8 @@ class BoundSpec:
                            str(self.source) if self.source else None, self.budget_scope, self.spec_hash))
 
 
-def _rebuild(spec: TaskSpec, lookup: str, kernel_hash: str, source: str | None, scope: str, spec_hash: str) -> BoundSpec:
+def _rebuild(spec: TaskSpec, lookup: str, kernel_hash: str, source: str | None, scope: BudgetScope | None,
+             spec_hash: str) -> BoundSpec:
     return BoundSpec(spec=spec, family=family_for(lookup, spec.params), kernel_hash=kernel_hash,
                      source=Path(source) if source else None, budget_scope=scope, spec_hash=spec_hash)
 
@@ -184,7 +187,7 @@ def _problem_lines(path: str | Path, problems: list[Problem]) -> list[str]:
     return [f"{path}: field '{f}': value {json.dumps(v, default=str)[:160]}: {msg}" for f, v, msg in problems]
 
 
-def bind(spec: TaskSpec, *, budget_scope: str = "") -> BoundSpec:
+def bind(spec: TaskSpec, *, budget_scope: BudgetScope | None = None) -> BoundSpec:
     """The spec bound to its family, after the family's checks; raises ``SpecError`` (one line per
     problem, naming the file and field) when the family refuses the spec."""
     source = spec.source
@@ -197,7 +200,7 @@ def bind(spec: TaskSpec, *, budget_scope: str = "") -> BoundSpec:
     return BoundSpec(spec=spec, family=fam, kernel_hash=fam.source_hash(), source=source, budget_scope=budget_scope)
 
 
-def load_bound(path: str | Path, *, budget_scope: str = "") -> BoundSpec:
+def load_bound(path: str | Path, *, budget_scope: BudgetScope | None = None) -> BoundSpec:
     """Read, schema-check and bind a spec file in one pass: a bad file raises ``SpecError`` listing
     every problem (duplicated keys, schema errors and the family's own) at once."""
     path = Path(path)

@@ -112,6 +112,9 @@ class Benchmark(_Strict):
     warmup_ms: int = Field(default=25, gt=0, le=600_000)
     rep_ms: int = Field(default=100, gt=0, le=600_000)
     timeout_s: float = Field(default=300.0, gt=0, le=86400.0, description="per variant, child process killed after")
+    max_gpu_seconds_per_round: float | None = Field(
+        default=None, gt=0, le=86400.0,
+        description="cap on a round's GPU timing (cuda backend), variants timed best-forecast first; None: no cap")
 
 
 class TaskSpec(_Strict):
