@@ -28,7 +28,8 @@ from kregress.core import paths
 from kregress.core.names import STRATEGIES
 
 # Subcommands contributed by other modules: each exposes register(subparsers).
-PLUGINS = ("kernel_assets.cli_usage", "kregress.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay")
+PLUGINS = ("kernel_assets.cli_usage", "kregress.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay",
+           "kernel_assets.cli_judge")
 
 # Exit codes of `kregress sweep`.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET = 0, 1, 2, 3
