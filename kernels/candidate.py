@@ -266,6 +266,7 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
         guarded = _snapshot_guarded()
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
+    _guard_threads()
     from kregress.core.family import get_family
 
     state: dict[str, Any] = {"guarded": guarded, "kept": {}}
@@ -303,22 +304,45 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
         sandbox.write_frame(wfd, reply, out_blobs)
 
 
-def _call(family: Any, inputs: dict, config: dict, params: dict, device: str, record: bool = True) -> tuple[Any, set[str], list[str]]:
-    """One call of the family's entry point: (outputs on the CPU, aten ops run, problems seen)."""
+_THREADS = {"in_call": False, "started": 0}
+
+
+def _guard_threads() -> None:
+    """Count the Python threads started while the entry point runs (3.11 has no audit event for it)."""
+    import _thread
+
+    original = threading._start_new_thread  # type: ignore[attr-defined]
+
+    def start(function, args, kwargs=None):
+        if _THREADS["in_call"]:
+            _THREADS["started"] += 1
+        return original(function, args, kwargs or {})
+
+    threading._start_new_thread = start  # type: ignore[attr-defined]
+    _thread.start_new_thread = start
+
+
+def _call(family: Any, inputs: dict, config: dict, params: dict, device: str, record: bool = True) -> tuple[Any, dict]:
+    """One call of the family's entry point: (outputs on the CPU, what was seen: the aten ops run, the
+    Python threads started, problems with the outputs)."""
     import torch
 
-    threads_before = {t.ident for t in threading.enumerate()}
     _poison(2 * _tensor_bytes(inputs) + (1 << 20), device)
     rec = _OpRecorder() if record else None
     problems: list[str] = []
-    if rec is not None:
-        with rec:
+    started = _THREADS["started"]
+    _THREADS["in_call"] = True
+    try:
+        if rec is not None:
+            with rec:
+                out = family.run(inputs, copy.deepcopy(config), copy.deepcopy(params))
+        else:
             out = family.run(inputs, copy.deepcopy(config), copy.deepcopy(params))
-    else:
-        out = family.run(inputs, copy.deepcopy(config), copy.deepcopy(params))
-    # read the results on the current stream first (work left on a side stream is not waited for), then
-    # synchronise and read again: the two must agree
-    first = _clone_cpu(out)
+        # read the results on the current stream first (work left on a side stream is not waited for),
+        # then synchronise and read again: the two must agree
+        first = _clone_cpu(out)
+    finally:
+        _THREADS["in_call"] = False
     if device == "cuda":
         torch.cuda.synchronize()
         second = _clone_cpu(out)
@@ -326,10 +350,8 @@ def _call(family: Any, inputs: dict, config: dict, params: dict, device: str, re
             if torch.is_tensor(a) and not torch.equal(a.nan_to_num(0.123), b.nan_to_num(0.123)):
                 problems.append("outputs changed after the call returned (work left running on another stream)")
                 break
-    new_threads = [t.name for t in threading.enumerate() if t.ident not in threads_before]
-    if new_threads:
-        problems.append(f"the call started Python thread(s) {', '.join(new_threads)[:120]}")
-    return first, (rec.ops if rec is not None else set()), problems
+    seen = {"ops": rec.ops if rec is not None else set(), "threads": _THREADS["started"] - started, "problems": problems}
+    return first, seen
 
 
 def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
@@ -361,11 +383,16 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
                 raise
             return family.reference(_clone_cpu(inputs), params)
 
+    threads = 0
+
     def one(shape: dict, seed: int, dist: str) -> tuple[dict, Any, Any, set[str], str | None]:
+        nonlocal threads
         inputs = make(shape, seed, dist)
         ref = reference(inputs)
         dev_inputs = _to(inputs, device)
-        out, run_ops, _ = _call(family, dev_inputs, config, params, device)
+        out, seen = _call(family, dev_inputs, config, params, device)
+        run_ops = seen["ops"]
+        threads += seen["threads"]
         atol, rtol = family.tolerance(shape, job["dtype"], base_tol, params)
         outs, refs = _outputs(out), _outputs(ref)
         if len(outs) != len(refs):
@@ -406,15 +433,16 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
             inputs2 = make(shape, s2["seed"], s2["dist"])
             ref2 = reference(inputs2)
             dev2 = _to(inputs2, device)
-            out2, run_ops2, _ = _call(family, dev2, config, params, device)
-            ops |= run_ops2
+            out2, seen2 = _call(family, dev2, config, params, device)
+            ops |= seen2["ops"]
+            threads += seen2["threads"]
             payload.update({"inputs2": inputs2, "ref2": ref2, "base2": out2})
             case["dist2"] = s2["dist"]
         if keep and group["kind"] == "timed":
             state["kept"][group["id"]] = _to(inputs, device)
         case["payload"] = _sandbox.pack(payload, out_blobs)
         cases_out.append(case)
-    return {"cases": cases_out, "dropped": dropped, "ops": sorted(ops)}, out_blobs
+    return {"cases": cases_out, "dropped": dropped, "ops": sorted(ops), "threads": threads}, out_blobs
 
 
 def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
@@ -426,19 +454,23 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
     out_blobs: list[bytes] = []
     results = []
     ops: set[str] = set()
+    threads = 0
     for case in job["cases"]:
         data = sandbox.unpack(case["payload"], blobs)
         res: dict[str, Any] = {"id": case["id"]}
         try:
             inputs = _to(data["inputs"], device)
-            out, run_ops, problems = _call(family, inputs, config, params, device)
-            ops |= run_ops
+            out, seen = _call(family, inputs, config, params, device)
+            ops |= seen["ops"]
+            threads += seen["threads"]
+            problems = list(seen["problems"])
             payload = {"out": out, "after": _clone_cpu(inputs)}
             if "inputs2" in data:
                 _write_inplace(inputs, data["inputs2"])
-                out2, run_ops2, problems2 = _call(family, inputs, config, params, device)
-                ops |= run_ops2
-                problems += problems2
+                out2, seen2 = _call(family, inputs, config, params, device)
+                ops |= seen2["ops"]
+                threads += seen2["threads"]
+                problems += seen2["problems"]
                 payload.update({"out2": out2, "after2": _clone_cpu(inputs)})
             if case.get("keep"):
                 state["kept"][case["id"]] = inputs
@@ -447,7 +479,7 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
         except Exception as exc:  # noqa: BLE001 - a crashing candidate is a value
             res["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         results.append(res)
-    return {"results": results, "ops": sorted(ops)}, out_blobs
+    return {"results": results, "ops": sorted(ops), "threads": threads}, out_blobs
 
 
 def _job_bench(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
@@ -478,8 +510,8 @@ def _job_recheck(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
         data = sandbox.unpack(case["payload"], blobs)
         inputs = state["kept"][case["id"]]
         _write_inplace(inputs, data["inputs"])
-        out, _, problems = _call(family, inputs, job["config"], job["params"], job["device"], record=False)
-        results.append({"id": case["id"], "problems": problems, "payload": sandbox.pack({"out": out}, out_blobs)})
+        out, seen = _call(family, inputs, job["config"], job["params"], job["device"], record=False)
+        results.append({"id": case["id"], "problems": seen["problems"], "payload": sandbox.pack({"out": out}, out_blobs)})
     return {"results": results}, out_blobs
 
 
@@ -991,6 +1023,7 @@ def judge_patches(spec: Any, family: Any, suggestions: list[Any], *, backend: st
                 raise ChildFailed("runtime_error", f"the reference child failed: {head.get('detail')}")
             cases = head["cases"]
             base_ops = set(head["ops"])
+            base_ops.add(f"threads:{head.get('threads', 0)}")
             dropped = head["dropped"]
             log(f"  reference: {len(cases)} case group(s) with the float64 reference and the baseline's outputs "
                 f"({time.perf_counter() - t0:.1f}s){'; dropped: ' + '; '.join(dropped) if dropped else ''}")
@@ -1095,6 +1128,8 @@ def _judge_one(zyg, child_spec, root, name, row, rep, spec, family, cases, data,
         if head.get("error"):
             row.error, row.error_detail = "runtime_error", head.get("detail", "")
             return
+        if head.get("threads") and "threads:0" in base_ops:
+            rep.runtime_violations.append(f"the call started {head['threads']} Python thread(s); the baseline starts none")
         extra_ops = sorted(set(head["ops"]) - base_ops - HARMLESS_OPS)
         if extra_ops:
             rep.runtime_violations.append(f"the call ran aten.{', aten.'.join(extra_ops[:8])}, which the baseline never "
@@ -1110,7 +1145,7 @@ def _judge_one(zyg, child_spec, root, name, row, rep, spec, family, cases, data,
                 continue
             got = unpack(res["payload"], rblobs)
             for p in res.get("problems", []):
-                rep.runtime_violations.append(f"[{c['label']}] {p}") if "thread" in p else tally.problem(f"[{c['label']}] {p}")
+                tally.problem(f"[{c['label']}] {p}")
             tally.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
             cand_prec.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
             if not _same(got["after"], d["inputs"]):

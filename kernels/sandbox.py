@@ -196,6 +196,11 @@ def clear_violations() -> None:
     _VIOLATIONS.clear()
 
 
+def record_violation(why: str) -> None:
+    """A refusal noticed by the harness itself (not the audit hook)."""
+    _VIOLATIONS.append(why[:300])
+
+
 def _libc():
     import ctypes
 

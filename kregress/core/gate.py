@@ -41,7 +41,7 @@ ALLOWED_BUILTINS = frozenset({
     "range", "min", "max", "abs", "int", "float", "bool", "len", "tuple", "list", "dict", "set", "isinstance",
     "round", "enumerate", "zip", "any", "all", "sum", "map", "filter", "sorted", "reversed", "str", "print",
     "divmod", "pow", "ValueError", "TypeError", "RuntimeError", "AssertionError", "NotImplementedError",
-    "KeyError", "IndexError", "None", "True", "False",
+    "KeyError", "IndexError", "None", "True", "False", "slice",
 })
 BANNED_BUILTINS = {
     "getattr": "dynamic_code", "setattr": "dynamic_code", "delattr": "dynamic_code", "hasattr": "dynamic_code",
@@ -109,10 +109,12 @@ IDENTITY_ATTRS = frozenset({"data_ptr", "_cdata", "storage", "untyped_storage", 
 FRAME_ATTRS = frozenset({"f_back", "f_locals", "f_globals", "f_code", "f_builtins", "gi_frame", "cr_frame",
                          "ag_frame", "tb_frame", "tb_next", "f_lineno", "co_code", "co_consts", "func_globals",
                          "func_code"})
+FIXED_ATTRS = frozenset({"reference", "make_inputs", "tolerance", "compile_units", "space", "check_shape",
+                         "model_latency_ms", "lookup"})  # the family object's fixed parts
 JIT_INTERNAL_ATTRS = frozenset({"handle", "data", "numpy", "tolist"})  # interpreter-only escapes from kernel code
 SNIFF_STRINGS = ("TRITON_", "INTERPRET", "PYTEST", "KREGRESS", "CUDA_VISIBLE", "SANDBOX")
-JIT_BUILTINS = frozenset({"range", "min", "max", "float", "int", "len", "print", "isinstance", "abs", "bool", "tuple",
-                          "zip", "enumerate"})
+JIT_BUILTINS = frozenset({"range", "min", "max", "float", "int", "len", "print", "abs", "bool", "tuple", "zip",
+                          "enumerate"})
 JIT_DECORATOR_KWARGS = frozenset({"do_not_specialize", "do_not_specialize_on_alignment", "noinline", "debug"})
 TORCH_CUDA_ALLOWED = frozenset({"device"})  # `with torch.cuda.device(x.device):` in a wrapper
 
@@ -184,13 +186,24 @@ def file_facts(source: str, wrappers: tuple[str, ...], extra_jit: set[str] = fro
                 jit.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            literal = node.value is not None and _is_literal(node.value)
             for t in targets:
                 for n in ast.walk(t):
                     if isinstance(n, ast.Name):
-                        (constants if n.id.isupper() else others).add(n.id)
+                        # an UPPER_CASE literal (a number, a table of numbers or strings) is data the
+                        # kernel may read; anything else (FAMILY = register(...), SPACE = Space(...)) is not
+                        (constants if n.id.isupper() and literal else others).add(n.id)
         elif isinstance(node, ast.ClassDef):
             others.add(node.name)
     return FileFacts(aliases, objects, functions, jit, wrappers, constants, others)
+
+
+def _is_literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
 
 
 def region_usage(source: str, wrappers: tuple[str, ...]) -> set[str]:
@@ -478,6 +491,9 @@ class _Walker:
         if a in IDENTITY_ATTRS:
             self.flag("cache_by_identity", node, f"`.{a}`")
             return
+        if a in FIXED_ATTRS:
+            self.flag("reference", node, f"`.{a}`")
+            return
         if self.jit and a in JIT_INTERNAL_ATTRS:
             self.flag("interpreter_internals", node, f"`.{a}`")
             return
@@ -494,7 +510,8 @@ class _Walker:
         if isinstance(f, ast.Attribute):
             method = f.attr
             ch = dotted(f)
-            is_module_chain = ch is not None and self.resolve(ch[0].split(".")[0]) is not None
+            root_name = ch[0].split(".")[0] if ch is not None else ""
+            is_module_chain = ch is not None and root_name in self.facts.aliases and root_name not in self.local
             if not self.jit and not is_module_chain:
                 if method in COMPUTE_METHODS:
                     self.flag("torch_compute", node, f"`.{method}(...)`")

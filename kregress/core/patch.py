@@ -499,13 +499,21 @@ def _fixed_skeleton(source: str, wrappers: tuple[str, ...]) -> str:
     return ast.dump(tree, include_attributes=False)
 
 
+def _code(line: str) -> bool:
+    """A line that is neither blank nor a comment (a comment inside a string literal changes the tree,
+    which ``check_region`` compares separately)."""
+    t = line.strip()
+    return bool(t) and not t.startswith("#")
+
+
 def check_region(es: EditableSet, patch: Patch, old_texts: dict[str, str], new_texts: dict[str, str],
                  max_changed_lines: int = DEFAULT_MAX_CHANGED_LINES) -> list[Finding]:
     """Every way ``patch`` reaches outside the family's editable region, one finding each (file, line):
     a file that is not one of the family's kernel files, a new / deleted / renamed / binary / mode
     change, a removed line outside a jit function or launch wrapper of the original, an added line
     outside one of the patched file, any change to the fixed code's syntax tree, or more changed lines
-    than ``max_changed_lines``. Blank-line changes are free; comments count."""
+    than ``max_changed_lines``. Blank and comment lines outside the region are free: the fixed code's
+    syntax tree must stay the same, which any change that matters breaks."""
     out: list[Finding] = []
     if patch.changed_lines > max_changed_lines:
         out.append(Finding(rule="size", file=patch.files[0].path if patch.files else "-", line=None,
@@ -542,11 +550,11 @@ def check_region(es: EditableSet, patch: Patch, old_texts: dict[str, str], new_t
 
         for h in fp.hunks:
             for n, t in h.removed_old_lines():
-                if t.strip() and not inside(old_regions, n):
+                if _code(t) and not inside(old_regions, n):
                     out.append(Finding(rule="outside_region", file=fp.path, line=n,
                                        message=f"removes a line outside the jit functions and launch wrappers: {t.strip()[:80]!r}"))
             for n, t in h.added_new_lines():
-                if t.strip() and not inside(new_regions, n):
+                if _code(t) and not inside(new_regions, n):
                     out.append(Finding(rule="outside_region", file=fp.path, line=n,
                                        message=f"adds a line outside the jit functions and launch wrappers: {t.strip()[:80]!r}"))
         try:
