@@ -484,10 +484,11 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
 
 def _job_bench(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
     """GPU: time the entry point on a kept case's inputs for one slot of the interleaved batch."""
-    from triton.testing import do_bench, do_bench_cudagraph
-
     from kernels.measure import device_identity
 
+    # the timer as it was before the candidate was imported (a replaced one is also reported)
+    do_bench = state["guarded"]["triton.testing.do_bench"]
+    do_bench_cudagraph = state["guarded"]["triton.testing.do_bench_cudagraph"]
     family = state["family"]
     inputs = state["kept"][job["case"]]
     config, params = job["config"], job["params"]
@@ -947,236 +948,291 @@ def static_stage(family: Any, es: EditableSet, texts: dict[str, str], base_hash:
 
 def judge_patches(spec: Any, family: Any, suggestions: list[Any], *, backend: str, cache_root: Path,
                   timeout_s: float, log: Callable[[str], None] = print, options: JudgeOptions | None = None,
-                  ) -> list[tuple[Any, GateReport]]:
+                  workers: int = 0) -> list[tuple[Any, GateReport]]:
     """Rows (``VariantResult``) and gate reports for patch suggestions, in order. ``backend`` is
     ``interpreter`` (CPU: correctness in the Triton interpreter, latency from the family's model) or
-    ``cuda`` (correctness and timing on the GPU, the baseline re-timed in the same batch)."""
-    from kernels.compile import cache_key
-    from kernels.measure import model_measurements
-    from kregress.core.records import CompileStats
-
+    ``cuda`` (correctness and timing on the GPU, the baseline re-timed in the same batch). ``workers``:
+    candidates judged at once (0: one per CPU core, at most 4, on the interpreter; always 1 on a GPU)."""
     opts = options or JudgeOptions.for_spec(spec)
     t_all = time.perf_counter()
     es = editable_set(family)
     texts = read_sources(es)
     base_hash = source_snapshot_hash(family.name, texts)
-    hw = spec.hardware
     out: list[tuple[Any, GateReport]] = []
     live: list[tuple[int, Candidate]] = []
     for i, s in enumerate(suggestions):
         row = _row(s, backend)
         row.patch_base_hash = base_hash
-        problem = family.space.check(s.config, spec.params, hw.limits)
+        problem = family.space.check(s.config, spec.params, spec.hardware.limits)
         if problem:
-            rep = GateReport(base_hash=base_hash)
             row.error, row.error_detail = "invalid_config", problem
-            out.append((row, rep))
+            out.append((row, GateReport(base_hash=base_hash, patch_sha256=row.patch_sha256)))
             continue
         cand = static_stage(family, es, texts, base_hash, s, opts)
         if cand.error:
             row.error, row.error_detail = cand.error, cand.detail
-            out.append((row, cand.report))
-            continue
+        else:
+            live.append((i, cand))
         out.append((row, cand.report))
-        live.append((i, cand))
-    if not live:
-        return out
-    on_gpu = backend == "cuda"
-    device = "cuda" if on_gpu else "cpu"
-    secret = opts.seed if opts.seed is not None else secrets.randbits(62)
-    import random
-
-    rng = random.Random(secret)
-    seeds = [rng.randrange(1, 2**62) for _ in range(max(3, opts.seeds))]
-    groups = shape_groups(family, spec.correctness_shapes, spec.shape_matrix, on_gpu, rng, seeds)
-    work = Path(tempfile.mkdtemp(prefix="kregress-judge-"))
-    from kernels.sandbox import ChildFailed, Zygote, compiler_tools, pack, sandbox_env, unpack
-    from kregress.core.paths import REPO_ROOT
-
-    import kregress
-
-    kregress_root = str(Path(kregress.__file__).resolve().parents[1])
-    env = sandbox_env(interpret=not on_gpu, pythonpath=[str(REPO_ROOT), kregress_root])
-    limits = {"cpu_s": max(60.0, 4 * timeout_s), "mem_bytes": None if on_gpu else opts.mem_bytes, "fsize_bytes": 1 << 30}
-    purge = sorted(set(es.packages()) | {Path(es.module_file).stem if len(Path(es.module_file).parts) == 1 else ""} - {""})
-    tools = compiler_tools()
-
-    def child_spec(root: Path, name: str, interpret: bool) -> dict:
-        d = work / name
-        d.mkdir(parents=True, exist_ok=True)
-        return {"root": str(root), "work": str(d), "interpret": interpret, "family": family.lookup or family.name,
-                "params": spec.params, "purge": purge, "limits": limits, "exec_allowed": tools,
-                "allow_ctypes": on_gpu, "isolate_network": opts.isolate_network, "sandbox": True}
-
-    log(f"judging {len(live)} patch(es) in sandboxed children ({backend}); {len(groups)} case group(s), "
-        f"{len(seeds)} secret seeds, distributions {', '.join(DISTRIBUTIONS)}")
-    try:
-        with Zygote(env, cwd=work) as zyg:
-            pristine = materialize(es, texts, work / "pristine")
-            ref = zyg.fork(child_spec(pristine, "reference", interpret=not on_gpu))
-            base_job = {"job": "prepare", "groups": groups, "config": spec.baseline, "params": spec.params,
-                        "dtype": spec.dtype, "tolerance": spec.constraints.numeric_tolerance, "device": device,
-                        "reference_device": device, "keep": on_gpu}
-            t0 = time.perf_counter()
-            head, blobs = ref.call(base_job, timeout=max(timeout_s, 60.0) * 4)
-            if head.get("error"):
-                raise ChildFailed("runtime_error", f"the reference child failed: {head.get('detail')}")
-            cases = head["cases"]
-            base_ops = set(head["ops"])
-            base_ops.add(f"threads:{head.get('threads', 0)}")
-            dropped = head["dropped"]
-            log(f"  reference: {len(cases)} case group(s) with the float64 reference and the baseline's outputs "
-                f"({time.perf_counter() - t0:.1f}s){'; dropped: ' + '; '.join(dropped) if dropped else ''}")
-            data = {c["id"]: unpack(c["payload"], blobs) for c in cases}
-            base_tally = _Tally(family, spec.dtype)
-            for c in cases:
-                base_tally.add(f"{c['label']} {c['dist']}", data[c["id"]]["base"], data[c["id"]]["ref"], c["tol"])
-                if "ref2" in data[c["id"]]:
-                    base_tally.add(f"{c['label']} {c['dist2']}", data[c["id"]]["base2"], data[c["id"]]["ref2"], c["tol"])
-            for i, cand in live:
-                row, rep = out[i]
-                t1 = time.perf_counter()
-                rep.cases = sum(2 if "inputs2" in data[c["id"]] else 1 for c in cases)
-                rep.cases_dropped = list(dropped)
-                rep.hidden_shapes = [c["label"] for c in cases if c["kind"] in ("odd", "ones", "aligned", "hidden_odd")]
-                rep.seeds = len({c["seed_index"] for c in cases})
-                rep.distributions = sorted({c["dist"] for c in cases} | {c["dist2"] for c in cases if "dist2" in c})
-                root = materialize(es, cand.new_texts, work / f"cand{i}")
-                _judge_one(zyg, child_spec, root, f"cand{i}", row, rep, spec, family, cases, data, base_ops, base_tally,
-                           device, on_gpu, timeout_s, cache_root, cache_key, CompileStats, model_measurements, pack, ref,
-                           log)
-                rep.seconds = time.perf_counter() - t1
-                log(f"  {row.variant_id}: {row.error or 'correct'} ({rep.seconds:.1f}s)")
-            ref.end()
-    except ChildFailed as exc:
-        for i, cand in live:
-            row, rep = out[i]
-            if row.error is None and row.correctness is None:
-                row.error, row.error_detail = exc.error if exc.error in ("timeout", "crashed") else "runtime_error", exc.detail
-    finally:
-        if not opts.keep_dirs:
-            shutil.rmtree(work, ignore_errors=True)
+    if live:
+        work = Path(tempfile.mkdtemp(prefix="kregress-judge-"))
+        try:
+            _Judgement(spec, family, es, texts, backend, cache_root, timeout_s, log, opts, work).run(live, out, workers)
+        finally:
+            if not opts.keep_dirs:
+                shutil.rmtree(work, ignore_errors=True)
     log(f"judged {len(suggestions)} patch(es) in {time.perf_counter() - t_all:.1f}s")
     return out
 
 
-def _judge_one(zyg, child_spec, root, name, row, rep, spec, family, cases, data, base_ops, base_tally, device, on_gpu,
-               timeout_s, cache_root, cache_key, CompileStats, model_measurements, pack, ref, log) -> None:
-    """Compile, run, compare and (on a GPU) time one candidate; fills ``row`` and ``rep``."""
-    from kernels.sandbox import ChildFailed, unpack
-    from kregress.core.records import variant_hash
+class _Judgement:
+    """One judgement's processes and secret cases: the zygote, the reference child, the candidates."""
 
-    hw = spec.hardware
-    # 1. AOT compile of the patched kernel (a child of its own: no interpreter), cached by the patched hash
-    key = cache_key(family.name, rep.patched_hash, variant_hash(row.config, row.patch), spec.dtype, hw.arch, spec.params)
-    cfile = cache_root / "compile" / f"{key}.json"
-    try:
+    def __init__(self, spec, family, es, texts, backend, cache_root, timeout_s, log, opts, work):
+        from kregress.core.paths import REPO_ROOT
+
+        import kregress
+
+        self.spec, self.family, self.es, self.texts = spec, family, es, texts
+        self.on_gpu = backend == "cuda"
+        self.device = "cuda" if self.on_gpu else "cpu"
+        self.cache_root, self.timeout_s, self.log, self.opts, self.work = Path(cache_root), timeout_s, log, opts, work
+        kregress_root = str(Path(kregress.__file__).resolve().parents[1])
+        self.env = _sandbox.sandbox_env(interpret=not self.on_gpu, pythonpath=[str(REPO_ROOT), kregress_root])
+        self.limits = {"cpu_s": max(60.0, 4 * timeout_s), "mem_bytes": None if self.on_gpu else opts.mem_bytes,
+                       "fsize_bytes": 1 << 30}
+        self.purge = sorted(set(es.packages()) | ({Path(es.module_file).stem} if len(Path(es.module_file).parts) == 1 else set()))
+        self.tools = _sandbox.compiler_tools()
+
+    def child_spec(self, root: Path, name: str, interpret: bool) -> dict:
+        d = self.work / name
+        d.mkdir(parents=True, exist_ok=True)
+        return {"root": str(root), "work": str(d), "interpret": interpret,
+                "family": self.family.lookup or self.family.name, "params": self.spec.params, "purge": self.purge,
+                "limits": self.limits, "exec_allowed": self.tools, "allow_ctypes": self.on_gpu,
+                "isolate_network": self.opts.isolate_network, "sandbox": True}
+
+    def run(self, live: list[tuple[int, Candidate]], out: list, workers: int) -> None:
+        import random
+        from concurrent.futures import ThreadPoolExecutor
+
+        spec, opts = self.spec, self.opts
+        secret = opts.seed if opts.seed is not None else secrets.randbits(62)
+        rng = random.Random(secret)
+        seeds = [rng.randrange(1, 2**62) for _ in range(max(3, opts.seeds))]
+        groups = shape_groups(self.family, spec.correctness_shapes, spec.shape_matrix, self.on_gpu, rng, seeds)
+        self.log(f"judging {len(live)} patch(es) in sandboxed children ({'cuda' if self.on_gpu else 'interpreter'}); "
+                 f"{len(groups)} case group(s), {len(seeds)} secret seeds, distributions {', '.join(DISTRIBUTIONS)}")
+        try:
+            with _sandbox.Zygote(self.env, cwd=self.work) as zyg:
+                self.zyg = zyg
+                self._prepare(groups)
+                lanes = 1 if self.on_gpu else max(1, min(len(live), workers or min(4, os.cpu_count() or 1)))
+                with ThreadPoolExecutor(max_workers=lanes) as pool:
+                    list(pool.map(lambda ic: self._one(ic[0], ic[1], *out[ic[0]]), live))
+                self.ref.end()
+        except _sandbox.ChildFailed as exc:
+            for i, _ in live:
+                row, _rep = out[i]
+                if row.error is None and row.correctness is None:
+                    row.error = exc.error if exc.error in ("timeout", "crashed") else "runtime_error"
+                    row.error_detail = exc.detail
+
+    def _prepare(self, groups: list[dict]) -> None:
+        """The reference child: inputs, float64 reference and baseline outputs of every case."""
+        spec = self.spec
+        pristine = materialize(self.es, self.texts, self.work / "pristine")
+        self.ref = self.zyg.fork(self.child_spec(pristine, "reference", interpret=not self.on_gpu))
+        t0 = time.perf_counter()
+        head, blobs = self.ref.call({"job": "prepare", "groups": groups, "config": spec.baseline, "params": spec.params,
+                                     "dtype": spec.dtype, "tolerance": spec.constraints.numeric_tolerance,
+                                     "device": self.device, "reference_device": self.device, "keep": self.on_gpu},
+                                    timeout=max(self.timeout_s, 60.0) * 4)
+        if head.get("error"):
+            raise _sandbox.ChildFailed("runtime_error", f"the reference child failed: {head.get('detail')}")
+        self.cases = head["cases"]
+        self.base_ops = set(head["ops"])
+        self.base_threads = int(head.get("threads", 0))
+        self.dropped = head["dropped"]
+        self.data = {c["id"]: _sandbox.unpack(c["payload"], blobs) for c in self.cases}
+        self.base_tally = _Tally(self.family, spec.dtype)
+        for c in self.cases:
+            d = self.data[c["id"]]
+            self.base_tally.add(f"{c['label']} {c['dist']}", d["base"], d["ref"], c["tol"])
+            if "ref2" in d:
+                self.base_tally.add(f"{c['label']} {c['dist2']}", d["base2"], d["ref2"], c["tol"])
+        self.log(f"  reference: {len(self.cases)} case group(s) with the float64 reference and the baseline's outputs "
+                 f"({time.perf_counter() - t0:.1f}s){'; dropped: ' + '; '.join(self.dropped) if self.dropped else ''}")
+
+    def _one(self, i: int, cand: Candidate, row: Any, rep: GateReport) -> None:
+        """Compile (one child) and the cases (another), side by side; then compare and time."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        t1 = time.perf_counter()
+        cases = self.cases
+        rep.cases = sum(2 if "inputs2" in self.data[c["id"]] else 1 for c in cases)
+        rep.cases_dropped = list(self.dropped)
+        rep.hidden_shapes = [c["label"] for c in cases if c["kind"] in ("odd", "ones", "aligned", "hidden_odd")]
+        rep.seeds = len({c["seed_index"] for c in cases})
+        rep.distributions = sorted({c["dist"] for c in cases} | {c["dist2"] for c in cases if "dist2" in c})
+        root = materialize(self.es, cand.new_texts, self.work / f"cand{i}")
+        try:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                fc = pool.submit(self._compile, row, rep, root, f"cand{i}-compile")
+                fr = pool.submit(self._cases, row, rep, root, f"cand{i}")
+                compiled, ran = fc.result(), fr.result()
+            self._conclude(row, rep, compiled, ran)
+        except _sandbox.ChildFailed as exc:
+            row.error, row.error_detail = exc.error, exc.detail
+        rep.seconds = time.perf_counter() - t1
+        self.log(f"  {row.variant_id}: {row.error or 'correct'} ({rep.seconds:.1f}s)")
+
+    def _compile(self, row: Any, rep: GateReport, root: Path, name: str) -> dict:
+        """AOT compile of the patched kernels for the spec's arch in a child (no interpreter), cached by
+        the patched kernel hash: {"stats"} or {"error", "detail"}, with the child's violations."""
         import json
 
-        hit = json.loads(cfile.read_text())
-    except (OSError, ValueError):
-        hit = None
-    t0 = time.perf_counter()
-    if hit is None:
+        from kernels.compile import cache_key
+        from kregress.core.records import variant_hash
+
+        spec, hw = self.spec, self.spec.hardware
+        key = cache_key(self.family.name, rep.patched_hash, variant_hash(row.config, row.patch), spec.dtype, hw.arch,
+                        spec.params)
+        cfile = self.cache_root / "compile" / f"{key}.json"
         try:
-            comp = zyg.fork(child_spec(root, f"{name}-compile", interpret=False))
-            rep.runtime_violations += comp.hello.get("violations", [])
+            hit = json.loads(cfile.read_text())
+            hit["notes"] = hit.get("notes", []) + ["compile: from the cache"]
+            return hit
+        except (OSError, ValueError):
+            pass
+        t0 = time.perf_counter()
+        try:
+            comp = self.zyg.fork(self.child_spec(root, name, interpret=False))
+        except _sandbox.ChildFailed as exc:
+            return {"error": "compile_failed" if exc.error == "compile_failed" else exc.error, "detail": exc.detail}
+        try:
             head, _ = comp.call({"job": "compile", "config": row.config, "params": spec.params, "dtype": spec.dtype,
                                  "arch": hw.arch, "limits": hw.limits.model_dump(), "shapes": spec.shape_matrix,
-                                 "fallback_shapes": spec.correctness_shapes}, timeout=timeout_s)
-            comp.end()
-        except ChildFailed as exc:
+                                 "fallback_shapes": spec.correctness_shapes}, timeout=self.timeout_s)
+        except _sandbox.ChildFailed as exc:
             head = {"error": exc.error if exc.error == "timeout" else "compile_failed", "detail": exc.detail}
-        rep.runtime_violations += head.get("violations", [])
-        hit = {k: head[k] for k in ("stats", "error", "detail", "notes") if k in head}
-        if ("stats" in hit or hit.get("error") in ("compile_failed", "out_of_resources")) and not head.get("violations"):
+        finally:
+            comp.end()
+        violations = comp.hello.get("violations", []) + head.get("violations", [])
+        res = {k: head[k] for k in ("stats", "error", "detail", "notes") if k in head}
+        res["notes"] = res.get("notes", []) + [f"compile {time.perf_counter() - t0:.1f}s"]
+        if violations:
+            res["violations"] = violations
+        elif "stats" in res or res.get("error") in ("compile_failed", "out_of_resources"):
             cfile.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cfile.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(hit))
+            tmp = cfile.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
+            tmp.write_text(json.dumps({k: v for k, v in res.items() if k != "notes"} | {"notes": res["notes"][:-1]}))
             tmp.replace(cfile)
-    rep.notes += hit.get("notes", [])
-    rep.notes.append(f"compile {time.perf_counter() - t0:.1f}s" + (" (cached)" if "stats" in hit and not t0 else ""))
-    if rep.runtime_violations:
-        row.error, row.error_detail = "patch_rejected", "sandbox: " + "; ".join(rep.runtime_violations)[:1200]
-        return
-    if "stats" not in hit:
-        row.error, row.error_detail = hit.get("error", "compile_failed"), hit.get("detail", "")
-        return
-    stats = CompileStats(**hit["stats"])
-    row.compile = stats
+        return res
 
-    # 2. the cases, in a child of their own
-    blobs: list[bytes] = []
-    job_cases = []
-    for c in cases:
-        d = data[c["id"]]
-        payload = {"inputs": d["inputs"]}
-        if "inputs2" in d:
-            payload["inputs2"] = d["inputs2"]
-        job_cases.append({"id": c["id"], "payload": pack(payload, blobs), "keep": c["kind"] == "timed"})
-    t0 = time.perf_counter()
-    try:
-        child = zyg.fork(child_spec(root, name, interpret=not on_gpu))
-    except ChildFailed as exc:
-        row.error, row.error_detail = "runtime_error" if exc.error == "runtime_error" else exc.error, exc.detail
-        return
-    try:
-        rep.runtime_violations += child.hello.get("violations", [])
-        head, rblobs = child.call({"job": "run", "cases": job_cases, "config": row.config, "params": spec.params,
-                                   "device": device}, blobs, timeout=timeout_s)
-        rep.runtime_violations += head.get("violations", [])
-        if head.get("error"):
-            row.error, row.error_detail = "runtime_error", head.get("detail", "")
-            return
-        if head.get("threads") and "threads:0" in base_ops:
-            rep.runtime_violations.append(f"the call started {head['threads']} Python thread(s); the baseline starts none")
-        extra_ops = sorted(set(head["ops"]) - base_ops - HARMLESS_OPS)
-        if extra_ops:
-            rep.runtime_violations.append(f"the call ran aten.{', aten.'.join(extra_ops[:8])}, which the baseline never "
-                                          "runs: torch computes instead of the kernel")
-        tally = _Tally(family, spec.dtype)
-        cand_prec = _Tally(family, spec.dtype)
-        by_id = {c["id"]: c for c in cases}
+    def _cases(self, row: Any, rep: GateReport, root: Path, name: str) -> dict:
+        """The secret cases in a sandboxed child of the patched copy: outputs, inputs after each call, ops."""
+        blobs: list[bytes] = []
+        job_cases = []
+        for c in self.cases:
+            d = self.data[c["id"]]
+            payload = {"inputs": d["inputs"]}
+            if "inputs2" in d:
+                payload["inputs2"] = d["inputs2"]
+            job_cases.append({"id": c["id"], "payload": _sandbox.pack(payload, blobs), "keep": c["kind"] == "timed"})
+        t0 = time.perf_counter()
+        try:
+            child = self.zyg.fork(self.child_spec(root, name, interpret=not self.on_gpu))
+        except _sandbox.ChildFailed as exc:
+            return {"error": exc.error, "detail": exc.detail}
+        try:
+            head, rblobs = child.call({"job": "run", "cases": job_cases, "config": row.config, "params": self.spec.params,
+                                       "device": self.device}, blobs, timeout=self.timeout_s)
+        except _sandbox.ChildFailed as exc:
+            child.end()
+            return {"error": exc.error, "detail": exc.detail, "violations": child.hello.get("violations", [])}
+        head["violations"] = child.hello.get("violations", []) + head.get("violations", [])
+        head["seconds"] = time.perf_counter() - t0
+        if self.on_gpu and not head.get("error"):
+            head["child"] = child  # kept for the timing loop
+        else:
+            child.end()
+        return {"head": head, "blobs": rblobs}
+
+    def _conclude(self, row: Any, rep: GateReport, compiled: dict, ran: dict) -> None:
+        """The gate's order: sandbox refusals (rejected), compile (infeasible), correctness (wrong),
+        then precision metrics and latency."""
+        from kernels.measure import model_measurements
+        from kregress.core.records import CompileStats
+
+        spec = self.spec
+        rep.notes += compiled.get("notes", [])
+        rep.runtime_violations += compiled.get("violations", [])
+        head = ran.get("head") or {}
+        rep.runtime_violations += head.get("violations", []) + ran.get("violations", [])
+        child = head.pop("child", None)
+        try:
+            if head.get("threads") and self.base_threads == 0:
+                rep.runtime_violations.append(f"the call started {head['threads']} Python thread(s); the baseline starts none")
+            extra = sorted(set(head.get("ops", [])) - self.base_ops - HARMLESS_OPS)
+            if extra:
+                rep.runtime_violations.append(f"the call ran aten.{', aten.'.join(extra[:8])}, which the baseline never "
+                                              "runs: torch computes instead of the kernel")
+            if rep.runtime_violations:
+                row.error, row.error_detail = "patch_rejected", "sandbox: " + "; ".join(rep.runtime_violations)[:1200]
+                return
+            if "stats" not in compiled:
+                row.error, row.error_detail = compiled.get("error", "compile_failed"), compiled.get("detail", "")
+                return
+            row.compile = CompileStats(**compiled["stats"])
+            if "head" not in ran:
+                row.error, row.error_detail = ran.get("error", "crashed"), ran.get("detail", "")
+                return
+            if head.get("error"):
+                row.error, row.error_detail = "runtime_error", head.get("detail", "")
+                return
+            self._compare(row, rep, head, ran["blobs"])
+            rep.notes.append(f"cases {head.get('seconds', 0.0):.1f}s")
+            if not row.correctness.ok:
+                row.error = "nan_inf" if row.correctness.nan_inf else "numeric_mismatch"
+                row.error_detail = row.correctness.mismatch_sample[:600]
+                return
+            if not self.on_gpu:
+                row.measurements = model_measurements(self.family, row.config, spec.shape_matrix, spec.dtype, spec.params,
+                                                      row.compile, spec.hardware)
+                row.evidence = "model"
+                return
+            _time_on_gpu(child, self.ref, row, rep, spec, self.family, self.cases, self.data, _sandbox.pack,
+                         self.timeout_s, self.log)
+        finally:
+            if child is not None:
+                child.end()
+
+    def _compare(self, row: Any, rep: GateReport, head: dict, blobs: list[bytes]) -> None:
+        tally = _Tally(self.family, self.spec.dtype)
+        prec = _Tally(self.family, self.spec.dtype)
+        by_id = {c["id"]: c for c in self.cases}
         for res in head["results"]:
             c = by_id[res["id"]]
-            d = data[c["id"]]
+            d = self.data[c["id"]]
             if res.get("error"):
                 tally.problem(f"[{c['label']}] the call raised {res['error']}")
                 continue
-            got = unpack(res["payload"], rblobs)
+            got = _sandbox.unpack(res["payload"], blobs)
             for p in res.get("problems", []):
                 tally.problem(f"[{c['label']}] {p}")
             tally.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
-            cand_prec.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
+            prec.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
             if not _same(got["after"], d["inputs"]):
                 tally.problem(f"[{c['label']}] the inputs changed during the call (they must be left as they were)")
             if "out2" in got:
                 tally.add(f"{c['label']} {c['dist2']} (2nd call, same buffers)", got["out2"], d["ref2"], c["tol"])
-                cand_prec.add(f"{c['label']} {c['dist2']}", got["out2"], d["ref2"], c["tol"])
+                prec.add(f"{c['label']} {c['dist2']}", got["out2"], d["ref2"], c["tol"])
                 if not _same(got["after2"], d["inputs2"]):
                     tally.problem(f"[{c['label']}] the inputs changed during the second call")
         row.correctness = tally.correctness()
-        rep.notes.append(f"cases {time.perf_counter() - t0:.1f}s")
-        rep.precision = PrecisionMetrics(candidate_max=cand_prec.frac_max, baseline_max=base_tally.frac_max,
-                                         candidate_rms=cand_prec.rms, baseline_rms=base_tally.rms,
-                                         worst_case=cand_prec.worst)
-        if rep.runtime_violations:
-            row.error, row.error_detail = "patch_rejected", "sandbox: " + "; ".join(rep.runtime_violations)[:1200]
-            return
-        if not row.correctness.ok:
-            row.error = "nan_inf" if row.correctness.nan_inf else "numeric_mismatch"
-            row.error_detail = row.correctness.mismatch_sample[:600]
-            return
-        # 3. latency
-        if not on_gpu:
-            row.measurements = model_measurements(family, row.config, spec.shape_matrix, spec.dtype, spec.params, stats, hw)
-            row.evidence = "model"
-            return
-        _time_on_gpu(child, ref, row, rep, spec, family, cases, data, pack, timeout_s, log)
-    except ChildFailed as exc:
-        row.error, row.error_detail = exc.error, exc.detail
-    finally:
-        child.end()
+        rep.precision = PrecisionMetrics(candidate_max=prec.frac_max, baseline_max=self.base_tally.frac_max,
+                                         candidate_rms=prec.rms, baseline_rms=self.base_tally.rms, worst_case=prec.worst)
 
 
 def _time_on_gpu(child, ref, row, rep, spec, family, cases, data, pack, timeout_s, log) -> None:
