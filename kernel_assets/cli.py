@@ -455,7 +455,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     from kernel_assets.definitions import REVIEW_ASSETS
     from kernel_assets.run_guard import run_tags
 
-    config = {"base_ref": args.base or "", "use_model": not args.offline}
+    config = {"base_ref": args.base or "", "use_model": not args.offline, "patch_variant": args.patch or ""}
     print(f"kregress: reviewing the kernel diff for {spec.task_id} (base: {args.base or 'last reviewed revision, else HEAD or the commit before the last one touching the kernel'})",
           file=sys.stderr)
     result = dg.materialize(REVIEW_ASSETS, partition_key=spec.task_id, instance=instance, resources=resources,
@@ -576,6 +576,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     r.add_argument("--base", help="git ref to diff against (default: the revision last reviewed, else HEAD when the kernel has "
                    "uncommitted changes, else the commit before the last one touching it)")
     r.add_argument("--offline", action="store_true", help="no model call: compile-stat deltas and test coverage only")
+    r.add_argument("--patch", metavar="VARIANT_ID", help="review the patch `kregress judge` judged as VARIANT_ID instead of the git diff")
     r.add_argument("--dagster-home")
     r.set_defaults(func=cmd_review)
     sp = sub.add_parser("specs", help="work with spec files")
