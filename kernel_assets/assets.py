@@ -246,12 +246,13 @@ def _last_profiles_key() -> str:
 def verdict_report(context: dg.AssetExecutionContext, specs: SpecStore, taotoken: TaotokenResource,
                    ledger: LedgerResource, state: sweep.RoundState):
     """PASS / REGRESS / NEEDS_REVIEW per variant with its evidence; report.md and Parquet tables."""
+    from kernel_assets.judge import verdict_with_gate
     from kernel_assets.narrative import narrative_for
 
     spec = _snapshot(state.spec, specs, context.partition_key)
     fam = get_family(spec.kernel_family).for_params(spec.params)
     baseline = state.history[0]
-    verdicts = {r.variant_id: sweep.verdict_for(r, baseline, spec) for r in state.history[1:]}
+    verdicts = {r.variant_id: verdict_with_gate(r, baseline, spec, fam) for r in state.history[1:]}  # gate, then the rule
     narrative, source, token_table = narrative_for(context, spec, state, verdicts)
     past = history.compare_baseline(spec, baseline)
     history_file = history.append_sweep(spec, context.run_id, state.history, verdicts, past.verdict)

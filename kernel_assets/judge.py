@@ -219,3 +219,57 @@ def load_judged_patch(task_id: str, variant_id: str, home: Path | None = None) -
     if row.get("patch_sha256") and row["patch_sha256"] != hashlib.sha256(text.encode()).hexdigest():
         raise ValueError(f"{f} changed since it was judged (sha256 differs from verdicts.parquet). Fix: judge it again")
     return text, row
+
+
+# --- the llm policy's patches (search.patches: true) ------------------------------------------------------
+
+PATCH_SYSTEM_ADDENDUM = """\
+This task also accepts source patches. Exception to "no source code": an element may carry the key
+"patch": SEARCH/REPLACE blocks that edit only the EDITABLE SOURCE shown (the @triton.jit functions and
+the launch wrapper), each block written as
+  PATH
+  <<<<<<< SEARCH
+  exact lines copied from the source
+  =======
+  the lines to put instead
+  >>>>>>> REPLACE
+At most {max_lines} changed lines. Keep every kernel @triton.jit and the wrapper's signature; compute with
+Triton only: no torch compute, no try/except, no imports, no module-level state, no environment, device or
+timer access. A patch is judged on secret inputs and hidden shapes; a cheat is rejected."""
+
+
+def patch_prompt(ctx: Any, system: str) -> tuple[str, str]:
+    """(system prompt, user section) for a round whose spec allows patches: the rules, and the family's
+    editable source with line numbers, cut at ``spec.patches.max_source_chars`` (the prompt carries it, so
+    the round's token budget counts it)."""
+    from kregress.core.patch import editable_set, editable_source_text, read_sources
+
+    es = editable_set(ctx.family)
+    source = editable_source_text(es, read_sources(es), ctx.spec.patches.max_source_chars)
+    addendum = PATCH_SYSTEM_ADDENDUM.format(max_lines=ctx.spec.patches.max_changed_lines)
+    return system + "\n" + addendum, f"\nEDITABLE SOURCE (numbers are line numbers, not part of the text):\n{source}"
+
+
+def patch_from_reply(value: Any, ctx: Any) -> tuple[str | None, str | None]:
+    """A reply's ``patch`` -> (unified diff, None), or (None, why it is dropped). SEARCH/REPLACE blocks are
+    turned into the same diff ``kregress judge`` reads; a unified diff is taken as it is."""
+    from kregress.core.patch import PatchFormatError, editable_set, read_sources, search_replace_to_diff
+
+    if value in (None, ""):
+        return None, None
+    if not ctx.spec.search.patches:
+        return None, "a patch, but this spec does not take patches (search.patches: false)"
+    if not isinstance(value, str):
+        return None, f"patch must be text (SEARCH/REPLACE blocks or a unified diff), got {type(value).__name__}"
+    if "<<<<<<< SEARCH" in value:
+        es = editable_set(ctx.family)
+        try:
+            diff = search_replace_to_diff(value, read_sources(es), default_path=es.module_file)
+        except ValueError as exc:
+            return None, f"patch: {exc}"
+        return (diff, None) if diff else (None, "patch: the SEARCH/REPLACE blocks change nothing")
+    try:
+        parse_patch(value)
+    except (NotAPatch, PatchFormatError) as exc:
+        return None, f"patch: {exc}"
+    return value, None

@@ -24,7 +24,7 @@ from resources.taotoken import CallContext, ContentError, CredentialsError, Gate
 
 MAX_RESPONSE_CHARS = 32_000  # a JSON array of 64 proposals is well under 20k characters
 MAX_ITEMS = 64
-SUGGESTION_KEYS = ("variant_id", "config", "patch_summary", "expected_effect", "risk", "parent")
+SUGGESTION_KEYS = ("variant_id", "config", "patch_summary", "expected_effect", "risk", "parent", "patch")
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
 
@@ -107,6 +107,13 @@ def parse_suggestions(
             continue
         extra = sorted(k for k in item if k not in SUGGESTION_KEYS)
         fields = {k: item[k] for k in SUGGESTION_KEYS if k in item}
+        if "patch" in fields:  # SEARCH/REPLACE blocks or a diff -> the unified diff the gate judges
+            from kernel_assets.judge import patch_from_reply
+
+            fields["patch"], why = patch_from_reply(fields["patch"], ctx)
+            if why:
+                drop(item, why)
+                continue
         if not isinstance(fields.get("config"), dict):
             drop(item, "no config object")
             continue
