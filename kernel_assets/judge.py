@@ -23,7 +23,7 @@ from typing import Any, Callable
 from kregress.core import paths
 from kregress.core.gate import gate_verdict, speed_of_light_ms
 from kregress.core.patch import NotAPatch, parse_patch
-from kregress.core.records import Suggestion, Verdict, VariantResult
+from kregress.core.records import Suggestion, VariantResult, Verdict
 
 MAX_PATCH_BYTES = 200_000
 

@@ -44,7 +44,6 @@ from kernels import sandbox as _sandbox  # bound before a child drops its copy o
 from kregress.core.gate import GateReport, PrecisionMetrics, static_gate
 from kregress.core.patch import (
     EditableSet,
-    Finding,
     NotAPatch,
     PatchApplyError,
     PatchFormatError,
@@ -82,6 +81,8 @@ def preload() -> None:
     """What the zygote imports once so every fork starts warm: torch (the heavy part), never Triton
     (its standard library is decorated when imported, for the interpreter or the compiler: each child
     imports it in its own mode), never a family, never a candidate."""
+    import sys
+
     import numpy  # noqa: F401
     import torch  # noqa: F401
     import torch.utils._python_dispatch  # noqa: F401
@@ -89,8 +90,6 @@ def preload() -> None:
     import kregress.core.family  # noqa: F401
     import kregress.core.records  # noqa: F401
     import kregress.core.spec  # noqa: F401
-
-    import sys
 
     if any(m == "triton" or m.startswith("triton.") for m in sys.modules):
         raise RuntimeError("the zygote imported Triton while preloading; children could not choose the interpreter")
@@ -494,11 +493,23 @@ def _job_bench(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[b
     config, params = job["config"], job["params"]
     fn = lambda: family.run(inputs, config, params)  # noqa: E731
     ident = device_identity()
-    if family.use_cudagraph():
-        samples = do_bench_cudagraph(fn, rep=job["rep_ms"], return_mode="all")
-    else:
-        samples = do_bench(fn, warmup=job["warmup_ms"], rep=job["rep_ms"], return_mode="all")
-    return {"samples": [float(s) for s in samples], "identity": ident}, []
+    import torch
+
+    # no NaN fill of fresh allocations while timing (both sides alike): it would add a kernel per call
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.use_deterministic_algorithms(False)
+    _THREADS["in_call"] = True
+    started = _THREADS["started"]
+    try:
+        if family.use_cudagraph():
+            samples = do_bench_cudagraph(fn, rep=job["rep_ms"], return_mode="all")
+        else:
+            samples = do_bench(fn, warmup=job["warmup_ms"], rep=job["rep_ms"], return_mode="all")
+    finally:
+        _THREADS["in_call"] = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+    return {"samples": [float(s) for s in samples], "identity": ident, "threads": _THREADS["started"] - started}, []
 
 
 def _job_recheck(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
@@ -989,9 +1000,8 @@ class _Judgement:
     """One judgement's processes and secret cases: the zygote, the reference child, the candidates."""
 
     def __init__(self, spec, family, es, texts, backend, cache_root, timeout_s, log, opts, work):
-        from kregress.core.paths import REPO_ROOT
-
         import kregress
+        from kregress.core.paths import REPO_ROOT
 
         self.spec, self.family, self.es, self.texts = spec, family, es, texts
         self.on_gpu = backend == "cuda"

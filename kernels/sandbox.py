@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 MAGIC = b"KRG1"
 MAX_HEADER = 16 << 20
@@ -628,9 +628,9 @@ class Zygote:
 
 
 def compiler_tools() -> list[str]:
-    """The executables a compile in the sandbox may run: the Triton wheel's ptxas, cuobjdump and
-    nvdisasm (and whatever TRITON_*_PATH names), and the C compiler and ldconfig Triton's driver
-    build uses on a GPU host."""
+    """The executables a sandboxed child may run: the Triton wheel's ptxas, cuobjdump and nvdisasm (and
+    whatever TRITON_*_PATH names), the C compiler and ldconfig Triton's driver build uses on a GPU host,
+    and nvidia-smi (the device identity every timing records)."""
     import shutil
 
     import triton
@@ -640,7 +640,7 @@ def compiler_tools() -> list[str]:
     for var in ("TRITON_PTXAS_PATH", "TRITON_CUOBJDUMP_PATH", "TRITON_NVDISASM_PATH"):
         if os.environ.get(var):
             out.append(os.environ[var])
-    for exe in ("cc", "gcc", "clang", "ldconfig", "/sbin/ldconfig"):
+    for exe in ("cc", "gcc", "clang", "ldconfig", "/sbin/ldconfig", "nvidia-smi"):
         p = shutil.which(exe) or (exe if os.path.isabs(exe) and os.path.exists(exe) else None)
         if p:
             out.append(p)
