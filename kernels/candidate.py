@@ -57,6 +57,7 @@ from kregress.core.patch import (
 )
 
 DISTRIBUTIONS = ("normal", "uniform", "large", "outliers")
+STRETCH_BUDGET_S = 1.5  # interpreter seconds of the baseline a stretched shape may take
 LARGE_SCALE = 8.0  # "large magnitudes": x8 keeps an fp16 GEMM of K <= 1024 far from overflow
 OUTLIER_SCALE = 16.0
 OUTLIER_FRACTION = 0.01
@@ -408,6 +409,7 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
         tried = []
         for shape in group["shapes"]:
             seed, dist = group["seed"], group["dist"]
+            t0 = time.perf_counter()
             try:
                 inputs, ref, out, run_ops, bad = one(shape, seed, dist)
             except Exception as exc:  # noqa: BLE001 - a shape the family refuses: try the next one
@@ -417,7 +419,9 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
                 tried.append(f"{shape}: the baseline fails it ({bad})")
                 continue
             chosen = (shape, inputs, ref, out, run_ops)
-            break
+            # ascending groups keep growing while the run stays within half the budget (the next is ~2x)
+            if not group.get("ascending") or time.perf_counter() - t0 > group.get("budget_s", 1.0) / 2:
+                break
         if chosen is None:
             dropped.append(f"{group['kind']}: no usable shape ({'; '.join(tried)[:400]})")
             continue
@@ -770,6 +774,23 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
     ]
     if on_gpu:
         groups += [{"kind": "timed", "shapes": [s]} for s in timed]
+    else:
+        # one dimension stretched towards the timed size, the others as checked: a cheat that skips work
+        # past a size threshold shows on the CPU too. Tried smallest first; the reference child keeps the
+        # largest whose baseline run stays within the interpreter's budget.
+        for k in tiled:
+            top = max((s[k] for s in timed), default=0)
+            lo = max(s[k] for s in correctness)
+            if top <= 2 * lo:
+                continue
+            vals, v = [], 2 * lo
+            while v < top:
+                vals.append(_odd_near(v, seen[k], below=False))
+                v *= 2
+            vals.append(top)
+            shapes = [s for s in ({**base, k: x} for x in dict.fromkeys(vals)) if ok(s)]
+            if shapes:
+                groups.append({"kind": f"stretched_{k}", "shapes": shapes, "ascending": True, "budget_s": STRETCH_BUDGET_S})
     out = []
     for i, g in enumerate(groups):
         if not g["shapes"]:
@@ -777,7 +798,7 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
         d1, d2 = DISTRIBUTIONS[i % len(DISTRIBUTIONS)], DISTRIBUTIONS[(i + 1) % len(DISTRIBUTIONS)]
         s1, s2 = i % len(seeds), (i + 1) % len(seeds)
         # on the CPU the largest hidden shapes are called once (their cost is the interpreter's)
-        second = on_gpu or g["kind"] not in ("aligned", "hidden_odd")
+        second = on_gpu or g["kind"] not in ("aligned", "hidden_odd") and not g["kind"].startswith("stretched")
         out.append({"id": f"g{i}", **g, "seed": seeds[s1], "seed_index": s1, "dist": d1,
                     "second": {"seed": seeds[s2], "dist": d2} if second else None})
     return out
@@ -1082,7 +1103,8 @@ class _Judgement:
         cases = self.cases
         rep.cases = sum(2 if "inputs2" in self.data[c["id"]] else 1 for c in cases)
         rep.cases_dropped = list(self.dropped)
-        rep.hidden_shapes = [c["label"] for c in cases if c["kind"] in ("odd", "ones", "aligned", "hidden_odd")]
+        rep.hidden_shapes = [c["label"] for c in cases if c["kind"] in ("odd", "ones", "aligned", "hidden_odd")
+                             or c["kind"].startswith("stretched")]
         rep.seeds = len({c["seed_index"] for c in cases})
         rep.distributions = sorted({c["dist"] for c in cases} | {c["dist2"] for c in cases if "dist2" in c})
         root = materialize(self.es, cand.new_texts, self.work / f"cand{i}")

@@ -154,6 +154,8 @@ LEGIT = [
      "    c = torch.empty((M, N), device=a.device, dtype=a.dtype)\n    if M == 0 or N == 0:\n        return c\n"),
     ("next_power_of_2 and math", "    N = b.shape[1]\n",
      "    N = b.shape[1]\n    even_k = K % config['BLOCK_K'] == 0 and triton.next_power_of_2(K) == K and math.log2(K) > 0\n"),
+    ("docstring naming the interpreter", '    """C = A @ B with the given tile config. (1) check shapes, (2) allocate, (3) launch.\n',
+     '    """C = A @ B, tiled. Under TRITON_INTERPRET=1 it runs on CPU tensors.\n'),
     ("allocation", "    c = torch.empty((M, N), device=a.device, dtype=a.dtype)\n",
      "    c = torch.empty((M, N), device=a.device, dtype=a.dtype, memory_format=torch.contiguous_format)\n"),
 ]

@@ -458,7 +458,8 @@ class _Walker:
                 self.check_name(node)
         elif isinstance(node, ast.Call):
             self.check_call(node)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not isinstance(self.parent.get(node), ast.Expr):
+            # (a bare string statement, a docstring, does nothing: it may name anything)
             up = node.value.upper()
             if any(s in up for s in SNIFF_STRINGS):
                 self.flag("environment", node, f"string {node.value[:40]!r}")
