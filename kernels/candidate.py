@@ -536,8 +536,10 @@ def _job_recheck(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
 
 def _unwrap(fn: Any) -> Any:
     """The JITFunction under decorators such as triton.heuristics."""
+    from triton.runtime.jit import JITFunction
+
     seen = 0
-    while not hasattr(fn, "arg_names") and hasattr(fn, "fn") and seen < 8:
+    while not isinstance(fn, JITFunction) and hasattr(fn, "fn") and seen < 8:
         fn = fn.fn
         seen += 1
     return fn
@@ -1151,6 +1153,8 @@ class _Judgement:
         finally:
             comp.end()
         violations = comp.hello.get("violations", []) + head.get("violations", [])
+        if head.get("error") not in (None, "compile_failed", "out_of_resources", "timeout"):
+            head["error"] = "compile_failed"  # anything that stops the compile (an exception in the wrapper, say)
         res = {k: head[k] for k in ("stats", "error", "detail", "notes") if k in head}
         res["notes"] = res.get("notes", []) + [f"compile {time.perf_counter() - t0:.1f}s"]
         if violations:

@@ -81,6 +81,9 @@ TORCH_ALLOWED = frozenset({
     "bool", "long", "int", "short", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
     "float8_e8m0fnu", "contiguous_format", "strided",
 })
+TORCH_ENVIRONMENT = frozenset({"version", "get_num_threads", "are_deterministic_algorithms_enabled", "get_default_dtype",
+                               "is_deterministic_algorithms_warn_only_enabled", "is_grad_enabled", "is_inference_mode_enabled",
+                               "get_float32_matmul_precision", "get_default_device", "xpu", "mps", "hip", "backends"})
 TRITON_ALLOWED = frozenset({"cdiv", "next_power_of_2", "jit", "heuristics", "language", "constexpr"})
 TRITON_BANNED = {"testing": "timer", "runtime": "environment", "knobs": "environment", "compiler": "environment",
                  "backends": "environment", "tools": "environment", "autotune": "decorator", "Config": "decorator",
@@ -113,6 +116,7 @@ FIXED_ATTRS = frozenset({"reference", "make_inputs", "tolerance", "compile_units
                          "model_latency_ms", "lookup"})  # the family object's fixed parts
 JIT_INTERNAL_ATTRS = frozenset({"handle", "data", "numpy", "tolist"})  # interpreter-only escapes from kernel code
 SNIFF_STRINGS = ("TRITON_", "INTERPRET", "PYTEST", "KREGRESS", "CUDA_VISIBLE", "SANDBOX")
+DEVICE_STRINGS = frozenset({"cpu", "cuda", "meta", "hip", "xpu", "mps"})  # a device named in code: a device test
 JIT_BUILTINS = frozenset({"range", "min", "max", "float", "int", "len", "print", "abs", "bool", "tuple", "zip",
                           "enumerate"})
 JIT_DECORATOR_KWARGS = frozenset({"do_not_specialize", "do_not_specialize_on_alignment", "noinline", "debug"})
@@ -337,6 +341,9 @@ class _Walker:
             if sub in ("backends", "set_float32_matmul_precision", "set_default_dtype", "use_deterministic_algorithms",
                        "manual_seed", "seed", "set_num_threads", "set_grad_enabled"):
                 self.flag("module_state", node, f"`{chain}`")
+                return
+            if sub in TORCH_ENVIRONMENT:
+                self.flag("environment", node, f"`{chain}`")
                 return True
             if sub in ("ops", "nn", "library", "autograd", "compile", "compiler", "jit", "fx", "func", "linalg",
                        "special", "fft", "sparse", "utils", "testing", "distributed", "multiprocessing", "profiler",
@@ -461,7 +468,7 @@ class _Walker:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not isinstance(self.parent.get(node), ast.Expr):
             # (a bare string statement, a docstring, does nothing: it may name anything)
             up = node.value.upper()
-            if any(s in up for s in SNIFF_STRINGS):
+            if any(s in up for s in SNIFF_STRINGS) or node.value.split(":")[0].lower() in DEVICE_STRINGS:
                 self.flag("environment", node, f"string {node.value[:40]!r}")
 
     def _root(self, node: ast.AST) -> ast.AST:
@@ -486,8 +493,11 @@ class _Walker:
         if a in FRAME_ATTRS:
             self.flag("introspection", node, f"`.{a}`")
             return
-        if a in DEVICE_SNIFF_ATTRS or (a == "type" and isinstance(node.value, ast.Attribute) and node.value.attr == "device"):
+        if a in DEVICE_SNIFF_ATTRS or (isinstance(node.value, ast.Attribute) and node.value.attr == "device"):
             self.flag("environment", node, f"`{ast.unparse(node)[:60]}`")
+            return
+        if a == "device" and self._device_inspected(node):
+            self.flag("environment", node, f"`{ast.unparse(self.parent.get(node, node))[:60]}`")
             return
         if a in IDENTITY_ATTRS:
             self.flag("cache_by_identity", node, f"`.{a}`")
@@ -505,6 +515,19 @@ class _Walker:
             self.flag("introspection", node, f"`.{a}` (private attribute)")
         elif a.startswith("_") and isinstance(self._root(node), ast.Name) and self._root(node).id not in self.local:
             self.flag("introspection", node, f"`.{a}` (private attribute)")
+
+    def _device_inspected(self, node: ast.Attribute) -> bool:
+        """``x.device`` turned into something a branch can test (str(), an f-string, a comparison with
+        anything but another tensor's device): which device the call runs on, i.e. who is watching."""
+        p = self.parent.get(node)
+        if isinstance(p, ast.FormattedValue):
+            return True
+        if isinstance(p, ast.Call) and node in p.args and isinstance(p.func, ast.Name) and p.func.id in ("str", "repr", "format"):
+            return True
+        if isinstance(p, ast.Compare):
+            others = [p.left] + list(p.comparators)
+            return not all(isinstance(o, ast.Attribute) and o.attr == "device" for o in others)
+        return False
 
     def check_call(self, node: ast.Call) -> None:
         f = node.func
