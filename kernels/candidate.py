@@ -712,11 +712,14 @@ def tile_size(family: Any) -> int:
     return max(blocks) if blocks else 16
 
 
-def _odd_near(v: int, avoid: set[int], below: bool) -> int:
+def _odd_near(v: int, avoid: set[int], below: bool, rng: Any = None) -> int:
+    """An odd prime (a multiple of no tile) below or above ``v``, not one of ``avoid``: the nearest, or with
+    ``rng`` one of the few nearest, so the hidden shapes differ from judgement to judgement."""
     cands = [p for p in _PRIMES if p > 2 and p not in avoid and ((p < v) if below else (p > v))]
     if not cands:
         return 1 if below else v + 1 + (v % 2)
-    return cands[-1] if below else cands[0]
+    near = cands[-4:] if below else cands[:4]
+    return rng.choice(near) if rng is not None else (near[-1] if below else near[0])
 
 
 def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu: bool, rng: Any,
@@ -750,11 +753,14 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
                     out.append(s)
         return out[:24]
 
-    odd = {k: _odd_near(max(s[k] for s in correctness), seen[k], below=True) for k in keys}
+    # drawn from the secret: which odd and aligned sizes are checked differs from judgement to judgement
+    odd = {k: _odd_near(max(s[k] for s in correctness), seen[k], below=True, rng=rng) for k in keys}
     ones = {k: 1 for k in keys}
-    aligned = {k: (T * max(1, math.ceil(max(s[k] for s in correctness) / T)) if k in tiled else base[k]) for k in keys}
-    hidden_odd = {k: (_odd_near(3 * max(s[k] for s in correctness), seen[k], below=False) if k in tiled
-                      else _odd_near(max(s[k] for s in correctness) + 1, seen[k], below=False)) for k in keys}
+    aligned = {k: (T * (max(1, math.ceil(max(s[k] for s in correctness) / T)) + rng.choice((0, 0, 1)))
+                   if k in tiled else base[k]) for k in keys}
+    hidden_odd = {k: (_odd_near(rng.choice((3, 4)) * max(s[k] for s in correctness), seen[k], below=False, rng=rng)
+                      if k in tiled else _odd_near(max(s[k] for s in correctness) + 1, seen[k], below=False, rng=rng))
+                  for k in keys}
 
     def shrink(target: dict[str, int]) -> dict[str, int]:
         """Scale the tiled keys down until the work (sum of log sizes) is within 512x the largest check."""
@@ -787,7 +793,7 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
                 continue
             vals, v = [], 2 * lo
             while v < top:
-                vals.append(_odd_near(v, seen[k], below=False))
+                vals.append(_odd_near(v, seen[k], below=False, rng=rng))
                 v *= 2
             vals.append(top)
             shapes = [s for s in ({**base, k: x} for x in dict.fromkeys(vals)) if ok(s)]
