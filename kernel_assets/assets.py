@@ -256,12 +256,13 @@ def _last_profiles_key() -> str:
 def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource,
                    ledger: LedgerResource, state: sweep.RoundState):
     """PASS / REGRESS / NEEDS_REVIEW per variant with its evidence; report.md and Parquet tables."""
+    from kernel_assets.judge import verdict_with_gate
     from kernel_assets.narrative import forecast_section, narrative_for
 
     bound = _bound(state.bound, "verdict_report")
     spec, fam = bound.spec, bound.family
     baseline = state.history[0]
-    verdicts = {r.variant_id: sweep.verdict_for(r, baseline, spec) for r in state.history[1:]}
+    verdicts = {r.variant_id: verdict_with_gate(r, baseline, spec, fam) for r in state.history[1:]}  # gate, then the rule
     narrative, source, token_table = narrative_for(context, spec, state, verdicts)
     forecasts = forecast_section(context, state)
     past = history.compare_baseline(spec, baseline)

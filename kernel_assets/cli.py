@@ -28,7 +28,8 @@ from kregress.core import paths
 from kregress.core.names import RESOURCE_ENVS, STRATEGIES, resource_env
 
 # Subcommands contributed by other modules: each exposes register(subparsers).
-PLUGINS = ("kernel_assets.cli_usage", "kernel_assets.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay")
+PLUGINS = ("kernel_assets.cli_usage", "kernel_assets.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay",
+           "kernel_assets.cli_judge")
 
 # Exit codes of `kregress sweep`.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET, EXIT_NO_PROPOSAL = 0, 1, 2, 3, 4
@@ -458,7 +459,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     from kernel_assets.definitions import REVIEW_ASSETS
     from kernel_assets.run_guard import run_tags
 
-    config = {"base_ref": args.base or "", "use_model": not args.offline}
+    config = {"base_ref": args.base or "", "use_model": not args.offline, "patch_variant": args.patch or ""}
     print(f"kregress: reviewing the kernel diff for {spec.task_id} (base: {args.base or 'last reviewed revision, else HEAD or the commit before the last one touching the kernel'})",
           file=sys.stderr)
     result = dg.materialize(REVIEW_ASSETS, partition_key=spec.task_id, instance=instance, resources=resources,
@@ -580,6 +581,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     r.add_argument("--base", help="git ref to diff against (default: the revision last reviewed, else HEAD when the kernel has "
                    "uncommitted changes, else the commit before the last one touching it)")
     r.add_argument("--offline", action="store_true", help="no model call: compile-stat deltas and test coverage only")
+    r.add_argument("--patch", metavar="VARIANT_ID", help="review the patch `kregress judge` judged as VARIANT_ID instead of the git diff")
     r.add_argument("--dagster-home")
     r.set_defaults(func=cmd_review)
     sp = sub.add_parser("specs", help="work with spec files")

@@ -18,7 +18,7 @@ COLUMNS = [
     "latency_p80_ms", "tflops", "gbps", "regs_per_thread", "spill_bytes", "smem_bytes", "occupancy",
     "occupancy_limiter", "max_abs_err", "max_rel_err", "ref_rounding_abs", "atol", "rtol", "verdict", "cause",
     "ratio", "ratio_ci_low", "ratio_ci_high", "p50_ratio", "worst_shape", "evidence", "reasons", "patch_summary",
-    "expected_effect", "risk", "parent", "config_hash",
+    "expected_effect", "risk", "parent", "config_hash", "patch_sha256",
     # the forecast as proposed (before measurement), and the measured speedup it is scored against (cuda/replay only)
     "expected_speedup", "expected_speedup_low", "expected_speedup_high", "bottleneck", "measured_speedup",
 ]
@@ -65,7 +65,7 @@ def row_record(row: VariantResult, verdict: Verdict | None, param_names: list[st
         "evidence": row.evidence,
         "reasons": "; ".join(verdict.reasons) if verdict else "",
         "patch_summary": row.patch_summary, "expected_effect": row.expected_effect, "risk": row.risk,
-        "parent": row.parent, "config_hash": row.config_hash,
+        "parent": row.parent, "config_hash": row.config_hash, "patch_sha256": row.patch_sha256,
         "expected_speedup": row.expected_speedup, "expected_speedup_low": row.expected_speedup_low,
         "expected_speedup_high": row.expected_speedup_high, "bottleneck": row.bottleneck,
     }
@@ -120,6 +120,7 @@ VERDICT_COLORS = {"PASS": "#2e7d32", "REGRESS": "#c62828", "NEEDS_REVIEW": "#f9a
 CATEGORY_COLORS = {
     "BASELINE": "#1565c0", "PASS": "#2e7d32", "NEEDS_REVIEW": "#f9a825",
     "REGRESS/slower": "#c62828", "REGRESS/wrong": "#6a1b9a", "REGRESS/infeasible": "#616161",
+    "REGRESS/rejected": "#263238",
 }
 
 
@@ -198,7 +199,7 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
             cat = _category(verdict, cause)
             color = CATEGORY_COLORS[cat]
             if vid in vals:
-                failed = cat in ("REGRESS/infeasible", "REGRESS/wrong")
+                failed = cat in ("REGRESS/infeasible", "REGRESS/wrong", "REGRESS/rejected")
                 bar = ax.bar(x, vals[vid], color=color, label=cat, hatch="///" if failed else None,
                              edgecolor="white" if failed else None)[0]
                 bar.set_gid(f"variant:{vid}")
@@ -293,6 +294,42 @@ def tolerance_section(spec: TaskSpec, history: list[VariantResult]) -> str:
         return "\n".join(lines + ["_no correctness checks on this backend (recorded runs are not re-checked)_"]) + "\n"
     df = pd.DataFrame.from_records(recs)
     return "\n".join(lines) + "\n" + _md_table(df, list(df.columns))
+
+
+def patch_section(history: list[VariantResult], verdicts: dict[str, Verdict]) -> list[str]:
+    """report.md lines for the patch variants: verdict and cause, hashes, what the gate found, the diff."""
+    rows = [r for r in history if r.patch]
+    if not rows:
+        return []
+    out = ["## Patches", "",
+           "Each patch went through the gate: static policy (REGRESS rejected), sandboxed compile and correctness on "
+           "secret inputs (REGRESS wrong), precision against the baseline's own error (NEEDS_REVIEW precision), "
+           "plausibility of its timing (NEEDS_REVIEW implausible), then the usual verdict.", ""]
+    for r in rows:
+        v = verdicts.get(r.variant_id)
+        g = r.gate
+        out += [f"### {r.variant_id}: {v.verdict if v else '-'} {(v.cause or '') if v else ''}".rstrip(), ""]
+        if v and v.reasons:
+            out += [f"- reason: {' '.join(v.reasons[0].split())[:600]}"]
+        out += [f"- patch sha256 `{r.patch_sha256}`; applies to kernel hash `{r.patch_base_hash}`"
+                + (f" -> `{g.patched_hash}`" if g and g.patched_hash else "")]
+        if g is not None:
+            out += [f"- {g.changed_lines} changed lines; apply/revert round trip: {'checked' if g.round_trip_ok else 'not reached'}"]
+            if g.cases:
+                out += [f"- correctness: {g.cases} calls on {g.seeds} secret seeds, distributions {', '.join(g.distributions)}; "
+                        f"hidden shapes {', '.join(g.hidden_shapes) or 'none'}"]
+            if g.cases_dropped:
+                out += [f"- cases the baseline itself fails (not used): {'; '.join(g.cases_dropped)[:400]}"]
+            if g.precision is not None:
+                pm = g.precision
+                out += [f"- error as a fraction of the tolerance: max {pm.candidate_max:.3g} (baseline {pm.baseline_max:.3g}), "
+                        f"RMS {pm.candidate_rms:.3g} (baseline {pm.baseline_rms:.3g}); NEEDS_REVIEW above {g.precision_factor:g}x"]
+            out += [f"- static / region: {f.text()}" for f in g.findings[:20]]
+            out += [f"- sandbox: {x}" for x in g.runtime_violations[:10]]
+            out += [f"- note: {n}" for n in g.notes[:10]]
+        fence = "````" if "```" in (r.patch or "") else "```"
+        out += ["", f"{fence}diff", (r.patch or "").rstrip("\n"), fence, ""]
+    return out
 
 
 def best_line(best: dict, spec: TaskSpec) -> str:
@@ -396,6 +433,7 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
                   _md_table(sub, ["variant_id", "source", "config_label", "patch_summary", "expected_effect", "risk",
                                   "latency_p50_ms", "regs_per_thread", "smem_bytes", "occupancy", "error", "verdict",
                                   "cause"])]
+    lines += patch_section(state.history, verdicts)
     failed = [r for r in state.history if r.error]
     lines += ["## Failures", ""]
     lines += [f"- {r.variant_id} [{config_label(r.config)}]: **{r.error}**: {' '.join(r.error_detail.split())[:300]}" for r in failed] or ["_none_"]

@@ -111,6 +111,8 @@ class BenchmarkBackend(dg.ConfigurableResource):
     workers: int = Field(default=0, description="Child processes for compile and interpreter work; 0 = one per CPU core (at most 4).")
     cache_dir: str = Field(default="", description="Compile/correctness cache; empty = $DAGSTER_HOME/cache.")
     timeout_s: float = Field(default=0.0, description="Per-variant limit in seconds; 0 = the spec's benchmark.timeout_s.")
+    patch_seed: int = Field(default=0, description="0: a fresh secret seed for the inputs of every patch judgement; "
+                                                   "else this seed, to reproduce one (never shown to the agent).")
 
     _pools: dict = PrivateAttr(default_factory=dict)
     _managed: bool = PrivateAttr(default=False)
@@ -181,6 +183,8 @@ class CompiledBackend(BenchmarkBackend):
     interpret: ClassVar[bool] = False
 
     def _evaluate(self, bound, suggestions, log, stats):
+        if any(s.patch for s in suggestions):
+            return self._evaluate_patches(bound, suggestions, log, stats)
         spec, family = bound.spec, bound.family
         timeout = self.timeout_s or spec.benchmark.timeout_s
         root = self.cache_root()
@@ -240,6 +244,27 @@ class CompiledBackend(BenchmarkBackend):
         timed = forecast_order(rows, [i for i in ok if rows[i].error is None])
         if timed:
             self._time(spec, family, rows, compiled, timed, timeout, stats, log)
+        return rows
+
+    def _evaluate_patches(self, bound, suggestions, log, stats):
+        """Config-only variants as usual; patch variants through the gate (kernels/candidate.py): static
+        policy, sandboxed compile and correctness on secret inputs, precision, timing beside the baseline."""
+        from kernels.candidate import JudgeOptions, judge_patches
+
+        spec, family = bound.spec, bound.family
+        rows: list = [None] * len(suggestions)
+        plain = [i for i, s in enumerate(suggestions) if not s.patch]
+        if plain:
+            for i, row in zip(plain, self._evaluate(bound, [suggestions[i] for i in plain], log, stats)):
+                rows[i] = row
+        patched = [i for i, s in enumerate(suggestions) if s.patch]
+        opts = JudgeOptions.for_spec(spec, seed=self.patch_seed or None)
+        judged = judge_patches(spec, family, [suggestions[i] for i in patched], backend=self.kind,
+                               cache_root=self.cache_root(), timeout_s=self.timeout_s or spec.benchmark.timeout_s,
+                               log=log, options=opts)
+        for i, (row, report) in zip(patched, judged):
+            row.gate = report
+            rows[i] = row
         return rows
 
     def _check(self, spec, family, suggestions, rows, ok, src_hash, timeout, stats, log) -> None:

@@ -36,8 +36,8 @@ from resources.taotoken.gateway import NO_CHOICES
 MAX_RESPONSE_CHARS = 32_000  # a JSON array of 64 proposals is well under 20k characters
 MAX_ITEMS = 64
 LONG_KEYS = ("variant_id", "config", "patch_summary", "expected_effect", "risk", "parent", "expected_speedup",
-             "expected_speedup_low", "expected_speedup_high", "bottleneck")
-COMPACT_KEYS = ("id", "c", "x", "b", "s", "r")
+             "expected_speedup_low", "expected_speedup_high", "bottleneck", "patch")
+COMPACT_KEYS = ("id", "c", "x", "b", "s", "r", "p", "patch")  # p / patch: SEARCH/REPLACE blocks or a unified diff
 BOTTLENECKS = ("compute", "memory", "latency")
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
@@ -124,6 +124,9 @@ def _from_compact(item: dict[str, Any], keys: list[str]) -> tuple[dict[str, Any]
     else:
         return None, "no config values (c)", notes
     fields: dict[str, Any] = {"variant_id": item.get("id"), "config": config, "patch_summary": item.get("s", "") or ""}
+    patch = item.get("p", item.get("patch"))  # the prompt names the key "patch"; "p" is its compact spelling
+    if patch is not None:
+        fields["patch"] = patch
     if item.get("r") is not None:
         fields["risk"] = item["r"]
     if item.get("b") in BOTTLENECKS:
@@ -207,6 +210,13 @@ def parse_suggestions(
             continue
         if fields is None:
             drop(item, problem)
+            continue
+        if fields.get("patch") is not None:  # SEARCH/REPLACE blocks or a diff -> the unified diff the gate judges
+            from kernel_assets.judge import patch_from_reply
+
+            fields["patch"], why = patch_from_reply(fields["patch"], ctx)
+            if why:
+                drop(item, why)
             continue
         extra = sorted(k for k in item if k not in (COMPACT_KEYS if compact else LONG_KEYS))
         try:

@@ -230,7 +230,12 @@ def build_suggest_user_prompt(ctx: AgentContext, rows: int) -> str:
 
 
 def build_suggest_messages(ctx: AgentContext, rows: int) -> list[dict[str, str]]:
+    system, extra = SUGGEST_SYSTEM_PROMPT, ""
+    if ctx.spec.search.patches:  # the editable source and the patch rules (kernel_assets/judge.py)
+        from kernel_assets.judge import patch_prompt
+
+        system, extra = patch_prompt(ctx, system)
     return [
-        {"role": "system", "content": SUGGEST_SYSTEM_PROMPT},
-        {"role": "user", "content": build_suggest_user_prompt(ctx, rows)},
+        {"role": "system", "content": system},
+        {"role": "user", "content": build_suggest_user_prompt(ctx, rows) + extra},
     ]

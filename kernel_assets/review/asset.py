@@ -26,6 +26,8 @@ class ReviewConfig(dg.Config):
     compile: bool = Field(default=True, description="AOT-compile the baseline config with the base and the new source")
     max_slice_chars: int = Field(default=DEFAULT_SLICE_CHARS, ge=2000, description="diff characters per model call")
     remember: bool = Field(default=True, description="record the reviewed revision as the next review's base")
+    patch_variant: str = Field(default="", description="review the patch `kregress judge` judged under this variant id "
+                                                       "(reports/<task_id>/patches/) instead of the git diff")
 
 
 def _findings_table(findings: list[ReviewFinding]) -> dg.TableMetadataValue:
@@ -72,7 +74,8 @@ def build_review_assets() -> list:
         try:
             result = run_review(spec, repo_dir=config.repo_dir, base_ref=config.base_ref, gateway=gateway, no_model_reason=why,
                                 run_id=context.run_id, partition=context.partition_key, spec_path=spec_path, compile=config.compile,
-                                max_slice_chars=config.max_slice_chars, remember=config.remember, log=context.log)
+                                max_slice_chars=config.max_slice_chars, remember=config.remember, log=context.log,
+                                patch_variant=config.patch_variant)
         except ReviewError as e:
             raise dg.Failure(description=str(e)) from None
         finally:

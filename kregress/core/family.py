@@ -352,10 +352,15 @@ class RecordedFamily(Family):
 KINDS: dict[str, type[Family]] = {"triton": TritonFamily, "external": ExternalFamily, "recorded": RecordedFamily}
 
 
-def _is_jit_decorator(node: ast.expr) -> bool:
+def is_jit_decorator(node: ast.expr) -> bool:
+    """``@triton.jit``, ``@jit``, ``@triton.jit(...)``: what makes a function a Triton kernel."""
     target = node.func if isinstance(node, ast.Call) else node
     text = ast.unparse(target)
     return text == "jit" or text.endswith(".jit")
+
+
+def is_jit_def(node: ast.AST) -> bool:
+    return isinstance(node, ast.FunctionDef) and any(is_jit_decorator(d) for d in node.decorator_list)
 
 
 def compiled_parts(source: str) -> str:
@@ -368,7 +373,7 @@ def compiled_parts(source: str) -> str:
     has_jit = False
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
-            jit = any(_is_jit_decorator(d) for d in node.decorator_list)
+            jit = is_jit_def(node)
             has_jit |= jit
             if jit or node.name == "compile_units":
                 parts.append(ast.unparse(node))

@@ -93,12 +93,26 @@ class Search(_Strict):
     min_improvement: float = Field(default=0.01, ge=0, le=1.0, description="relative p50 gain that counts")
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
     top_k: int = Field(default=5, ge=1, le=50, description="rows of history the agent sees")
+    patches: bool = Field(default=False, description="llm/hybrid may propose source patches (shown the editable source)")
 
 
 class Budget(_Strict):
     max_input_tokens_per_round: int = Field(default=20000, ge=0, le=MAX_TOKENS)
     max_output_tokens_per_round: int = Field(default=8000, ge=0, le=MAX_TOKENS)
     max_total_tokens: int = Field(default=100000, ge=0, le=MAX_TOKENS)
+
+
+class Patches(_Strict):
+    """The gate candidate patches go through (kregress.core.gate): size cap and gate factors."""
+
+    max_changed_lines: int = Field(default=60, ge=1, le=5000, description="added + removed lines a patch may have")
+    precision_factor: float = Field(default=4.0, gt=1.0, le=1000.0,
+                                    description="NEEDS_REVIEW precision: error this many times the baseline's own")
+    plausibility_factor: float = Field(default=2.0, gt=1.0, le=1000.0,
+                                       description="NEEDS_REVIEW implausible: this many times faster than the baseline")
+    seeds: int = Field(default=3, ge=3, le=32, description="secret input seeds per judgement")
+    max_source_chars: int = Field(default=12000, ge=1000, le=200000,
+                                  description="editable source shown to the llm policy (counted in the round's budget)")
 
 
 class Objective(_Strict):
@@ -131,6 +145,7 @@ class TaskSpec(_Strict):
     search: Search = Search()
     budget: Budget = Budget()
     benchmark: Benchmark = Benchmark()
+    patches: Patches = Patches()
     baseline: dict[str, int]
     params: dict[str, Any] = Field(default_factory=dict, description="family-specific knobs")
 
