@@ -206,3 +206,25 @@ def test_search_replace_blocks_become_the_same_diff():
         search_replace_to_diff("kernels/gemm.py\n<<<<<<< SEARCH\nnot there\n=======\nx\n>>>>>>> REPLACE", texts)
     with pytest.raises(ValueError, match="not an editable file"):
         search_replace_to_diff("kernels/measure.py\n<<<<<<< SEARCH\nx\n=======\ny\n>>>>>>> REPLACE", texts)
+
+
+@pytest.mark.parametrize("shift", [-7, 9])
+def test_a_hunk_that_applies_off_its_stated_line_is_judged_where_it_applies(shift):
+    """A diff made against an older copy of the kernel (its hunks a few lines off, as git apply allows):
+    the region check looks at the lines the hunks really touch, not at the stated numbers."""
+    import re
+
+    _, es, texts = gemm_set()
+    text = (REDTEAM / "gemm_legit_even_k.patch").read_text()
+    shifted = re.sub(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@",
+                     lambda m: f"@@ -{int(m[1]) + shift},{m[2]} +{int(m[3]) + shift},{m[4]} @@", text, flags=re.M)
+    assert shifted != text
+    p = parse_patch(shifted)
+    new_texts = {**texts, **apply_and_check(p, texts).new_texts}
+    assert check_region(es, p, texts, new_texts) == []
+    cheat = parse_patch(re.sub(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@",
+                               lambda m: f"@@ -{int(m[1]) + shift},{m[2]} +{int(m[3]) + shift},{m[4]} @@",
+                               (REDTEAM / "gemm_cheat_loosen_tolerance.patch").read_text(), flags=re.M))
+    found = check_region(es, cheat, texts, {**texts, **apply_and_check(cheat, texts).new_texts})
+    where = texts["kernels/gemm.py"].splitlines().index(next(t for h in cheat.files[0].hunks for k, t in h.lines if k == "-")) + 1
+    assert found and found[0].rule == "outside_region" and found[0].line == where

@@ -87,10 +87,14 @@ class Hunk:
     lines: list[tuple[str, str]] = field(default_factory=list)
     old_no_newline: bool = False  # "\ No newline at end of file" after the old side's last line
     new_no_newline: bool = False
+    # Where the hunk really applied (1-based first line on each side), once ``apply_file`` placed it: a hunk
+    # may sit a few lines off its stated position, and every finding must name the line it really touches.
+    applied_old_start: int | None = None
+    applied_new_start: int | None = None
 
     def added_new_lines(self) -> list[tuple[int, str]]:
-        """(new-side line number, text) of every added line."""
-        out, n = [], self.new_start
+        """(new-side line number, text) of every added line (where the hunk applied, once it has)."""
+        out, n = [], self.applied_new_start or self.new_start
         for kind, text in self.lines:
             if kind == "+":
                 out.append((n, text))
@@ -99,7 +103,8 @@ class Hunk:
         return out
 
     def removed_old_lines(self) -> list[tuple[int, str]]:
-        out, n = [], self.old_start
+        """(old-side line number, text) of every removed line (where the hunk applied, once it has)."""
+        out, n = [], self.applied_old_start or self.old_start
         for kind, text in self.lines:
             if kind == "-":
                 out.append((n, text))
@@ -320,6 +325,7 @@ def apply_file(old_text: str, fp: FilePatch) -> str:
                                   f"source (expected {first.strip()[:60]!r} near line {h.old_start})")
         offset = found - (h.old_start - 1 if h.old_len else h.old_start)
         out.extend(old[pos:found])
+        h.applied_old_start, h.applied_new_start = found + 1, len(out) + 1
         out.extend(t for k, t in h.lines if k in " +")
         pos = found + len(want)
     out.extend(old[pos:])
