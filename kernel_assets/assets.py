@@ -21,19 +21,21 @@ from kernel_assets import history, sweep
 from kernel_assets.agent import policy_for
 from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, OWNERS, ROUNDS, SPECS_PARTITIONS
-from kernel_assets.executors import benchmark_op_tags
+from kernel_assets.executors import benchmark_op_tags, benchmark_pool
 from kernel_assets.report import _md_table, md_image, tables, write_report
 from kernel_assets.specs_resource import SpecStore
 from kregress.core import paths
 from kregress.core.family import families, get_family
-from kregress.core.names import GPU_POOL, STRATEGIES
+from kregress.core.names import STRATEGIES
 from kregress.core.records import Suggestion, VariantResult, config_label
 from kregress.core.spec import TaskSpec
 from resources.gpu import BenchmarkBackend, ReplayBackend, backend_for
 from resources.ledger import LedgerResource
 from resources.taotoken import TaotokenResource
 
-# Benchmark steps: the `gpu` pool (one at a time per GPU) and, under the k8s executor, a one-GPU pod.
+# Benchmark steps: one slot of the pool of the device they time on (gpu/<host>/<device>, one benchmark per
+# GPU at a time) and, under the k8s executor, a one-GPU pod on a node of the chosen GPU model.
+BENCH_POOL = benchmark_pool()
 GPU_OP_TAGS = benchmark_op_tags()
 
 
@@ -80,7 +82,7 @@ def _snapshot(spec: TaskSpec | None, specs: SpecStore, task_id: str) -> TaskSpec
 @dg.asset(
     partitions_def=SPECS_PARTITIONS,
     group_name=GROUP_BASELINE,
-    pool=GPU_POOL,
+    pool=BENCH_POOL,
     op_tags=GPU_OP_TAGS,
     code_version=CODE_VERSION,
     kinds={"triton", "pytorch"},
@@ -174,7 +176,7 @@ def build_round(k: int):
 
     @dg.asset(
         name=f"round_{k}_variants", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
-        pool=GPU_POOL, op_tags=GPU_OP_TAGS, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
+        pool=BENCH_POOL, op_tags=GPU_OP_TAGS, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
         kinds={"triton", "pytorch"}, owners=OWNERS,
         description=f"Round {k}: compile stats, correctness and latency of every proposal; failures are rows.",
         check_specs=[dg.AssetCheckSpec(f"round_{k}_constraints", asset=f"round_{k}_variants",
