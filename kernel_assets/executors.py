@@ -233,3 +233,33 @@ def executor_from_env(environ: Mapping[str, str] | None = None) -> ExecutorDefin
             f"{ENV_EXECUTOR}=k8s needs dagster-k8s (the `deploy` extra: pip install 'kregress[deploy]'): {exc}"
         ) from exc
     return k8s_job_executor.configured(k8s_executor_config(env), name="k8s")
+
+
+# --- PostgreSQL connections: the arithmetic of deploy/README.md ----------------------------------------
+
+DAEMON_THREADS = 8  # dagster-daemon's daemons (scheduler, sensor, backfill, queue, monitoring, event log, asset, freshness)
+
+
+def pg_connection_bound(max_concurrent_runs: int, steps: int | None, *, executor: str = "multiprocess",
+                        code_servers: int = 1, webserver_max_overflow: int | None = None,
+                        ledger_per_process: int = 1) -> int:
+    """The most PostgreSQL connections a deployment opens at once (Dagster's storage and the ledger together).
+
+    dagster-postgres holds no idle connection (a NullPool): a process has one open per thread doing storage
+    work, and a run worker's work is one thread per process. So:
+
+    - each run worker: its own process, plus one process per step running at once under the multiprocess
+      executor (``steps``, the executor's max_concurrent); in-process runs are one process; under the k8s
+      executor each step pod is such a process;
+    - each of those processes may also hold ``ledger_per_process`` connections of the token ledger
+      (SQLAlchemy keeps the ones it opened);
+    - the daemon: one per daemon thread; each code server: one (it marks its dead workers' runs failed);
+    - the webserver: three storages, each with a pool of 1 + ``--db-pool-max-overflow`` (default 20).
+
+    ``max_concurrent_runs`` x (``steps`` + 1) x (1 + ``ledger_per_process``) + daemon + code servers + webserver.
+    """
+    if steps is None:  # the multiprocess executor's own default: one step per CPU of the run worker's host
+        steps = os.cpu_count() or 1
+    per_run = 1 if executor == "in_process" else 1 + max(1, steps)
+    webserver = 0 if webserver_max_overflow is None else 3 * (1 + max(0, webserver_max_overflow))
+    return max_concurrent_runs * per_run * (1 + ledger_per_process) + DAEMON_THREADS + code_servers + webserver

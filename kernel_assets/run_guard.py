@@ -179,7 +179,7 @@ def worker_process(instance, run_id: str) -> tuple[int, float] | None:
 
     found = None
     for rec in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
-        msg = rec.user_message or ""
+        msg = (rec.dagster_event.message if rec.dagster_event else "") or rec.user_message or ""
         if msg.startswith(WORKER_STARTED_PREFIX):
             try:
                 found = (int(msg[len(WORKER_STARTED_PREFIX):].split(")")[0]), rec.timestamp)
