@@ -168,7 +168,7 @@ def _node_tags(name: str) -> dict[str, str]:
 def test_benchmark_step_pod_gets_one_gpu_a_node_selector_and_tolerations():
     pod = _step_pod(_node_tags("round_1_variants"))
     (container,) = pod.containers
-    assert container.resources.limits["nvidia.com/gpu"] == 1
+    assert str(container.resources.limits["nvidia.com/gpu"]) == "1"  # a Kubernetes quantity
     assert container.resources.requests["cpu"] == "4"  # the step's tags over the executor's step_k8s_config
     assert pod.node_selector == {GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"}
     assert {(t.key, t.operator, t.effect) for t in pod.tolerations} == {("nvidia.com/gpu", "Exists", "NoSchedule")}
