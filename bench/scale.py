@@ -10,8 +10,9 @@ phases, printed as one table:
    ``dagster job launch``, spread over ``--devices`` simulated hosts (KREGRESS_DEVICE gpu-0, gpu-1, ...), run by the
    daemon; from the event log: the largest number of benchmark steps on one device at once (must be 1); from
    pg_stat_activity, sampled every 0.2 s: the peak number of PostgreSQL connections;
-2. kill: one more sweep, its run worker SIGKILLed inside a benchmark step; seconds until its slot is free again
-   (``free_slots_after_run_end_seconds`` is set by ``--free-slots``; deploy/dagster.yaml ships 120);
+2. kill: one more sweep (a gemm_smoke copy, whose first benchmark step compiles and checks for seconds), its run
+   worker SIGKILLed inside that step; seconds until its slot is free again (``free_slots_after_run_end_seconds``
+   is set by ``--free-slots``; deploy/dagster.yaml ships 120); the automatic retry is waited for;
 3. sequential: the same N specs materialized one after another in one process on the embedded default
    (SQLite, in-process executor), the way ``kregress sweep`` runs them.
 
@@ -99,19 +100,16 @@ def kill_phase(si: SharedInstance, task: str, location: str, pool: str) -> dict:
     rid, p = si.launch(location, task)
     p.communicate(timeout=600)
     deadline = time.monotonic() + 900
-    target = None
-    while target is None:  # the first benchmark step that starts after the baseline
-        for e in si.instance.all_logs(rid, of_type=dg.DagsterEventType.STEP_START):
-            if e.step_key == "round_1_variants":
-                target = e
+    while not any(e.step_key == "baseline_metrics"  # the first benchmark step: AOT compile, checks, timing
+                  for e in si.instance.all_logs(rid, of_type=dg.DagsterEventType.STEP_START)):
         if time.monotonic() > deadline:
-            raise TimeoutError("the sweep to kill never reached round_1_variants")
+            raise TimeoutError("the sweep to kill never reached baseline_metrics")
         time.sleep(0.05)
     pid, _ = worker_process(si.instance, rid)
     os.kill(pid, signal.SIGKILL)
     t_kill = time.time()
     done = {e.step_key for e in si.instance.all_logs(rid, of_type=dg.DagsterEventType.STEP_SUCCESS)}
-    inside = "round_1_variants" not in done
+    inside = "baseline_metrics" not in done
     storage = si.instance.event_log_storage
     while (si.instance.get_run_by_id(rid).status != dg.DagsterRunStatus.FAILURE):
         if time.time() - t_kill > 300:
@@ -177,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="kregress-scale-"))
     hosts = {f"host_{i}": {"KREGRESS_DEVICE": f"gpu-{i}"} for i in range(args.devices)}
     specs = make_specs(args.spec, args.sweeps, "scale_")
-    kill_spec = make_specs(args.spec, 1, "scale_kill_")[0]
+    kill_spec = gemm_spec("scale_kill")  # a benchmark step that lasts (AOT compile, interpreter checks) to be killed in
     overrides = {**TEST_TIMING, ("concurrency", "runs", "max_concurrent_runs"): args.max_runs,
                  ("run_monitoring", "free_slots_after_run_end_seconds"): args.free_slots}
     env_extra = {"KREGRESS_EXECUTOR": args.executor}

@@ -10,10 +10,11 @@
 - ``run_tags()``: the tags the CLI puts on each run it launches.
 - ``WorkerCheckingRunLauncher``: Dagster's ``DefaultRunLauncher`` (runs start in a process of the code server
   of their location) that also answers run monitoring's health check, so the daemon marks a run failed when
-  its run worker is gone: on the daemon's host by the worker's PID (and start time), elsewhere by asking the
-  code server that started it, and after ``unreachable_grace_seconds`` of silence from that server (the host
-  is down). Without it run monitoring cannot see a dead worker of the default launcher at all: only the code
-  server that started the worker would notice, and not when that server died too.
+  its run worker is gone. It asks the code server that started the worker; where that server does not vouch
+  for it (restarted, or gone) and the worker ran on the daemon's host, the worker's PID and start time decide;
+  a server on another host silent for ``unreachable_grace_seconds`` is taken for a dead host. Without it run
+  monitoring cannot see a dead worker of the default launcher at all: only the code server that started the
+  worker would notice, and not when that server died too.
 
 Dagster is imported inside the functions only, so ``kregress --help`` stays fast.
 """
@@ -243,21 +244,25 @@ def _make_launcher_class():
             from dagster._core.storage.tags import GRPC_INFO_TAG
 
             info = json.loads(run.tags.get(GRPC_INFO_TAG) or "{}")
-            host = info.get("host") if info.get("port") else None
             if not info:
                 return self._check_cli_run(run)
-            if is_this_host(host):
-                worker = worker_process(self._instance, run.run_id)
-                if worker is None:  # launched, the worker has not said it started yet (start_timeout covers a hang)
-                    return CheckRunHealthResult(WorkerStatus.RUNNING, "run worker starting")
-                pid, said_at = worker
-                started = process_started_at(pid)
-                if process_alive(pid) and (started is None or started <= said_at + 1.0):
-                    return CheckRunHealthResult(WorkerStatus.RUNNING, f"run worker pid {pid} is alive",
-                                                run_worker_id=str(pid))
-                return CheckRunHealthResult(WorkerStatus.FAILED, f"run worker pid {pid} on {socket.gethostname()} is gone "
-                                                                 "(killed or crashed)", run_worker_id=str(pid))
-            return self._ask_code_server(run, info)
+            # The code server that started the worker knows whether it is alive.
+            answer = self._ask_code_server(run, info)
+            host = info.get("host") if info.get("port") else None
+            if not is_this_host(host) or (answer.status == WorkerStatus.RUNNING and not answer.transient):
+                return answer
+            # On this host the worker's PID settles what the server cannot vouch for: a server restarted (it
+            # forgot the worker, which may live on) or gone (its worker may be gone too, or not).
+            worker = worker_process(self._instance, run.run_id)
+            if worker is None:  # launched, the worker has not said it started yet (start_timeout covers a hang)
+                return CheckRunHealthResult(WorkerStatus.RUNNING, "run worker starting")
+            pid, said_at = worker
+            started = process_started_at(pid)
+            if process_alive(pid) and (started is None or started <= said_at + 1.0):
+                return CheckRunHealthResult(WorkerStatus.RUNNING, f"run worker pid {pid} is alive",
+                                            run_worker_id=str(pid))
+            return CheckRunHealthResult(WorkerStatus.FAILED, f"run worker pid {pid} on {socket.gethostname()} is gone "
+                                                             "(killed or crashed)", run_worker_id=str(pid))
 
         def _check_cli_run(self, run):
             """A run of `kregress sweep` (executed in the CLI's own process, tagged with its host and PID): failed
@@ -282,8 +287,9 @@ def _make_launcher_class():
             from dagster._grpc.types import CanCancelExecutionRequest, CanCancelExecutionResult
             from dagster._serdes import deserialize_value
 
-            where = f"{info.get('host')}:{info.get('port')}"
-            client = DagsterGrpcClient(port=info.get("port"), host=info.get("host"), use_ssl=bool(info.get("use_ssl")))
+            where = f"{info.get('host')}:{info.get('port')}" if info.get("port") else f"socket {info.get('socket')}"
+            client = DagsterGrpcClient(port=info.get("port"), socket=None if info.get("port") else info.get("socket"),
+                                       host=info.get("host") or "localhost", use_ssl=bool(info.get("use_ssl")))
             try:
                 res = deserialize_value(client.can_cancel_execution(CanCancelExecutionRequest(run_id=run.run_id),
                                                                     timeout=self.grpc_timeout_seconds),
