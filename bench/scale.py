@@ -39,7 +39,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 import yaml  # noqa: E402
-
 from shared_instance import (  # noqa: E402
     TEST_TIMING,
     SharedInstance,
@@ -167,10 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     args = ap.parse_args(argv)
 
+    import socket
+
     from kernel_assets.executors import pg_connection_bound
     from kregress.core.names import device_pool
-
-    import socket
 
     root = Path(tempfile.mkdtemp(prefix="kregress-scale-"))
     hosts = {f"host_{i}": {"KREGRESS_DEVICE": f"gpu-{i}"} for i in range(args.devices)}

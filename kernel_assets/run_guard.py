@@ -79,7 +79,7 @@ def init_lock(home: Path, timeout_s: float = 300.0) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{home / LOCK_NAME} held for over {timeout_s:.0f} s by another kregress process")
+                    raise TimeoutError(f"{home / LOCK_NAME} held for over {timeout_s:.0f} s by another kregress process") from None
                 time.sleep(0.05)
         yield
     finally:

@@ -202,7 +202,7 @@ class SharedInstance:
         Ledger(self.pg_url("ledger")).rows()  # the ledger's tables, likewise
         self._start_poller()
         base = self.base_env()
-        for i, (loc, extra) in enumerate(self.hosts.items()):
+        for loc, extra in self.hosts.items():
             self.ports[loc] = _free_port()
             self._spawn(loc, [str(BIN / "dagster"), "api", "grpc", "-m", "kernel_assets.definitions", "-h", "127.0.0.1",
                               "-p", str(self.ports[loc]), "--location-name", loc], {**base, **extra})
