@@ -23,20 +23,22 @@ from kernel_assets import history, sweep
 from kernel_assets.agent import policy_for
 from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, OWNERS, ROUNDS, SPECS_PARTITIONS
-from kernel_assets.executors import benchmark_op_tags
+from kernel_assets.executors import benchmark_op_tags, benchmark_pool
 from kernel_assets.report import _md_table, md_image, tables, write_report
 from kernel_assets.specs_resource import SpecStore
 from kregress.core import paths
 from kregress.core.bind import BoundSpec
 from kregress.core.budget import BudgetScope
 from kregress.core.family import RecordedFamily, families
-from kregress.core.names import GPU_POOL, STRATEGIES
+from kregress.core.names import STRATEGIES
 from kregress.core.records import Suggestion, VariantResult, config_label
 from resources.gpu import BenchmarkBackend, ReplayBackend, backend_for
 from resources.ledger import LedgerResource
 from resources.taotoken import TaotokenResource
 
-# Benchmark steps: the `gpu` pool (one at a time per GPU) and, under the k8s executor, a one-GPU pod.
+# Benchmark steps: one slot of the pool of the device they time on (gpu/<host>/<device>, one benchmark per
+# GPU at a time) and, under the k8s executor, a one-GPU pod on a node of the chosen GPU model.
+BENCH_POOL = benchmark_pool()
 GPU_OP_TAGS = benchmark_op_tags()
 
 
@@ -85,7 +87,7 @@ def _bound(bound: BoundSpec | None, step: str) -> BoundSpec:
 @dg.asset(
     partitions_def=SPECS_PARTITIONS,
     group_name=GROUP_BASELINE,
-    pool=GPU_POOL,
+    pool=BENCH_POOL,
     op_tags=GPU_OP_TAGS,
     code_version=CODE_VERSION,
     kinds={"triton", "pytorch"},
@@ -100,7 +102,8 @@ def _bound(bound: BoundSpec | None, step: str) -> BoundSpec:
 def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkBackend,
                      replay: ReplayBackend):
     """Compile, correctness and latency of the spec's baseline config."""
-    bound = specs.bind(context.partition_key, run_id=context.run_id)  # the run's one binding of its spec
+    # the run's one binding of its spec; a retried run keeps its root run's budget scope
+    bound = specs.bind(context.partition_key, run_id=context.run.root_run_id or context.run_id)
     spec, fam = bound.spec, bound.family
     sugg = Suggestion(variant_id="baseline", config=spec.baseline, patch_summary="the spec's baseline config",
                       source="baseline", round=0, risk="low")
@@ -154,7 +157,7 @@ def build_round(k: int):
             return dg.MaterializeResult(value=Proposal(suggestions=[], notes=[f"round {k} skipped: {reason}"], bound=bound,
                                                        skipped=reason),
                                         metadata={"proposals": 0, "stopped": reason, "strategy": strategy})
-        scope = bound.budget_scope or BudgetScope.for_run(context.run_id, context.partition_key)
+        scope = bound.budget_scope or BudgetScope.for_run(context.run.root_run_id or context.run_id, context.partition_key)
         ctx = AgentContext(
             spec=spec, family=fam, round=k, n=spec.search.variants_per_round, history=prev.history,
             objective=prev.objective, profile_summary=prev.summary, failures=prev.failures,
@@ -190,7 +193,7 @@ def build_round(k: int):
 
     @dg.asset(
         name=f"round_{k}_variants", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
-        pool=GPU_POOL, op_tags=GPU_OP_TAGS, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
+        pool=BENCH_POOL, op_tags=GPU_OP_TAGS, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
         kinds={"triton", "pytorch"}, owners=OWNERS,
         description=f"Round {k}: compile stats, correctness and latency of every proposal; failures are rows.",
         check_specs=[dg.AssetCheckSpec(f"round_{k}_constraints", asset=f"round_{k}_variants",

@@ -1,7 +1,20 @@
-"""The one place the Definitions are built; resources are picked per environment (KREGRESS_ENV)."""
+"""The one place the Definitions are built; resources are picked per environment.
+
+- ``KREGRESS_ENV``: ``local`` (default) or ``gpu``: the benchmark backend (see ``build_resources``).
+- ``KREGRESS_LEDGER_URL``: the token ledger (and its response cache) every run worker of a shared instance
+  writes to, e.g. ``postgresql://kregress@db:5432/ledger``; unset = ``$DAGSTER_HOME/ledger.sqlite``. It is
+  passed as an ``EnvVar``, so the URL (and any password in it) never shows in the UI or a run's config.
+- ``KREGRESS_EXECUTOR``, ``KREGRESS_STEPS_PER_RUN``, ``KREGRESS_DEVICE``, ``KREGRESS_HOST``,
+  ``KREGRESS_GPU_PRODUCT``: where steps run and which device pool the benchmark steps take
+  (``kernel_assets.executors.placement``; the assets read the same placement for their ``pool=``).
+
+The cap on concurrent runs lives in the instance (``dagster.yaml`` ``concurrency.runs.max_concurrent_runs``),
+not here: it bounds every code location of the instance together.
+"""
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import dagster as dg
@@ -11,7 +24,7 @@ from kernel_assets.automation import build_automation
 from kernel_assets.review import build_review_assets
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, GROUP_TOKENS, SPECS_PARTITIONS, SWEEP_JOB
 from kernel_assets.specs_resource import SpecStore
-from kernel_assets.executors import executor_from_env
+from kernel_assets.executors import executor_from_env, placement
 from kernel_assets.tokens import build_token_assets
 from kregress.core.names import ENV_VAR, resource_env
 from resources.gpu import ReplayBackend, compiled_backend
@@ -27,8 +40,19 @@ def build_resources(env: str | None = None) -> dict:
     by_env = {"local": lambda: compiled_backend("auto"), "gpu": lambda: compiled_backend("cuda")}
     if env not in by_env:
         raise ValueError(f"{ENV_VAR}={env!r} is unknown; allowed: {', '.join(by_env)}")
-    return {"specs": SpecStore(), "taotoken": TaotokenResource(), "ledger": LedgerResource(),
+    return {"specs": SpecStore(), "taotoken": TaotokenResource(), "ledger": ledger_resource(),
             "bench": by_env[env](), "replay": ReplayBackend()}
+
+
+LEDGER_URL_ENV = "KREGRESS_LEDGER_URL"
+
+
+def ledger_resource(environ=None) -> LedgerResource:
+    """The ledger of ``KREGRESS_LEDGER_URL`` (read by each process from its environment), else the default file."""
+    env = os.environ if environ is None else environ
+    if env.get(LEDGER_URL_ENV, "").strip():
+        return LedgerResource(url=dg.EnvVar(LEDGER_URL_ENV))
+    return LedgerResource()
 
 
 SWEEP_ASSETS = build_sweep_assets()
@@ -58,6 +82,11 @@ def build_definitions(resources: dict | None = None, loggers: dict | None = None
         loggers=loggers,
         executor=executor_from_env(),  # KREGRESS_EXECUTOR: multiprocess (default), in_process, k8s
     )
+
+
+# Where this code location's steps run and the pool its benchmark steps take (the deploy tests read it;
+# the assets computed the same value when they were defined).
+PLACEMENT = placement()
 
 
 defs = build_definitions()

@@ -152,6 +152,40 @@ def _baseline_side(row: VariantResult, baseline: VariantResult) -> tuple[list, s
     return [by_shape[m.shape] for m in row.measurements], None, where
 
 
+_TIMING_IDENTITY = (("host", "hosts"), ("gpu", "GPUs"), ("driver", "drivers"), ("torch", "torch versions"),
+                    ("triton", "Triton versions"))
+
+
+def _timing_identity(m) -> dict[str, str]:
+    """What a sample's time depends on beyond the kernel: the device (host + GPU UUID, else its name) and the
+    toolchain (driver, torch, Triton)."""
+    return {"host": m.host or "", "gpu": m.gpu_uuid or m.gpu_name or m.device or "", "driver": m.driver or "",
+            "torch": m.torch_version or "", "triton": m.triton_version or ""}
+
+
+def _identity_label(ident: dict[str, str]) -> str:
+    return (f"{ident['gpu'] or '?'} on {ident['host'] or '?'} (driver {ident['driver'] or '?'}, torch "
+            f"{ident['torch'] or '?'}, triton {ident['triton'] or '?'})")
+
+
+def incomparable_reason(row: VariantResult, base: list) -> str | None:
+    """Why ``row``'s samples may not be judged against ``base`` (the baseline samples it would be compared with),
+    or None: a baseline timed on another device, driver or torch/Triton version never judges a variant."""
+    by_shape = {m.shape: m for m in base}
+    for m in row.measurements:
+        b = by_shape.get(m.shape)
+        if b is None:
+            continue
+        vi, bi = _timing_identity(m), _timing_identity(b)
+        if vi != bi:
+            what = [name for key, name in _TIMING_IDENTITY if vi[key] != bi[key] and key != "host"]
+            if vi["host"] != bi["host"] and "GPUs" not in what:
+                what.insert(0, "GPUs")  # the same model on another host is another GPU
+            return (f"baseline and variant timed on different {' and '.join(what)}: variant on {_identity_label(vi)}, "
+                    f"baseline on {_identity_label(bi)}; re-run both in one batch on one GPU with one toolchain")
+    return None
+
+
 def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> Verdict:
     """The evidence rule: correctness and constraints are real everywhere; latency needs cuda/replay.
 
@@ -178,6 +212,10 @@ def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> 
     guard = spec.regression_guard.not_worse_than_baseline_ratio
     rg = spec.regression_guard
     if row.evidence in MEASURED_EVIDENCE and baseline.evidence in MEASURED_EVIDENCE:
+        foreign = incomparable_reason(row, row.batch_baseline or baseline.measurements)
+        if foreign:
+            return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", evidence=row.evidence, ratio=point,
+                           cause="incomparable", reasons=[foreign])
         base, problem, where = _baseline_side(row, baseline)
         if problem:
             return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", evidence=row.evidence, ratio=point,
