@@ -71,13 +71,13 @@ RERUN = BAD + ("not_run",)
 # Part -> time limit (s) per mode. GPU: the sum fits the default budget; the budget is enforced as
 # well (a part never gets more than what is left), so a part late in the order is cut, not the run.
 PARTS: dict[str, dict[str, float]] = {
-    "env": {"gpu": 30, "dry": 120},
+    "env": {"gpu": 20, "dry": 120},
     "correct": {"gpu": 90, "dry": 420},
-    "timing": {"gpu": 80, "dry": 120},
+    "timing": {"gpu": 70, "dry": 120},
     "torch_sdpa": {"gpu": 30, "dry": 90},
     "pytest_gpu": {"gpu": 60, "dry": 240},
-    "bench_families": {"gpu": 100, "dry": 120},
-    "aot": {"gpu": 60, "dry": 420},
+    "bench_families": {"gpu": 90, "dry": 120},
+    "aot": {"gpu": 45, "dry": 420},
 }
 BUDGET_S = {"gpu": 440.0, "dry": 1500.0}  # GPU: gpu_check.sh's site install and start-up fit in 8 minutes
 RERUN_BUDGET_S = {"gpu": 240.0, "dry": 900.0}

@@ -114,19 +114,23 @@ def install_with_pip(reqs: list[str], wheels: Path, target: Path, log) -> None:
                          f"scripts/fetch_gpu_wheels.sh --python-version {sys.version_info[0]}.{sys.version_info[1]}")
 
 
-def install_by_unpacking(reqs: list[str], wheels: Path, target: Path, log) -> None:
+def install_by_unpacking(reqs: list[str], wheels: Path, target: Path, log) -> dict[str, str]:
     """No pip on this Python: unpack, per project, the newest wheel compatible with this interpreter,
     for every project of the folder that this Python lacks (the folder holds one closure, as
     fetch_gpu_wheels.sh downloads it)."""
     from packaging.utils import parse_wheel_filename
 
+    machine_has = {}
     for project, files in wheel_projects(wheels).items():
         ok = [f for f in files if _compatible(f)]
         if not ok:
             continue
         best = max(ok, key=lambda f: parse_wheel_filename(f.name)[1])
-        if base_version(project) is not None:
-            continue  # the pruning step decides about versions; an installed project is kept
+        have = base_version(project)
+        if have is not None:
+            machine_has[project] = have  # a project this Python has is kept (the folder is one closure)
+            log(f"not needed: {best.name} (this Python has {project} {have})")
+            continue
         log(f"unpacking {best.name}")
         with zipfile.ZipFile(best) as zf:
             zf.extractall(target)
@@ -136,6 +140,7 @@ def install_by_unpacking(reqs: list[str], wheels: Path, target: Path, log) -> No
     if missing:
         raise SystemExit(f"gpu_site: no wheel in {wheels} fits this Python for {', '.join(missing)}: run "
                          f"scripts/fetch_gpu_wheels.sh --python-version {sys.version_info[0]}.{sys.version_info[1]}")
+    return machine_has
 
 
 def prune(target: Path, top: list[str], log) -> dict[str, str]:
@@ -208,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     for r, (ok, have) in status.items():
         log(f"{r}: {'this Python has ' + have if ok else 'missing' if have is None else 'too old: ' + have}")
     method = "none needed"
+    kept: dict[str, str] = {}
     if missing:
         if not wheels.is_dir() or not any(wheels.glob("*.whl")):
             raise SystemExit(f"gpu_site: {', '.join(missing)} missing here and no wheels in {wheels}: run "
@@ -217,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             install_with_pip(missing, wheels, target, log)
         else:
             method = "unpacked (no pip)"
-            install_by_unpacking(missing, wheels, target, log)
-    kept = prune(target, missing, log) if missing else {}
+            kept.update(install_by_unpacking(missing, wheels, target, log))
+        kept.update(prune(target, missing, log))
     installed = {_canon(d.metadata["Name"]): d.version for d in metadata.distributions(path=[str(target)])}
     record = {"python": sys.version.split()[0], "executable": sys.executable, "wheels": str(wheels),
               "target": str(target), "method": method, "requirements": reqs, "missing": missing,
