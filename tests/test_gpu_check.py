@@ -100,6 +100,100 @@ def test_outputs_are_capped(tmp_path):
     assert b"bytes cut" in (tmp_path / "parts.log").read_bytes()
 
 
+# --- what the GPU run does with its answers (a stand-in only for the GPU worker's answer) -----------------
+
+class _StandInPool:
+    """Answers the one job sent to the GPU worker (which cannot run here) with ``answer``."""
+
+    def __init__(self, answer: dict):
+        self.answer, self.jobs = answer, []
+
+    def run(self, jobs, timeout):
+        self.jobs += jobs
+        return [dict(self.answer, wall_s=1.5)]
+
+
+def _part(tmp_path, mode: str):
+    ctx = {"mode": mode, "part": "timing", "items": ["gemm"], "timeout_s": 60, "out": str(tmp_path),
+           "cache": str(tmp_path / "cache"), "items_file": str(tmp_path / "items.jsonl")}
+    return check.Part(ctx)
+
+
+def _batch_answer(factors: dict[str, float], locked: str = "") -> dict:
+    """What batch_measurements returns through the worker: Measurement dumps per config, per shape,
+    made by kernels.measure's own constructor from samples (log-normal, 0.5% spread)."""
+    import numpy as np
+
+    from kernels.measure import measurement_from_samples
+
+    spec, fam = check.load("gemm")
+    shapes = check.timing_shapes(spec, fam)
+    rng = np.random.default_rng(3)
+    ident = {"gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-0000", "host": "lent", "driver": "570.1",
+             "sm_clock_mhz_start": 1980.0, "sm_clock_mhz_end": 1965.0, "mem_clock_mhz_start": 3201.0,
+             "mem_clock_mhz_end": 3201.0, "clocks_locked": locked}
+    batch = {}
+    for key, f in factors.items():
+        batch[key] = [measurement_from_samples(fam, s, list(f * (i + 1) * np.exp(rng.normal(0, 0.005, 80))), spec.dtype,
+                                               spec.params, "cuda", "NVIDIA H200", identity=ident, batch="b").model_dump()
+                      for i, s in enumerate(shapes)]
+    return {"batch": batch}
+
+
+def test_a_gpu_batch_answer_becomes_verdicts_against_its_own_baseline(tmp_path):
+    spec, fam = check.load("gemm")
+    cfgs = check.configs_for("gemm", "gpu")
+    variants = {"v1": cfgs[1], "v2": cfgs[2]}
+    pool = _StandInPool(_batch_answer({"baseline": 1.0, "v1": 1.10, "v2": 1.0}))
+    status, data = check._run_batch_item(_part(tmp_path, "gpu"), pool, "gemm", spec, fam, cfgs[0], variants,
+                                         check.timing_shapes(spec, fam), 60)
+    assert status == "ok", data
+    assert pool.jobs[0]["lock_clocks"] is None and pool.jobs[0]["configs"] == variants
+    assert data["verdicts"]["v1"]["verdict"] == "REGRESS" and data["verdicts"]["v1"]["ratio"] == pytest.approx(1.10, rel=0.01)
+    assert data["verdicts"]["v2"]["verdict"] == "PASS"
+    m = data["measurements"]["baseline"][0]
+    assert m["gpu_name"] == "NVIDIA H200" and m["gpu_uuid"] == "GPU-0000" and m["n_samples"] == 80
+    assert (m["sm_clock_mhz_start"], m["sm_clock_mhz_end"]) == (1980.0, 1965.0) and m["clocks_locked"] == ""
+    # a batch that ran with locked clocks is not what the lent machine allows
+    status, _ = check._run_batch_item(_part(tmp_path, "gpu"), _StandInPool(_batch_answer({"baseline": 1.0, "v1": 1.0},
+                                                                                       locked="sm 1755")),
+                                      "gemm", spec, fam, cfgs[0], {"v1": cfgs[1]}, check.timing_shapes(spec, fam), 60)
+    assert status == "failed"
+
+
+def test_a_batch_error_is_failed_on_the_gpu_and_planned_only_for_a_missing_gpu(tmp_path):
+    spec, fam = check.load("gemm")
+    cfgs = check.configs_for("gemm", "gpu")
+    args = ("gemm", spec, fam, cfgs[0], {"v1": cfgs[1]}, check.timing_shapes(spec, fam), 60)
+    crash = {"error": "crashed", "detail": "child process died: worker exited with code -11"}
+    no_gpu = {"error": "runtime_error", "detail": "AssertionError: Torch not compiled with CUDA enabled"}
+    renamed = {"error": "runtime_error", "detail": "TypeError: batch_measurements() got an unexpected keyword 'rep'"}
+    assert check._run_batch_item(_part(tmp_path, "gpu"), _StandInPool(crash), *args)[0] == "failed"
+    assert check._run_batch_item(_part(tmp_path, "gpu"), _StandInPool(no_gpu), *args)[0] == "failed"
+    assert check._run_batch_item(_part(tmp_path, "dry"), _StandInPool(no_gpu), *args)[0] == "planned"
+    assert check._run_batch_item(_part(tmp_path, "dry"), _StandInPool(renamed), *args)[0] == "failed"
+    assert check._run_batch_item(_part(tmp_path, "gpu"), _StandInPool({"error": "timeout", "detail": "no answer"}),
+                                 *args)[0] == "timeout"
+
+
+def test_bench_families_table_is_read_per_spec():
+    """The dry run's real output of bench/families.py --cuda (its GPU jobs stop at the missing device)
+    is planned in a dry run and a failure on a GPU; a table of a good GPU run is ok."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "families.py"), "--cuda", "--families", "gemm_fp8"],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    status, data = check.classify_bench("gemm_fp8", "dry", proc.returncode, proc.stdout, proc.stderr)
+    assert status == "planned" and data["rows"][0][1] == "correctness on GPU", (proc.stdout, proc.stderr[-1500:])
+    status, data = check.classify_bench("gemm_fp8", "gpu", proc.returncode, proc.stdout, proc.stderr)
+    assert status == "failed" and "CUDA" in data["detail"]
+    good = ("| spec | shape | latency | headline | vs peak |\n|---|---|---|---|---|\n"
+            "| gemm | correctness on GPU | 4 shapes | ok | max_abs_err=1.25e-01 |\n"
+            "| gemm | 4096x4096x4096 | p50 0.2100 ms | 654.5 TFLOP/s BF16 | 66.2% of 989 |\n")
+    assert check.classify_bench("gemm", "gpu", 0, good, "")[0] == "ok"
+    assert check.classify_bench("gemm", "gpu", 0, good.replace("| ok |", "| FAIL |"), "")[0] == "failed"
+    assert check.classify_bench("gemm", "gpu", 0, "", "Traceback ...")[0] == "failed"
+
+
 # --- budgeted parts and the re-run of what failed (real dry-run parts) -------------------------------------
 
 def _run_check(out: Path, *args: str, timeout: float = 900) -> tuple[int, dict]:
