@@ -19,9 +19,9 @@ written as they finish):
     torch_sdpa      the external family: each PyTorch backend checked on the GPU, then timed in one batch
     pytest_gpu      ``pytest -m gpu`` over the test files that carry the marker (a file that cannot be
                     imported here, e.g. for want of Dagster, is reported as such, not as a failure)
-    bench_families  ``bench/families.py --cuda`` per spec: the baseline against the BF16/FP8 or HBM peak
     aot             every family's configs compiled ahead of time for the spec's arch (sm_90) with the
                     machine's Triton: registers, spills, shared memory, or why it cannot compile
+    bench_families  ``bench/families.py --cuda`` per spec: the baseline against the BF16/FP8 or HBM peak
 
 ``--dry-run`` goes through the same parts on a CPU host: correctness in Triton's interpreter on the
 correctness shapes, the AOT compiles for real, torch_sdpa on the CPU, the gpu-marked tests collected
@@ -37,8 +37,10 @@ setup.log (written by gpu_check.sh), nvidia-smi.txt, pytest_gpu.log, pytest_gpu.
 bench_families.log.
 
 Item statuses: ok, failed (it ran and was wrong), error (the harness failed), timeout, skipped (not
-run, with the reason), planned (dry run: sent as far as a CPU host can take it). The check's status
-is ``ok`` when no item failed, errored or timed out.
+run, with the reason: it cannot run on this machine), not_run (no time left in the budget, or no
+device), planned (dry run: sent as far as a CPU host can take it). The check's status is ``ok`` when
+every item is ok, planned or skipped, ``failed`` when one failed, errored or timed out, else
+``incomplete``; ``--rerun-failed`` runs the failed, errored, timed-out and not-run items again.
 """
 
 from __future__ import annotations
@@ -71,15 +73,15 @@ RERUN = BAD + ("not_run",)
 # Part -> time limit (s) per mode. GPU: the sum fits the default budget; the budget is enforced as
 # well (a part never gets more than what is left), so a part late in the order is cut, not the run.
 PARTS: dict[str, dict[str, float]] = {
-    "env": {"gpu": 20, "dry": 120},
+    "env": {"gpu": 15, "dry": 120},
     "correct": {"gpu": 90, "dry": 420},
-    "timing": {"gpu": 70, "dry": 120},
+    "timing": {"gpu": 100, "dry": 120},
     "torch_sdpa": {"gpu": 30, "dry": 90},
     "pytest_gpu": {"gpu": 75, "dry": 240},
-    "bench_families": {"gpu": 80, "dry": 120},
-    "aot": {"gpu": 40, "dry": 420},
+    "aot": {"gpu": 30, "dry": 420},
+    "bench_families": {"gpu": 75, "dry": 120},  # last: the likeliest to overrun (every timed shape of every spec)
 }
-BUDGET_S = {"gpu": 440.0, "dry": 1500.0}  # GPU: gpu_check.sh's site install and start-up fit in 8 minutes
+BUDGET_S = {"gpu": 450.0, "dry": 1500.0}  # GPU: + gpu_check.sh's site install and start-up = 8 minutes
 RERUN_BUDGET_S = {"gpu": 240.0, "dry": 900.0}
 RESERVE_S = 5.0  # kept back from every part for writing the summary
 
@@ -166,9 +168,12 @@ class Part:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def item_timeout(self, remaining_items: int, floor: float = 10.0) -> float:
-        """An even share of what is left, so one item cannot take its successors' time."""
-        return max(floor, self.left() / max(1, remaining_items) - 1.0)
+    def item_timeout(self, remaining_items: int, floor: float = 30.0) -> float:
+        """An even share of what is left, so one item cannot take all of its successors' time, but at
+        least ``floor`` (a cold JIT compile of an attention kernel and its timing), never past the part's
+        own limit (the part is killed there anyway; what is left then is a timeout, re-run with
+        --rerun-failed)."""
+        return max(1.0, min(self.left() - 1.0, max(floor, self.left() / max(1, remaining_items) - 1.0)))
 
     def put(self, item: str, status: str, **data) -> None:
         rec = {"item": item, "status": status, **data}
@@ -307,7 +312,7 @@ def part_correct(p: Part) -> None:
                   detail="; ".join(f"{r['config']}: {r['error'] or 'mismatch'} {r['detail'][:120]}" for r in bad))
 
     # every job gets an even share of the part's time (jobs run `size` at a time)
-    per_job = max(20.0, (p.left() - 2) * size / max(1, len(jobs)))
+    per_job = max(30.0, (p.left() - 2) * size / max(1, len(jobs)))
     w = pool(p, size, interpret=not gpu)
     try:
         w.run(jobs, per_job, on_done=done)
@@ -523,7 +528,7 @@ def part_bench_families(p: Part) -> None:
             t0 = time.monotonic()
             try:
                 proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                                      timeout=p.item_timeout(len(run) - run.index(label), floor=15))
+                                      timeout=p.item_timeout(len(run) - run.index(label)))
             except subprocess.TimeoutExpired as exc:
                 log.write(str(exc.stdout or "") + str(exc.stderr or "") + "\n[timeout]\n")
                 p.put(label, "timeout", detail=f"bench/families.py --cuda past {exc.timeout:.0f} s")
@@ -595,7 +600,7 @@ def part_aot(p: Part) -> None:
 
 
 PART_FUNCS = {"env": part_env, "correct": part_correct, "timing": part_timing, "torch_sdpa": part_torch_sdpa,
-              "pytest_gpu": part_pytest_gpu, "bench_families": part_bench_families, "aot": part_aot}
+              "pytest_gpu": part_pytest_gpu, "aot": part_aot, "bench_families": part_bench_families}
 GPU_ONLY = ("correct", "timing", "torch_sdpa", "bench_families")
 
 
@@ -659,8 +664,12 @@ def write_summary(out: Path, summary: dict) -> None:
 
 
 def overall(parts: dict) -> tuple[str, list[str]]:
-    bad = [f"{p}/{i}" for p, rec in parts.items() for i, v in rec.get("items", {}).items() if v["status"] in RERUN]
-    return ("ok" if not bad else "failed"), bad
+    """ok; failed (an item failed, errored or timed out); incomplete (only items not run: budget, no device)."""
+    statuses = {f"{p}/{i}": v["status"] for p, rec in parts.items() for i, v in rec.get("items", {}).items()}
+    bad = [k for k, st in statuses.items() if st in RERUN]
+    if any(statuses[k] in BAD for k in bad):
+        return "failed", bad
+    return ("incomplete" if bad else "ok"), bad
 
 
 def cap_outputs(out: Path) -> list[str]:
@@ -747,9 +756,9 @@ def main(argv: list[str] | None = None) -> int:
             if not items:
                 summary["parts"][name] = {"status": "ok", "seconds": 0.0, "items": keep, "from_previous": True}
                 continue
-            if no_device and name in GPU_ONLY:
-                rec = {"status": "skipped", "seconds": 0.0,
-                       "items": {i: {"status": "skipped", "reason": no_device} for i in items}}
+            if no_device and name in GPU_ONLY:  # not_run: a --rerun-failed on a working device runs them
+                rec = {"status": "not_run", "seconds": 0.0,
+                       "items": {i: {"status": "not_run", "reason": no_device} for i in items}}
             else:
                 left = deadline - time.monotonic() - RESERVE_S
                 if left < 5:

@@ -85,6 +85,15 @@ def test_the_job_fields_are_what_the_worker_reads():
     assert {k for k in job if k not in ("op", "family", "configs", "shapes", "params", "dtype", "baseline")} <= params
 
 
+def test_overall_status():
+    def parts(*statuses):
+        return {"p": {"items": {f"i{n}": {"status": st} for n, st in enumerate(statuses)}}}
+
+    assert check.overall(parts("ok", "planned", "skipped")) == ("ok", [])
+    assert check.overall(parts("ok", "not_run")) == ("incomplete", ["p/i1"])
+    assert check.overall(parts("not_run", "timeout", "ok")) == ("failed", ["p/i0", "p/i1"])
+
+
 def test_gpu_marked_test_files_are_found():
     files = check.gpu_test_files()
     assert "tests/test_gpu.py" in files and "tests/test_batching.py" in files
