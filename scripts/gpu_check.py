@@ -192,7 +192,8 @@ def progress(out: Path, msg: str) -> None:
 
 def no_cuda_error(text: str) -> bool:
     """A worker's error that says there is no CUDA device (what a dry run's GPU-only job runs into)."""
-    return bool(re.search(r"CUDA|cuda|NVIDIA|nvidia|GPU", text or ""))
+    return bool(re.search(r"not compiled with CUDA|no CUDA GPUs|no NVIDIA driver|CUDA driver|CUDA is not available|"
+                          r"no CUDA-capable device", text or "", re.IGNORECASE))
 
 
 def pool(ctx_part: Part, size: int, interpret: bool):
