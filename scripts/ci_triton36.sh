@@ -33,7 +33,7 @@ if .venv-min36/bin/python -c "import pydantic" 2>/dev/null || .venv-min36/bin/py
     exit 1
 fi
 
-stamp "carried wheels: the GPU machine's (cp312) and this host's (cp$hostpy)"
+stamp "carried wheels: the GPU machine's (cp312) and this host's (cp${hostpy/./})"
 bash scripts/fetch_gpu_wheels.sh | tail -2
 bash scripts/fetch_gpu_wheels.sh --python-version "$hostpy" | tail -1
 
