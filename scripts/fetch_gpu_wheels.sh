@@ -26,7 +26,7 @@ py=${PYTHON:-python3}
 mkdir -p "$dest"
 reqs=$(mktemp)
 trap 'rm -f "$reqs"' EXIT
-"$py" scripts/gpu_site.py --requirements "${extra[@]}" > "$reqs"
+"$py" scripts/gpu_site.py --requirements ${extra[@]+"${extra[@]}"} > "$reqs"
 "$py" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --implementation cp \
     --python-version "$pyver" --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux_2_28_x86_64 -d "$dest" -r "$reqs" 2> >(grep -v "is ignored: it is neither" >&2)

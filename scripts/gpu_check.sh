@@ -39,4 +39,4 @@ fi
 export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export KREGRESS_CHECK_SITE="$site" PYTHONUNBUFFERED=1
 export TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
-"$py" scripts/gpu_check.py --out "$out" "${args[@]}"
+"$py" scripts/gpu_check.py --out "$out" ${args[@]+"${args[@]}"}
