@@ -40,7 +40,7 @@ def test_gpu_budget_fits_one_call_of_eight_minutes():
     limits = {name: lim["gpu"] for name, lim in check.PARTS.items()}
     # every part can have its whole limit, plus what is kept back from each for the summary
     assert sum(limits.values()) + check.RESERVE_S * len(limits) <= check.BUDGET_S["gpu"] + 1e-9
-    assert check.BUDGET_S["gpu"] + 30 <= 8 * 60  # + the site install and start-up of gpu_check.sh
+    assert check.BUDGET_S["gpu"] + 30 < 8 * 60  # + the site install and start-up of gpu_check.sh
     assert check.RERUN_BUDGET_S["gpu"] < check.BUDGET_S["gpu"]
     assert list(check.PARTS) == list(check.PART_FUNCS)
     assert len(check.OUT_FILES) <= 8
