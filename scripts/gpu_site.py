@@ -11,7 +11,12 @@ working tree); this script, run by ``scripts/gpu_check.sh`` with the machine's o
 3. removes again from SITE every distribution the machine already has at a version that satisfies
    what the installed ones require (pip --target installs a whole closure, e.g. typing_extensions,
    which torch already brought): the machine's packages are never shadowed without need;
-4. writes what it did to SITE/kregress_site.json (the check copies it into its summary).
+4. when this Python does not have the project itself installed (the GPU machine runs the tree from
+   PYTHONPATH), writes the tree's metadata only (``<name>-<version>.dist-info`` with METADATA and
+   the ``[project.entry-points]`` of its pyproject.toml) into SITE, so that importlib.metadata finds
+   the entry points the tree declares (the family registry reads its built-ins there); no code is
+   copied: the modules are imported from the tree;
+5. writes what it did to SITE/kregress_site.json (the check copies it into its summary).
 
 The machine's own packages are never touched; SITE is put first on PYTHONPATH by the caller.
 
@@ -183,6 +188,40 @@ def prune(target: Path, top: list[str], log) -> dict[str, str]:
     return kept_base
 
 
+def tree_metadata(project: Path, target: Path, log) -> dict:
+    """The tree's dist-info (METADATA + entry_points.txt from pyproject.toml) in ``target``, unless this
+    Python has the project installed (then its own metadata serves)."""
+    pyproject = project / "pyproject.toml"
+    if not pyproject.is_file():
+        return {"written": False, "why": f"no {pyproject}"}
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            return {"written": False, "why": "no TOML reader on this Python (tomllib is 3.11+, tomli absent)"}
+    meta = tomllib.loads(pyproject.read_text()).get("project", {})
+    name, version = meta.get("name"), meta.get("version", "0")
+    if not name:
+        return {"written": False, "why": f"{pyproject} has no [project] name"}
+    have = base_version(name)
+    if have is not None:
+        return {"written": False, "why": f"this Python has {name} {have} installed"}
+    groups = meta.get("entry-points", {})
+    info = target / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                   f"Summary: the working tree at {project} (imported from PYTHONPATH; metadata only)\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n" for group, eps in groups.items()))
+    files = ["METADATA", "entry_points.txt", "RECORD"]
+    (info / "RECORD").write_text("".join(f"{info.name}/{f},,\n" for f in files))
+    log(f"tree metadata: {info.name} with entry-point groups {', '.join(groups) or 'none'}")
+    return {"written": True, "name": name, "dist_info": info.name,
+            "entry_point_groups": {g: sorted(e) for g, e in groups.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--wheels", default=str(Path(__file__).resolve().parent / "gpu_wheels"))
@@ -191,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requirements", action="store_true", help="print the requirements to download, one a line")
     ap.add_argument("--with-dagster", action="store_true", help="with --requirements: Dagster too")
     ap.add_argument("--log", default="", help="append what is done to this file")
+    ap.add_argument("--project", default=str(Path(__file__).resolve().parent.parent),
+                    help="the tree whose pyproject.toml metadata is written when it is not installed")
     args = ap.parse_args(argv)
     if args.requirements:
         print("\n".join(REQUIRED + OPTIONAL + (DAGSTER if args.with_dagster else ())))
@@ -225,10 +266,12 @@ def main(argv: list[str] | None = None) -> int:
             method = "unpacked (no pip)"
             kept.update(install_by_unpacking(missing, wheels, target, log))
         kept.update(prune(target, missing, log))
-    installed = {_canon(d.metadata["Name"]): d.version for d in metadata.distributions(path=[str(target)])}
+    tree = tree_metadata(Path(args.project), target, log)
+    installed = {_canon(d.metadata["Name"]): d.version for d in metadata.distributions(path=[str(target)])
+                 if not (tree.get("written") and _canon(d.metadata["Name"]) == _canon(tree["name"]))}
     record = {"python": sys.version.split()[0], "executable": sys.executable, "wheels": str(wheels),
               "target": str(target), "method": method, "requirements": reqs, "missing": missing,
-              "installed": dict(sorted(installed.items())), "machine_has": {**{_canon(_req(r).name): h for r, (ok, h) in status.items() if ok}, **kept},
+              "installed": dict(sorted(installed.items())), "tree_metadata": tree, "machine_has": {**{_canon(_req(r).name): h for r, (ok, h) in status.items() if ok}, **kept},
               "seconds": round(time.perf_counter() - t0, 2)}
     (target / RECORD_NAME).write_text(json.dumps(record, indent=2))
     if args.log:

@@ -317,6 +317,33 @@ def test_site_install_takes_only_what_this_python_lacks(tmp_path, monkeypatch, n
     assert json.loads((target2 / site_mod.RECORD_NAME).read_text())["method"] == "none needed"
 
 
+def test_the_trees_entry_points_are_visible_without_installing_it(tmp_path):
+    """The GPU machine imports the tree from PYTHONPATH; the family registry reads built-ins from
+    entry points, so gpu_site.py writes the tree's metadata (only) into the site dir."""
+    site_mod = _module("gpu_site")
+    project = tmp_path / "tree"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "kregress-probe-tree"\nversion = "0.3.0"\n\n'
+        '[project.entry-points."kregress_probe.families"]\ngemm = "kernels.gemm:FAMILY"\nmine = "pkg.mod:FAM"\n')
+    target = tmp_path / "site"
+    assert site_mod.main(["--wheels", str(tmp_path / "none"), "--target", str(target), "--project", str(project)]) == 0
+    rec = json.loads((target / site_mod.RECORD_NAME).read_text())
+    assert rec["tree_metadata"]["written"] and rec["tree_metadata"]["entry_point_groups"] == {
+        "kregress_probe.families": ["gemm", "mine"]}
+    assert "kregress-probe-tree" not in rec["installed"]  # metadata of the tree, not an installed package
+    code = ("from importlib.metadata import entry_points, version; "
+            "print(version('kregress-probe-tree'), sorted((e.name, e.value) for e in entry_points(group='kregress_probe.families')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(target)), check=True).stdout
+    assert out.strip() == "0.3.0 [('gemm', 'kernels.gemm:FAMILY'), ('mine', 'pkg.mod:FAM')]"
+    # an installed project (this test environment's kregress) keeps its own metadata
+    target2 = tmp_path / "site2"
+    assert site_mod.main(["--wheels", str(tmp_path / "none"), "--target", str(target2), "--project", str(REPO)]) == 0
+    tree = json.loads((target2 / site_mod.RECORD_NAME).read_text())["tree_metadata"]
+    assert not tree["written"] and tree["why"].startswith("this Python has kregress")
+
+
 def test_site_install_without_wheels_says_how_to_get_them(tmp_path, monkeypatch):
     site_mod = _module("gpu_site")
     monkeypatch.setattr(site_mod, "REQUIRED", ("kregress-probe-absent>=1",))
