@@ -166,8 +166,8 @@ def cuda_family(label: str) -> list[str]:
             res = worker.call({**base, "op": "correctness", "shapes": shapes,
                                "tolerance": spec.constraints.numeric_tolerance, "device": "cuda", "interpret": False}, 900)
             c = res.get("correctness") or {}
-            rows.append(f"| {label} | correctness on GPU | {len(shapes)} shapes | "
-                        f"{'ok' if c.get('ok') else 'FAIL'} | {res.get('error') or c.get('mismatch_sample', '')[:120] or 'max_abs_err=%.2e' % c.get('max_abs_err', 0)} |")
+            detail = res.get("error") or c.get("mismatch_sample", "")[:120] or "max_abs_err=%.2e" % c.get("max_abs_err", 0)
+            rows.append(f"| {label} | correctness on GPU | {len(shapes)} shapes | {'ok' if c.get('ok') else 'FAIL'} | {detail} |")
             res = worker.call({**base, "op": "measure_cuda", "shapes": spec.shape_matrix,
                                "warmup_ms": spec.benchmark.warmup_ms, "rep_ms": spec.benchmark.rep_ms}, 1800)
             for m in res.get("measurements", []):

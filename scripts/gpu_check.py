@@ -519,7 +519,7 @@ def part_bench_families(p: Part) -> None:
     # device for every spec alike); the others are listed as planned
     run = labels if p.mode == "gpu" else labels[:1]
     with open(p.out / "bench_families.log", "a") as log:
-        for n, label in enumerate(labels):
+        for label in labels:
             if label not in run:
                 p.put(label, "planned", detail="dry run: bench/families.py --cuda invoked for the first spec only")
                 continue

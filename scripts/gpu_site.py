@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                  if not (tree.get("written") and _canon(d.metadata["Name"]) == _canon(tree["name"]))}
     record = {"python": sys.version.split()[0], "executable": sys.executable, "wheels": str(wheels),
               "target": str(target), "method": method, "requirements": reqs, "missing": missing,
-              "installed": dict(sorted(installed.items())), "tree_metadata": tree, "machine_has": {**{_canon(_req(r).name): h for r, (ok, h) in status.items() if ok}, **kept},
+              "installed": dict(sorted(installed.items())), "tree_metadata": tree,
+              "machine_has": {**{_canon(_req(r).name): h for r, (ok, h) in status.items() if ok}, **kept},
               "seconds": round(time.perf_counter() - t0, 2)}
     (target / RECORD_NAME).write_text(json.dumps(record, indent=2))
     if args.log:

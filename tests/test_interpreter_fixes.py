@@ -11,8 +11,8 @@ K loop bounded by ``tl.cdiv`` of a scalar argument.
 from __future__ import annotations
 
 import json
-import platform
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
