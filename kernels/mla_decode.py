@@ -17,8 +17,11 @@ Math and why:
   The same [BLOCK_N, 512] latent tile is then the V operand: it is loaded once per step and used twice.
 - Online softmax in base 2: scores are pre-multiplied by scale * log2(e) so exp2 is used; the running
   max m and sum l are per row; lse = (m + log2 l) * ln 2 at the end.
-- Causal over s_q (speculative/MTP decode): query i of s_q sees keys 0 .. seqlen - s_q + i. With
-  s_q = 1 that is the whole cache.
+- Always causal over s_q (speculative/MTP decode): query i of s_q sees keys 0 .. seqlen - s_q + i,
+  i.e. the s_q queries are the last s_q tokens of the cache. There is no non-causal mode. FlashMLA's
+  ``flash_mla_with_kvcache`` defaults to ``causal=False`` (every query sees the whole cache): compare
+  this family with FlashMLA called with ``causal=True``, as DeepSeek's MTP decode calls it. With
+  s_q = 1 the two are the same (the one query sees the whole cache).
 - Paging: BLOCK_N divides page_size, so a BLOCK_N tile never straddles a page and one block-table
   lookup per tile gives its page. Page offsets are int64 (a 132 x 32k-token cache has > 2^31
   elements). Tokens past the sequence end are masked at the load (other=0): the unused tail of the
