@@ -260,9 +260,9 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
 
     guarded = _snapshot_guarded()
     if spec.get("interpret"):
-        from kernels.worker import _patch_interpreter_bf16_dot
+        from kernels.interpreter import install as install_interpreter_fixes
 
-        _patch_interpreter_bf16_dot()
+        install_interpreter_fixes()  # the same fixes every interpreter process gets (bf16 dot and rounding, ...)
         guarded = _snapshot_guarded()
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
