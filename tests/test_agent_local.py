@@ -69,9 +69,10 @@ def test_deterministic_given_seed_and_differs_across_seeds():
 def test_seeded_from_the_incumbent_and_constraint_aware():
     history = [fake_row("baseline", SPEC.baseline, 0)]
     p = LocalPolicy().propose(ctx_for(history, 1))
-    # Half the proposals are one-step neighbours of the baseline (the incumbent).
+    # A quarter of the proposals are one-step neighbours of the baseline (the incumbent), after random picks.
     one_step = [s for s in p.suggestions if sum(s.config[k] != SPEC.baseline[k] for k in s.config) == 1]
-    assert len(one_step) >= 4 and all(s.parent == "baseline" for s in one_step)
+    assert len(one_step) >= 2 and all(s.parent == "baseline" for s in one_step)
+    assert all(sum(s.config[k] != SPEC.baseline[k] for k in s.config) == 1 for s in p.suggestions[-2:])
     # A faster row that breaks a constraint (spills) never becomes the anchor.
     fast = dict(SPEC.baseline, BLOCK_N=64)
     bad = fake_row("r1-bad", fast, 1)
@@ -192,3 +193,79 @@ def test_a_stale_incumbent_gets_a_line_search_along_each_tunable(monkeypatch):
     # and it is a different rule from the nearest-neighbour one it replaces (same round, phase off)
     monkeypatch.setattr(L, "STALE_ROUNDS", 10**6)
     assert picks(best.round + 1 + 3)[:L.N_LOCAL] != stale[:L.N_LOCAL]
+
+
+# --- forecasts: every proposal carries expected_speedup with an 80% interval, from the posterior
+def test_every_proposal_carries_a_forecast_with_an_80_percent_interval():
+    from kernel_assets.agent import local as L
+
+    history, proposals = run_rounds(4)
+    base = fake_row("baseline", SPEC.baseline, 0).measurements[0].p50_ms
+    for p in proposals:
+        for s in p.suggestions:
+            assert s.expected_speedup is not None and s.expected_speedup_low is not None
+            assert s.expected_speedup_low < s.expected_speedup < s.expected_speedup_high
+    # round 1 (the baseline alone): the prior, centred on no change, as wide as the documented spread
+    r1 = proposals[0].suggestions[0]
+    assert r1.expected_speedup == 1.0
+    assert math.isclose(r1.expected_speedup_high, math.exp(L.Z80 * L.PRIOR_LOG_SD))
+    assert math.isclose(r1.expected_speedup_low, math.exp(-L.Z80 * L.PRIOR_LOG_SD))
+    # later rounds: the model's, narrower than the prior once it has data, and roughly right on a smooth space
+    late = proposals[-1].suggestions
+    prior_width = math.log(r1.expected_speedup_high / r1.expected_speedup_low)
+    assert all(math.log(s.expected_speedup_high / s.expected_speedup_low) < prior_width for s in late)
+    rows = {r.variant_id: r for r in history}
+    hits = [s.expected_speedup_low <= base / rows[s.variant_id].measurements[0].p50_ms <= s.expected_speedup_high
+            for p in proposals[1:] for s in p.suggestions]
+    assert sum(hits) >= 0.5 * len(hits)
+    # the forecast is made once: proposing the same round again gives the same numbers
+    again = LocalPolicy().propose(ctx_for(history[:1 + 3 * 8], 4))
+    assert [(s.expected_speedup, s.expected_speedup_low) for s in again.suggestions] == \
+        [(s.expected_speedup, s.expected_speedup_low) for s in late]
+
+
+# --- moves the observations show cannot change the objective (a model estimate blind to a tunable)
+def test_moves_that_never_changed_the_objective_are_not_proposed():
+    """A latency estimate that ignores num_stages and GROUP_M gives exactly equal objectives for their
+    values; once the history shows that, no proposal differs from a measured config only in such values."""
+    import numpy as np
+
+    from kernel_assets.agent.local import valid_set, value_classes
+
+    def blind_row(vid, cfg, rnd):
+        row = fake_row(vid, cfg, rnd)
+        lat = (1.0 + 0.3 * math.log2(cfg["BLOCK_M"] / 100) ** 2 + 0.2 * math.log2(cfg["BLOCK_N"] / 50) ** 2
+               + 0.1 * math.log2(cfg["BLOCK_K"] / 30) ** 2 + 0.05 * cfg["num_warps"])
+        row.measurements[0] = row.measurements[0].model_copy(update={"p50_ms": lat, "samples_ms": [lat]})
+        return row
+
+    valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
+    levels = [len(v) for v in valid.values]
+    history = [blind_row("baseline", SPEC.baseline, 0)]
+    notes, merged_rounds = [], 0
+    for rnd in range(1, 9):
+        ctx = AgentContext(spec=SPEC, family=GEMM, round=rnd, n=8, history=history,
+                           objective={r.config_hash: r.measurements[0].p50_ms for r in history}, profile_summary="",
+                           failures=[])
+        p = LocalPolicy(seed=2).propose(ctx)
+        notes += p.notes
+        pos = np.array([valid.position(r.config) for r in history])
+        classes = value_classes(pos, np.array([r.measurements[0].p50_ms for r in history]), levels)
+        if classes is not None:
+            merged_rounds += 1
+            merged = {valid.keys[j] for j, c in enumerate(classes) if len(set(c.tolist())) < len(c)}
+            assert merged <= {"num_stages", "GROUP_M"}, merged  # only what the estimate ignores
+
+            def canon(cfg):
+                return tuple(int(c[q]) for c, q in zip(classes, valid.position(cfg)))
+
+            measured = {canon(r.config) for r in history}
+            assert not [s.config for s in p.suggestions if canon(s.config) in measured]
+        history += [blind_row(s.variant_id, s.config, rnd) for s in p.suggestions]
+    assert merged_rounds >= 4
+    assert any("always given exactly the same objective" in n for n in notes), notes
+    # a measurement is never exactly equal: values that differ by any amount are not merged
+    rows = np.array([[0, 0], [1, 0], [0, 1], [1, 1]])
+    assert value_classes(rows, np.array([1.0, 1.0, 2.0, 2.0]), [2, 2]) is not None  # A inert in two contexts
+    assert value_classes(rows[:3], np.array([1.0, 1.0, 2.0]), [2, 2]) is None  # one equal pair: a coincidence?
+    assert value_classes(rows, np.array([1.0, 1.0 + 1e-6, 2.0, 2.0]), [2, 2]) is None  # measured: never equal

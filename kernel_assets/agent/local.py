@@ -188,6 +188,7 @@ TRIPLE_PRIOR_VAR = 0.1  # prior variance of one three-way cell (standardised log
 TRIPLE_CANDIDATES_MAX = 6_000  # candidates the three-way model scores per round
 TRIPLE_RADIUS = 3  # the three-way model's picks change at most this many tunables of the incumbent
 EQUAL_RTOL = 1e-9  # two objectives this close are "exactly equal" (a model estimate, not a measurement)
+EQUAL_MIN = 2  # equal pairs (in different contexts) before two values of a tunable count as equivalent
 # Forecasts: an 80% interval is mean +- Z80 sd of log(variant / baseline). Before the model has MODEL_MIN
 # points the forecast is the prior: no change expected, sd PRIOR_LOG_SD. That is the spread of log(time)
 # over every config of the recorded spaces (0.10 dedispersion, 0.37 pnpoly, 0.45 convolution, 0.55 gemm),
@@ -338,8 +339,9 @@ class Posterior:
 def value_classes(rows: np.ndarray, values: np.ndarray, levels: list[int]) -> list[np.ndarray] | None:
     """Per tunable, a class id for each of its value positions: two values share a class when every
     measured pair of configs that differ only in that tunable, between those two values, gave exactly the
-    same objective (and at least one such pair was measured), and no pair between members of the class
-    gave a different one. None when no two values share a class.
+    same objective, and no pair between members of the class
+    gave a different one, where ``EQUAL_MIN`` such pairs at least were measured (one equal pair can be a
+    coincidence of a symmetric formula). None when no two values share a class.
 
     A model estimate that ignores a tunable (a latency model blind to pipeline depth) gives exactly equal
     objectives for its values; a measurement never does, so on measured evidence nothing is merged."""
@@ -352,21 +354,24 @@ def value_classes(rows: np.ndarray, values: np.ndarray, levels: list[int]) -> li
             groups: dict[bytes, list[int]] = {}
             for r in range(len(rows)):
                 groups.setdefault(others[r].tobytes(), []).append(r)
-            equal: set[tuple[int, int]] = set()
+            equal: dict[tuple[int, int], int] = {}
             differ: set[tuple[int, int]] = set()
             for members in groups.values():
                 for a, b in itertools.combinations(members, 2):
                     va, vb = int(rows[a, j]), int(rows[b, j])
                     pair = (min(va, vb), max(va, vb))
                     same = abs(values[a] - values[b]) <= EQUAL_RTOL * max(abs(values[a]), abs(values[b]))
-                    (equal if same else differ).add(pair)
+                    if same:
+                        equal[pair] = equal.get(pair, 0) + 1
+                    else:
+                        differ.add(pair)
 
             def find(v: int) -> int:
                 while root[v] != v:
                     v = int(root[v])
                 return v
 
-            for a, b in sorted(equal - differ):
+            for a, b in sorted(p for p, count in equal.items() if count >= EQUAL_MIN and p not in differ):
                 ra, rb = find(a), find(b)
                 if ra == rb:
                     continue
