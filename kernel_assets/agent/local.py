@@ -10,7 +10,7 @@ per process and space) get the model-based search:
 * A model of the shape of the space: Bayesian linear regression of log(objective) on second-order
   features of each config's ordinal positions (one-hot main effects, ordinal trends, pairwise
   interactions; see ``Features``), fitted to every row that ran. Its Gaussian posterior is exact and
-  cheap (one Cholesky factor of a features x features matrix a round).
+  cheap (``Posterior``: a Cholesky factor in the smaller of features and rows).
 * A model of failures: the same features, regressed on "this row failed" (a recorded failure, a
   failed compile or run, or a constraint broken: registers, spills, shared memory). A failure
   teaches where the feasible region ends: candidates whose predicted failure chance is above
@@ -24,12 +24,38 @@ per process and space) get the model-based search:
   the unmeasured configs that change one tunable of the incumbent to ANY of its values, best first
   under a posterior draw. Steps along an ordered axis miss a far good value (on the convolution space
   block sizes 32/64/128/256 are fast and 144..240 three times slower, so the optimum at 256 sat eight
-  steps from an incumbent at 128: 20-seed median best/optimum at 400 evaluations 1.004 -> 1.000).
-* Before the model has a few points (round 1 from the baseline alone): half the round is the
-  incumbent's nearest valid configs by steps along the ordered values, half uniform random picks.
+  steps from an incumbent at 128).
+* The stagnation switch: a search that has found no better config for ``EXPLORE_AFTER`` rounds has
+  stopped learning from its model, whose confident posterior keeps proposing the same basin. A
+  pairwise model cannot see a combination of three values that pays only together (a recorded
+  convolution space: shared memory off, one row per block and four rows per thread, the next config
+  19% slower; each pair of those values looks like a loss), nor a lone optimum in a narrow basin of
+  its own. From then on each round also spends ``TRIPLE_SLOTS`` proposals on Thompson draws of a
+  wider model, the pairwise one plus one-hot blocks over the joint values of three tunables (unvisited
+  cells keep their prior spread, so draws try them; one good measurement in a cell makes the whole
+  cell look good), half of them within ``TRIPLE_RADIUS`` changes of the incumbent, half anywhere; and
+  ``RANDOM_SLOTS`` uniform random proposals (the global explorer, which no model can mislead), one more
+  for every ``RANDOM_GROWTH`` further rounds without a new best. Measured with bench/search.py and the
+  synthetic spaces of bench/synth_spaces.py (lone optimum, three-way interaction): without the switch
+  the 5-seed median best/optimum at 400 evaluations stays at the plateau, 1.189 and 1.195; with it,
+  1.000 on both (see the README's figures for 20 seeds).
+* Moves that cannot change the objective: when measured configs that differ only in one tunable have
+  given exactly the same objective, in at least ``EQUAL_MIN`` contexts and never a different one (a
+  model estimate blind to that tunable: pipeline depth, L2 grouping), its values are equivalent, and a
+  config equivalent to a measured one is not proposed (``value_classes``). Measurements are never
+  exactly equal, so on measured evidence this never fires.
+* Round 1 (the baseline alone): uniform random picks first (they cover the space), then a quarter of
+  the round as the baseline's nearest valid configs; random picks until the model has ``MODEL_MIN``
+  points.
+* Forecasts: every proposal carries ``expected_speedup`` (baseline objective / predicted objective, the
+  pairwise posterior mean of log objective) and an 80% interval (``Z80`` predictive sd: the posterior
+  spread of the mean plus the model's residual variance). Before the model has ``MODEL_MIN`` points
+  the forecast is the prior: no change, with an interval as wide as the spread of log(time) over
+  whole recorded spaces (``PRIOR_LOG_SD``). A forecast is computed once, when proposed.
 
 Larger spaces keep the plain path: one-step neighbours of the incumbent, then Optuna's TPE with a
-constraint function over registers, spills and shared memory, with rejection and an attempt cap.
+constraint function over registers, spills and shared memory, with rejection and an attempt cap; their
+forecasts come from a Bayesian main-effects model of the measured rows (``main_effects_forecast``).
 """
 
 from __future__ import annotations
@@ -176,6 +202,7 @@ NOISE_VAR = 0.05  # residual variance of standardised log(objective): measuremen
 FAIL_P_MAX = 0.5  # a candidate whose predicted chance of failing is above this is not proposed while others remain
 N_LOCAL = 2  # proposals per round that are the unmeasured valid configs nearest the incumbent
 STALE_ROUNDS = 3  # rounds without a new best after which the local picks become a line search (see below)
+FIRST_NEAR_DIV = 4  # round 1: n // this nearest neighbours of the baseline, the rest random
 MODEL_MIN = 4  # measured points before the model proposes (and forecasts); random picks and the prior until then
 # The stagnation switch (a search that has stopped finding better configs explores what its model cannot see):
 EXPLORE_AFTER = 3  # rounds without a new best after which part of each round explores
@@ -183,9 +210,9 @@ TRIPLE_SLOTS = 2  # proposals per exploring round from Thompson draws of the mod
 RANDOM_SLOTS = 1  # uniform random proposals per exploring round, at first
 RANDOM_GROWTH = 3  # one more random proposal per this many further rounds without a new best
 TRIPLE_CELLS_MAX = 64  # three-way blocks over tunables whose joint values number at most this
-TRIPLE_BLOCKS_MAX = 40  # three-way blocks per round (a seeded random subset when there are more)
+TRIPLE_BLOCKS_MAX = 24  # three-way blocks per round (a seeded random subset when there are more)
 TRIPLE_PRIOR_VAR = 0.1  # prior variance of one three-way cell (standardised log objective)
-TRIPLE_CANDIDATES_MAX = 6_000  # candidates the three-way model scores per round
+TRIPLE_CANDIDATES_MAX = 4_000  # candidates the three-way model scores per round
 TRIPLE_RADIUS = 3  # the three-way model's picks change at most this many tunables of the incumbent
 EQUAL_RTOL = 1e-9  # two objectives this close are "exactly equal" (a model estimate, not a measurement)
 EQUAL_MIN = 2  # equal pairs (in different contexts) before two values of a tunable count as equivalent
@@ -568,7 +595,7 @@ class LocalPolicy:
             fail_p = base + feats.predict(free, fpost.mean[:, None])[:, 0]
         feasible = fail_p <= FAIL_P_MAX
         anchor_pos = valid.position(anchor)
-        n_local = max(1, n // 4) if len(ok_rows) <= 1 else min(N_LOCAL, n)
+        n_local = max(1, n // FIRST_NEAR_DIV) if len(ok_rows) <= 1 else min(N_LOCAL, n)
         y_all = np.asarray(ok_y)
         y_mu, y_sd = (float(y_all.mean()), float(y_all.std()) or 1.0) if len(y_all) else (0.0, 1.0)
         post: list[Posterior] = []  # the pairwise model's posterior, fitted once, when first needed
@@ -645,16 +672,20 @@ class LocalPolicy:
             if len(trip) > TRIPLE_BLOCKS_MAX:
                 trip = [trip[i] for i in sorted(rng.choice(len(trip), TRIPLE_BLOCKS_MAX, replace=False))]
             ext = feats.with_triples(valid, trip, TRIPLE_PRIOR_VAR)
-            # within TRIPLE_RADIUS changes of the incumbent: the interaction that pays is one the incumbent
-            # nearly has (the pairwise model has priced each of its pairs as a loss)
+            tpost = Posterior(ext.design(np.asarray(ok_rows)), (y_all - y_mu) / y_sd, ext.prior_var, NOISE_VAR)
+            # Half the draws (rounded up) pick within TRIPLE_RADIUS changes of the incumbent: an interaction
+            # that pays may be one the incumbent nearly has (the pairwise model priced each pair as a loss);
+            # the others anywhere: one seen once, far from the incumbent, is exploited where it was seen.
             cand = free[~taken[free]]
-            if anchor_pos is not None:
-                near = (valid.idx[cand] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) <= TRIPLE_RADIUS
-                cand = cand[near] if near.any() else cand
+            k_near = (k_tri + 1) // 2 if anchor_pos is not None else 0
+            if k_near:
+                near = cand[(valid.idx[cand] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) <= TRIPLE_RADIUS]
+                if len(near) > TRIPLE_CANDIDATES_MAX:
+                    near = np.sort(rng.choice(near, TRIPLE_CANDIDATES_MAX, replace=False))
+                thompson(ext, tpost, k_near, near)
             if len(cand) > TRIPLE_CANDIDATES_MAX:
                 cand = np.sort(rng.choice(cand, TRIPLE_CANDIDATES_MAX, replace=False))
-            tpost = Posterior(ext.design(np.asarray(ok_rows)), (y_all - y_mu) / y_sd, ext.prior_var, NOISE_VAR)
-            thompson(ext, tpost, k_tri, cand)
+            thompson(ext, tpost, k_tri - k_near, cand)
         if k_rand:
             cand = free[feasible_of(free) & ~taken[free]]
             if not len(cand):
