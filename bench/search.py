@@ -47,7 +47,19 @@ What is counted, the same way for every method:
   seeds of best/optimum after 50, 100, 200 and 400 evaluations (failures have no value; a run that
   ended before a budget keeps its best), and policy seconds per round of 8 proposals (local: median
   wall time of one ``propose()``; kt:*: the strategy's whole ``tune_cache`` wall time per 8 evaluations,
-  its simulation of the cache included; random: its sampling).
+  its simulation of the cache included; random: its sampling), and the worst round (``max s``: local,
+  the slowest ``propose()`` of any seed; kt:*, the largest per-8-evaluation average).
+* Forecasts (local): each proposal's ``expected_speedup`` and 80% interval against the measured speedup
+  (baseline objective / variant objective): the median over seeds of the share of proposals whose
+  measured speedup fell inside the interval, and of the median |log(forecast / measured)|.
+* Targets (printed per file as ``target:`` lines): the local policy's median best/optimum strictly below
+  every Kernel Tuner strategy's at 100 evaluations and not above at 400; within 1.02 of the optimum at
+  400; median evaluations to 5% at most twice the best Kernel Tuner strategy's.
+
+Synthetic spaces (``--synthetic DIR``): bench/synth_spaces.py writes Kernel Tuner cache files with a planted
+lone optimum, a three-way interaction, an optimum on the edge of a failure region, failures independent
+of the parameters, and heavy noise (small and medium sizes, seeded); they are generated into DIR when not
+already there and run like the recorded files.
 
 Run (all four shared files, 20 seeds; on 2 free cores about half an hour, most of it kt:bayes_opt;
 ``--runs`` keeps every finished run, so an interrupted or partial run is resumed, and runs made by
@@ -55,6 +67,7 @@ separate invocations, e.g. one per method in parallel, are merged into one table
 
     .venv/bin/python bench/search.py --seeds 20 --runs /tmp/search_runs.jsonl --json /tmp/search.json
     .venv/bin/python bench/search.py --replay ../shared/data/replay/pnpoly_RTX_3090.json.gz --seeds 5 --methods local,kt:pso
+    .venv/bin/python bench/search.py --synthetic /tmp/synth --seeds 20 --cap 400 --runs /tmp/search_runs.jsonl
 
 The ``kt:`` methods need the ``bench`` extra (``kernel_tuner``); without it they are reported as not run.
 """
@@ -709,8 +722,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="Kernel Tuner cache file (repeatable, or a comma list; default: every file in "
                          f"{replay_dir()}, else those in {SHIPPED_DIR})")
     ap.add_argument("--synthetic", default=None, metavar="DIR",
-                    help="also run on the synthetic spaces of bench/synth_spaces.py (every kind, sizes small and "
-                         "medium), generated into DIR when not already there")
+                    help="also run on the synthetic spaces of bench/synth_spaces.py (every kind, in the sizes of "
+                         "--synthetic-sizes), generated into DIR when not already there")
+    ap.add_argument("--synthetic-sizes", default="small,medium", metavar="LIST",
+                    help="comma list of small, medium, large (default %(default)s)")
     ap.add_argument("--synthetic-seed", type=int, default=0, metavar="N", help="seed of the synthetic spaces (default 0)")
     ap.add_argument("--json", default=None, metavar="OUT", help="write the per-file, per-method figures as JSON")
     ap.add_argument("--runs", default=None, metavar="JSONL",
@@ -731,7 +746,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--cap must be at least 2")
     files = [Path(f.strip()) for a in args.replay for f in a.split(",") if f.strip()] if args.replay else default_files()
     if args.synthetic:
-        files += _load_synth().generate(args.synthetic, seed=args.synthetic_seed)
+        synth = _load_synth()
+        sizes = [x.strip() for x in args.synthetic_sizes.split(",") if x.strip()]
+        if not sizes or any(x not in synth.SIZES for x in sizes):
+            ap.error(f"--synthetic-sizes {args.synthetic_sizes!r}: use a comma list of {', '.join(synth.SIZES)}")
+        files += synth.generate(args.synthetic, sizes=sizes, seed=args.synthetic_seed)
     if not files:
         ap.error(f"no cache files: none in {replay_dir()} or {SHIPPED_DIR}; pass --replay FILE")
 
