@@ -341,3 +341,36 @@ def test_the_stagnation_switch_escapes_a_planted_lone_optimum(tmp_path):
     assert runs[True] <= 1.01, runs  # found the lone optimum
     # deterministic per seed: the same first rounds again
     assert _search(table, fam, LONE_SEED, 40, True) == _search(table, fam, LONE_SEED, 40, True)
+
+
+def test_a_space_too_large_to_enumerate_gets_forecasts_from_a_main_effects_model():
+    from kernel_assets.agent import local as L
+    from kregress.core.family import Family, Space
+
+    vals = tuple(range(1, 9))
+    space = Space(params={k: vals for k in ("A", "B", "C", "D", "E", "F")})  # 8**6 = 262,144 points
+    assert math.prod(len(v) for v in space.params.values()) > L.ENUMERATE_LIMIT
+    fam = Family(name="big", space=space, shape_keys=("M",), headline_metric="tflops")
+    base = {k: 4 for k in space.params}
+    spec = SPEC.model_copy(update={"baseline": base})
+
+    def row(vid, cfg, rnd):
+        lat = 1.0 + 0.2 * abs(cfg["A"] - 6) + 0.1 * abs(cfg["B"] - 2)
+        m = Measurement(shape="1", samples_ms=[lat], p20_ms=lat, p50_ms=lat, p80_ms=lat, tflops=1, gbps=1,
+                        evidence="replay", device="x", torch_version="n/a", triton_version="n/a")
+        return VariantResult(variant_id=vid, round=rnd, source="local", config=cfg, config_hash=config_hash(cfg),
+                             measurements=[m], evidence="replay", backend="replay")
+
+    history = [row("baseline", base, 0)]
+    widths = []
+    for rnd in (1, 2):
+        ctx = AgentContext(spec=spec, family=fam, round=rnd, n=8, history=history,
+                           objective={r.config_hash: r.measurements[0].p50_ms for r in history}, profile_summary="",
+                           failures=[])
+        p = LocalPolicy(seed=1).propose(ctx)
+        assert len(p.suggestions) == 8
+        for s in p.suggestions:
+            assert s.expected_speedup_low < s.expected_speedup < s.expected_speedup_high
+        widths.append(max(math.log(s.expected_speedup_high / s.expected_speedup_low) for s in p.suggestions))
+        history += [row(s.variant_id, s.config, rnd) for s in p.suggestions]
+    assert math.isclose(widths[0], 2 * L.Z80 * L.PRIOR_LOG_SD) and widths[1] < widths[0]
