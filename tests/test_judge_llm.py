@@ -45,7 +45,8 @@ BLOCKS = "kernels/gemm.py\n<<<<<<< SEARCH\n        acc = tl.dot(a, b, acc)\n====
 
 def test_search_replace_reply_becomes_a_unified_diff():
     c = ctx(True)
-    got, dropped, _ = parse_suggestions(reply(BLOCKS), c)
+    parsed = parse_suggestions(reply(BLOCKS), c)
+    got, dropped = parsed.suggestions, parsed.dropped
     assert not dropped and len(got) == 1
     p = parse_patch(got[0].patch)
     es = editable_set(c.family)
@@ -54,9 +55,12 @@ def test_search_replace_reply_becomes_a_unified_diff():
 
 
 def test_patches_are_dropped_with_a_reason():
-    got, dropped, _ = parse_suggestions(reply(BLOCKS), ctx(False))
+    parsed = parse_suggestions(reply(BLOCKS), ctx(False))
+    got, dropped = parsed.suggestions, parsed.dropped
     assert not got and "search.patches: false" in dropped[0].reason
-    got, dropped, _ = parse_suggestions(reply(BLOCKS.replace("acc = tl.dot(a, b, acc)", "no such line")), ctx(True))
+    parsed = parse_suggestions(reply(BLOCKS.replace("acc = tl.dot(a, b, acc)", "no such line")), ctx(True))
+    got, dropped = parsed.suggestions, parsed.dropped
     assert not got and "occurs 0 times" in dropped[0].reason
-    got, dropped, _ = parse_suggestions(reply("just words"), ctx(True))
+    parsed = parse_suggestions(reply("just words"), ctx(True))
+    got, dropped = parsed.suggestions, parsed.dropped
     assert not got and "no unified diff" in dropped[0].reason

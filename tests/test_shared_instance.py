@@ -66,7 +66,7 @@ SPECS = {s["task_id"]: s for s in [
 
 @pytest.fixture(scope="module")
 def model():
-    from fake_openai import FakeOpenAI, Reply
+    from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
     from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
 

@@ -217,7 +217,7 @@ def parse_suggestions(
             fields["patch"], why = patch_from_reply(fields["patch"], ctx)
             if why:
                 drop(item, why)
-            continue
+                continue
         extra = sorted(k for k in item if k not in (COMPACT_KEYS if compact else LONG_KEYS))
         try:
             s = Suggestion.model_validate({**fields, "source": source, "round": ctx.round})
