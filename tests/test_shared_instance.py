@@ -354,7 +354,7 @@ def test_two_hosts_share_one_instance_ledger_and_compile_cache(shared, killed, s
     # the suggest prompt was answered from the shared response cache, not the model
     assert not [c for c in s["new_calls"] if c.body["messages"][0]["content"] == SUGGEST_SYSTEM_PROMPT]
     ledger = Ledger(shared.pg_url("ledger"))
-    rows = ledger.rows(partition="gk")
+    rows = ledger.usage.rows(partition="gk")
     by_run = {}
     for r in rows:
         by_run.setdefault(r.run_id, []).append(r)

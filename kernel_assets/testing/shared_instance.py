@@ -195,7 +195,7 @@ class SharedInstance:
             inst.add_dynamic_partitions("specs", sorted(self.specs))
         from resources.ledger import Ledger
 
-        Ledger(self.pg_url("ledger")).rows()  # the ledger's tables, likewise
+        Ledger(self.pg_url("ledger")).usage.rows()  # the ledger's tables, likewise
         self._start_poller()
         base = self.base_env()
         for loc, extra in self.hosts.items():
