@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import os
+
 import dagster as dg
 
 from kernel_assets.constants import SPECS_PARTITIONS
 from kernel_assets.specs_resource import SpecStore
-from kregress.core.family import get_family
 from kregress.core.bind import load_bound
+from kregress.core.family import get_family
 from kregress.core.spec import SpecError
 
 DEFAULT_CRON = "0 2 * * *"

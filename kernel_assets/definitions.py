@@ -21,10 +21,10 @@ import dagster as dg
 
 from kernel_assets.assets import build_sweep_assets
 from kernel_assets.automation import build_automation
-from kernel_assets.review import build_review_assets
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, GROUP_TOKENS, SPECS_PARTITIONS, SWEEP_JOB
-from kernel_assets.specs_resource import SpecStore
 from kernel_assets.executors import executor_from_env, placement
+from kernel_assets.review import build_review_assets
+from kernel_assets.specs_resource import SpecStore
 from kernel_assets.tokens import build_token_assets
 from kregress.core.names import ENV_VAR, resource_env
 from resources.gpu import ReplayBackend, compiled_backend

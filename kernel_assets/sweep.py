@@ -15,7 +15,6 @@ from kregress.core.records import DroppedSuggestion, VariantResult, Verdict, con
 from kregress.core.spec import TaskSpec
 
 
-
 def objective(row: VariantResult, spec: TaskSpec) -> float | None:
     """Aggregate p50 latency (ms) over the shape matrix; None when the row failed or has no timing."""
     if row.error or not row.measurements:

@@ -13,8 +13,8 @@ import itertools
 import numpy as np
 import pytest
 
-from kregress.core.bind import load_bound
 from kregress.core import batching, stats
+from kregress.core.bind import load_bound
 from kregress.core.records import Measurement, VariantResult
 from kregress.core.spec import load_spec
 

@@ -13,11 +13,11 @@ import json
 import shutil
 import sqlite3
 import subprocess
-import tomllib
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import tomllib
 
 from kernel_assets.clients.ccswitch import export_deeplink, export_merge_sql, export_sql
 from kernel_assets.clients.export import ExportError, ExportOptions

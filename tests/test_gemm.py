@@ -6,8 +6,8 @@ import pytest
 
 from kernels.compile import CompileError, compile_units
 from kregress.core.bind import bind
-from kregress.core.records import Suggestion
 from kregress.core.family import get_family
+from kregress.core.records import Suggestion
 from kregress.core.spec import HardwareLimits, parse_spec
 from resources.gpu import InterpreterBackend
 from resources.workers import WorkerPool, worker_env

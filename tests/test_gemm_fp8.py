@@ -15,8 +15,7 @@ import torch
 import yaml
 
 from kernels.compile import compile_units
-from kernels.gemm_fp8 import (K_RULE, dequantize_a, dequantize_b, fp8_gemm_nt, group_sizes, per_block_cast_to_fp8,
-                              per_token_cast_to_fp8)
+from kernels.gemm_fp8 import K_RULE, dequantize_a, dequantize_b, fp8_gemm_nt, group_sizes, per_block_cast_to_fp8, per_token_cast_to_fp8
 from kernels.measure import compare
 from kregress.core.bind import bind
 from kregress.core.family import families, get_family

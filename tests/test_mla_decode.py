@@ -16,8 +16,8 @@ import torch
 from kernels.compile import compile_units
 from kernels.measure import compare
 from kregress.core.bind import bind
-from kregress.core.records import Suggestion
 from kregress.core.family import families, get_family
+from kregress.core.records import Suggestion
 from kregress.core.spec import HardwareLimits, load_spec, parse_spec
 from resources.gpu import InterpreterBackend
 

@@ -90,11 +90,12 @@ def test_plugin_checks_sweeps_and_follows_its_own_source(plugin, tmp_path, monke
     assert (out / "report.md").is_file() and (out / "measurements.parquet").is_file()
 
     # 3. its kernel source drives the sensor and the compile cache
+    import dagster as dg
+
     from kernel_assets.automation import evaluate_specs
     from kernel_assets.specs_resource import SpecStore
     from kregress.core.records import Suggestion
     from resources.gpu import InterpreterBackend
-    import dagster as dg
 
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     fam = get_family(NAME)
@@ -188,8 +189,8 @@ def test_external_kernel_family_on_cpu(tmp_path, capsys):
     assert checks["reference"].status == "PASS" and checks["sweep_path"].status == "SKIP"
     assert checks["kernel_vs_reference"].status == "PASS" and "backend0" in checks["kernel_vs_reference"].detail
 
-    from resources.gpu import BenchmarkError, InterpreterBackend
     from kregress.core.records import Suggestion
+    from resources.gpu import BenchmarkError, InterpreterBackend
 
     bound = load_bound(REPO / "specs" / "torch_sdpa_h100.yaml")
     base = Suggestion(variant_id="baseline", config=bound.spec.baseline, patch_summary="b", source="baseline", round=0)

@@ -10,11 +10,11 @@ import pytest
 
 from kernel_assets import report
 from kernel_assets.sweep import RoundState, verdict_for
+from kernels.measure import measurement_from_samples
 from kregress.core.bind import bind
 from kregress.core.family import get_family
 from kregress.core.records import CompileStats, Correctness, VariantResult
 from kregress.core.spec import load_spec
-from kernels.measure import measurement_from_samples
 
 SPEC = load_spec("specs/gemm_smoke.yaml")
 FAM = get_family("gemm")

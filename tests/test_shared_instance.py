@@ -66,9 +66,8 @@ SPECS = {s["task_id"]: s for s in [
 
 @pytest.fixture(scope="module")
 def model():
-    from kregress.testing.fake_gateway import FakeOpenAI, Reply
-
     from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
+    from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
     with FakeOpenAI() as srv:
         def handler(seen) -> Reply:

@@ -35,10 +35,11 @@ import os
 import re
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO
+
+import tomllib
 
 from kernel_assets.clients.common import env_state, helper_variables, is_secret_name, key_alias, looks_like_key, role_keys, scrub
 from kernel_assets.clients.export import claude_user_settings, codex_user_config

@@ -13,11 +13,12 @@ import json
 import os
 import re
 import sqlite3
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 from urllib.parse import parse_qsl, urlsplit
+
+import tomllib
 
 from kernel_assets.clients.common import ENV_NAME, environment_secrets, helper_variables, is_placeholder, is_secret_name, looks_like_key
 from kernel_assets.clients.export import CODEX_CHAT_REMOVED

@@ -34,8 +34,9 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
 from kregress.testing.postgres import PG_PASSWORD, PG_USER, PgServer, free_port, pg_bin_dir
+
+REPO = Path(__file__).resolve().parents[2]
 
 REQUIRE_ENV = "KREGRESS_REQUIRE_POSTGRES"
 REPLAY_SPEC = REPO / "specs" / "replay_clblast_rtx3090.yaml"
