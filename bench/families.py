@@ -19,7 +19,8 @@ interpreter: Triton 3.9's CPU interpreter executes tl.dot on float8e4nv operands
 dequantized before the kernel).
 
 With ``--cuda`` (a GPU host; scripts/gpu_check.sh) each spec's baseline is instead checked on the
-GPU against the float64 reference and timed on every shape of its shape_matrix with the cuda
+GPU against the float64 reference (correctness_shapes and the cheapest timed shape whose reference
+the host can afford, ``gpu_correctness_shapes``) and timed on every shape of its shape_matrix with the cuda
 backend; the table gives TFLOP/s against the FP8 peak (fp8_e4m3 specs: params.fp8_peak_tflops or 2 x
 hardware.limits.peak_tflops) or the BF16 peak, and GB/s against HBM for mla_decode.
 
@@ -69,13 +70,12 @@ def neighbour_configs(family, baseline: dict, params: dict, n: int) -> list[dict
 
 
 def bench_family(name: str, n_configs: int) -> dict:
+    from kregress.core.bind import load_bound
     from kregress.core.records import config_label
-    from kregress.core.family import get_family
-    from kregress.core.spec import load_spec
     from resources.workers import Worker, worker_env
 
-    spec = load_spec(REPO / SPECS[name])
-    fam = get_family(spec.kernel_family)
+    bound = load_bound(REPO / SPECS[name])
+    spec, fam = bound.spec, bound.family
     label, name = name, spec.kernel_family
     result = {"family": label, "spec": SPECS[label], "compile": [], "interp": []}
 
@@ -122,24 +122,33 @@ def bench_family(name: str, n_configs: int) -> dict:
     return result
 
 
+# The float64 reference runs on the host CPU; a shape_matrix shape joins the GPU correctness check only
+# when its reference costs at most this many FLOPs (a few seconds; the attention prefill shapes would
+# need hours and tens of GB for their score matrices).
+REFERENCE_FLOP_CAP = 2e11
+
+
+def gpu_correctness_shapes(spec, fam) -> list[dict]:
+    """The spec's correctness_shapes plus its cheapest shape_matrix shape, when the float64 reference
+    of that shape is affordable on the host (``REFERENCE_FLOP_CAP``)."""
+    cheapest = min(spec.shape_matrix, key=lambda s: fam.flops(s, spec.params))
+    extra = [cheapest] if fam.flops(cheapest, spec.params) <= REFERENCE_FLOP_CAP else []
+    return list(spec.correctness_shapes) + extra
+
+
 def peak_of(spec, fam) -> tuple[str, float]:
-    """(unit, peak) the headline is set against: FP8 or BF16 TFLOP/s, or HBM GB/s."""
-    lim = spec.hardware.limits
-    if fam.headline_metric == "gbps":
-        return "GB/s HBM", lim.hbm_gbps
-    if spec.dtype == "fp8_e4m3":
-        return "TFLOP/s FP8", float(spec.params.get("fp8_peak_tflops") or 2.0 * lim.peak_tflops)
-    return "TFLOP/s BF16", lim.peak_tflops
+    """(unit, peak) the headline is set against: the family's own peak (FP8 or BF16 TFLOP/s, or HBM GB/s)."""
+    _, _, unit = fam.headline(0.0, 0.0)
+    return unit, fam.peak(spec.hardware, spec.params)
 
 
 def cuda_family(label: str) -> list[str]:
     """Baseline of the spec on the GPU: correctness on device, then cuda-backend timing per shape."""
-    from kregress.core.family import get_family
-    from kregress.core.spec import load_spec
+    from kregress.core.bind import load_bound
     from resources.workers import Worker, worker_env
 
-    spec = load_spec(REPO / SPECS[label])
-    fam = get_family(spec.kernel_family)
+    bound = load_bound(REPO / SPECS[label])
+    spec, fam = bound.spec, bound.family
     unit, peak = peak_of(spec, fam)
     rows = []
     with tempfile.TemporaryDirectory(prefix=f"kregress-cuda-{label}-") as cache:
@@ -147,15 +156,16 @@ def cuda_family(label: str) -> list[str]:
         worker.wait_ready(180)
         try:
             base = {"family": spec.kernel_family, "config": spec.baseline, "dtype": spec.dtype, "params": spec.params, "seed": 0}
-            res = worker.call({**base, "op": "correctness", "shapes": spec.correctness_shapes + spec.shape_matrix[:1],
+            shapes = gpu_correctness_shapes(spec, fam)
+            res = worker.call({**base, "op": "correctness", "shapes": shapes,
                                "tolerance": spec.constraints.numeric_tolerance, "device": "cuda", "interpret": False}, 900)
             c = res.get("correctness") or {}
-            rows.append(f"| {label} | correctness on GPU | {len(spec.correctness_shapes) + 1} shapes | "
-                        f"{'ok' if c.get('ok') else 'FAIL'} | {res.get('error') or c.get('mismatch_sample', '')[:120] or 'max_abs_err=%.2e' % c.get('max_abs_err', 0)} |")
+            detail = res.get("error") or c.get("mismatch_sample", "")[:120] or "max_abs_err=%.2e" % c.get("max_abs_err", 0)
+            rows.append(f"| {label} | correctness on GPU | {len(shapes)} shapes | {'ok' if c.get('ok') else 'FAIL'} | {detail} |")
             res = worker.call({**base, "op": "measure_cuda", "shapes": spec.shape_matrix,
                                "warmup_ms": spec.benchmark.warmup_ms, "rep_ms": spec.benchmark.rep_ms}, 1800)
             for m in res.get("measurements", []):
-                value = m["gbps"] if fam.headline_metric == "gbps" else m["tflops"]
+                _, value, _ = fam.headline(m["tflops"], m["gbps"])
                 rows.append(f"| {label} | {m['shape']} | p50 {m['p50_ms']:.4f} ms | {value:.1f} {unit} | "
                             f"{value / peak:.1%} of {peak:.0f} |")
             if "error" in res:

@@ -1,5 +1,5 @@
 """Fault scenarios, each a real `kregress sweep` process against the scripted OpenAI-compatible server
-(tests/fake_openai.py, 127.0.0.1 only), printed as one table.
+(kregress.testing.fake_gateway, 127.0.0.1 only), printed as one table.
 
     .venv/bin/python bench/faults.py [--only NAME ...]
 
@@ -26,10 +26,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 import yaml  # noqa: E402
-from fake_openai import FakeOpenAI, Reply  # noqa: E402
+
+from kregress.testing.fake_gateway import FakeOpenAI, Reply  # noqa: E402
 
 LIMIT_S = 600
 KEYS = {"TAOTOKEN_KEY_SUGGEST": "sk" "-FAULTBENCH-suggest-11112222333344445555,sk" "-FAULTBENCH-suggest-66667777888899990000",
@@ -90,17 +90,17 @@ class Scenario:
         if not path.exists():
             return 0, 0
         ledger = Ledger(path)
-        rows = [r for r in ledger.rows() if r.role in ("suggest", "report")]
+        rows = [r for r in ledger.usage.rows() if r.role in ("suggest", "report")]
         sweeps = {s for s in (getattr(r, "run_id", "") for r in rows) if s}
-        over = sum(ledger.overshoot(s).tokens for s in sweeps)
+        over = sum(ledger.usage.overshoot(s).tokens for s in sweeps)
         self.cache_hits = sum(1 for r in rows if r.cache_hit)
         return sum(1 for r in rows if not r.cache_hit), over
 
 
 def one_line(err: str) -> str:
-    """The line that says what happened: a budget overshoot, a freed dead run, a failed sweep, a failed step."""
+    """The line that says what happened: a budget overshoot, a freed dead run, a failed step (its reason), a failed sweep."""
     lines = [ln.strip() for ln in err.splitlines()]
-    for needle in ("EXCEEDED", "marked it failed", "kregress: sweep", " FAILED "):
+    for needle in ("EXCEEDED", "marked it failed", " FAILED round", "kregress: sweep", " FAILED "):
         for ln in lines:
             if needle in ln and (needle != "kregress: sweep" or "FAILED" in ln):
                 return ln[:170]
@@ -177,6 +177,58 @@ def run_long_outage(sc: Scenario, srv: FakeOpenAI, outage_s: float = 12.0) -> di
     return {"rc": r.returncode, "note": one_line(r.stderr) if r.returncode else f"rode out a {outage_s:.0f} s 429 outage"}
 
 
+def run_kill_in_report(sc: Scenario, srv: FakeOpenAI) -> dict:
+    """SIGKILL while the server holds the report call; the resume must settle it: attempts equal ledger rows."""
+    import signal
+    import threading
+
+    from kernel_assets.agent.llm import NARRATIVE_SYSTEM_PROMPT
+
+    f = sc.spec_file("fault_kill_report")
+    first: dict = {}
+    done = threading.Event()
+
+    def handler(seen):
+        if seen.body["messages"][0]["content"] == NARRATIVE_SYSTEM_PROMPT and not done.is_set():
+            done.set()
+            os.kill(first["proc"].pid, signal.SIGKILL)
+            return Reply(drop=True)
+        return suggestion(seen)
+
+    srv.handler = handler
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TAOTOKEN_", "KREGRESS_"))}
+    env.update(DAGSTER_HOME=str(sc.home), TRITON_DEFAULT_FP_FUSION="1", TAOTOKEN_BASE_URL=srv.root,
+               TAOTOKEN_MODEL_ID="kregress-test-model", **KEYS)
+    first["proc"] = subprocess.Popen([sys.executable, "-m", "kernel_assets.cli", "sweep", str(f), "--force"], cwd=REPO, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first["proc"].communicate(timeout=LIMIT_S)
+    resumed = sc.sweep(f, srv)
+    from resources.ledger import Ledger
+
+    dangling = len(Ledger(sc.home / "ledger.sqlite").usage.in_flight())
+    return {"rc": resumed.returncode, "note": f"killed rc {first['proc'].returncode}; {dangling} reservation(s) left open"}
+
+
+def run_prose(sc: Scenario, srv: FakeOpenAI) -> dict:
+    srv.handler = lambda seen: Reply(content="Try a wider tile and more stages.")
+    r = sc.sweep(sc.spec_file("fault_prose"), srv)
+    return {"rc": r.returncode, "note": next((ln.strip()[:170] for ln in r.stderr.splitlines() if "no usable proposal" in ln), "")}
+
+
+def run_empty_choices(sc: Scenario, srv: FakeOpenAI) -> dict:
+    from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
+
+    def handler(seen):
+        if seen.body["messages"][0]["content"] == SUGGEST_SYSTEM_PROMPT:
+            return Reply(body={"id": "x", "object": "chat.completion", "created": 1, "model": "kregress-test-model", "choices": [],
+                               "usage": {"prompt_tokens": 500, "completion_tokens": 0, "total_tokens": 500}})
+        return suggestion(seen)
+
+    srv.handler = handler
+    r = sc.sweep(sc.spec_file("fault_empty_choices"), srv)
+    return {"rc": r.returncode, "note": next((ln.strip()[:170] for ln in r.stderr.splitlines() if "no usable proposal" in ln), "")}
+
+
 SCENARIOS = {
     "kill -9 + resume": run_kill_resume,
     "4 parallel sweeps, fresh home": run_parallel,
@@ -184,6 +236,9 @@ SCENARIOS = {
     "misclassified 400 (max_tokens ... model)": run_misclassified_400,
     "401 on one key, failover": run_401_failover,
     "long 429 outage (12 s)": run_long_outage,
+    "kill -9 during the report call + resume": run_kill_in_report,
+    "prose in every round (exit 4)": run_prose,
+    "empty choices list (exit 4)": run_empty_choices,
 }
 
 

@@ -47,7 +47,19 @@ What is counted, the same way for every method:
   seeds of best/optimum after 50, 100, 200 and 400 evaluations (failures have no value; a run that
   ended before a budget keeps its best), and policy seconds per round of 8 proposals (local: median
   wall time of one ``propose()``; kt:*: the strategy's whole ``tune_cache`` wall time per 8 evaluations,
-  its simulation of the cache included; random: its sampling).
+  its simulation of the cache included; random: its sampling), and the worst round (``max s``: local,
+  the slowest ``propose()`` of any seed; kt:*, the largest per-8-evaluation average).
+* Forecasts (local): each proposal's ``expected_speedup`` and 80% interval against the measured speedup
+  (baseline objective / variant objective): the median over seeds of the share of proposals whose
+  measured speedup fell inside the interval, and of the median |log(forecast / measured)|.
+* Targets (printed per file as ``target:`` lines): the local policy's median best/optimum strictly below
+  every Kernel Tuner strategy's at 100 evaluations and not above at 400; within 1.02 of the optimum at
+  400; median evaluations to 5% at most twice the best Kernel Tuner strategy's.
+
+Synthetic spaces (``--synthetic DIR``): bench/synth_spaces.py writes Kernel Tuner cache files with a planted
+lone optimum, a three-way interaction, an optimum on the edge of a failure region, failures independent
+of the parameters, and heavy noise (small and medium sizes, seeded); they are generated into DIR when not
+already there and run like the recorded files.
 
 Run (all four shared files, 20 seeds; on 2 free cores about half an hour, most of it kt:bayes_opt;
 ``--runs`` keeps every finished run, so an interrupted or partial run is resumed, and runs made by
@@ -55,6 +67,7 @@ separate invocations, e.g. one per method in parallel, are merged into one table
 
     .venv/bin/python bench/search.py --seeds 20 --runs /tmp/search_runs.jsonl --json /tmp/search.json
     .venv/bin/python bench/search.py --replay ../shared/data/replay/pnpoly_RTX_3090.json.gz --seeds 5 --methods local,kt:pso
+    .venv/bin/python bench/search.py --synthetic /tmp/synth --seeds 20 --cap 400 --runs /tmp/search_runs.jsonl
 
 The ``kt:`` methods need the ``bench`` extra (``kernel_tuner``); without it they are reported as not run.
 """
@@ -93,6 +106,18 @@ elif str(_ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from kregress.core.recorded import ReplayTable, replay_dir  # noqa: E402
+
+
+def _load_synth():
+    """bench/synth_spaces.py as module ``bench_synth`` (bench/ is not a package)."""
+    import importlib.util
+
+    if "bench_synth" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_synth", Path(__file__).resolve().parent / "synth_spaces.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["bench_synth"] = mod
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return sys.modules["bench_synth"]
 
 THRESHOLDS = (0.05, 0.01)
 BUDGETS = (50, 100, 200, 400)
@@ -341,6 +366,9 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
     rnd = 0
     note = ""
     round_s: list[float] = []
+    base_value = value(history[0])
+    fc_hits: list[bool] = []  # measured speedup inside the forecast's 80% interval
+    fc_err: list[float] = []  # |log(forecast / measured speedup)|
     while not done(problem, seq, cap, reached):
         rnd += 1
         ctx = AgentContext(spec=spec, family=family, round=rnd, n=N_PER_ROUND, history=history,
@@ -358,6 +386,10 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
             v = value(row)
             if v is not None:
                 objective[row.config_hash] = v
+                if base_value and s.expected_speedup:
+                    measured = base_value / v
+                    fc_hits.append(s.expected_speedup_low <= measured <= s.expected_speedup_high)
+                    fc_err.append(abs(math.log(s.expected_speedup / measured)))
             seq.append(key)
             reached = reached or problem.values.get(key, math.inf) <= target_1
             if done(problem, seq, cap, reached):
@@ -368,7 +400,10 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
     n_fail = sum(k in problem.failed for k in seq)
     note = note or (f"{rnd} rounds, propose() {np.median(ms):.0f} ms/round median, {ms.max():.0f} max; "
                     f"{n_fail} failed configs evaluated")
-    return seq, float(np.median(round_s)) if round_s else 0.0, note
+    extra = {"policy_s_per_round_max": float(ms.max()) / 1e3,
+             "forecast_coverage_80": float(np.mean(fc_hits)) if fc_hits else None,
+             "forecast_abs_log_err": float(np.median(fc_err)) if fc_err else None}
+    return seq, float(np.median(round_s)) if round_s else 0.0, note, extra
 
 
 def run_kt(problem: Problem, strategy: str, seed: int, cap: int) -> tuple[list[tuple[int, ...]], float, str]:
@@ -486,8 +521,9 @@ def run_task(task: tuple[str, str, int, int]) -> dict[str, Any]:
     problem = _PROBLEMS[path]
     t0 = time.perf_counter()
     try:
+        extra: dict[str, Any] = {}
         if method == "local":
-            seq, per_round, note = run_local(problem, seed, cap)
+            seq, per_round, note, extra = run_local(problem, seed, cap)
         elif method == "random":
             seq, per_round, note = run_random(problem, seed, cap)
         elif method.startswith("kt:"):
@@ -499,8 +535,9 @@ def run_task(task: tuple[str, str, int, int]) -> dict[str, Any]:
                 "wall": time.perf_counter() - t0}
     return {"file": path, "method": method, "seed": seed, "evals": evals_to_targets(problem, seq),
             "quality": {str(b): q for b, q in quality_at(problem, seq).items()}, "n": len(seq),
-            "n_failed": sum(k in problem.failed for k in seq), "policy_s_per_round": per_round, "note": note,
-            "wall": time.perf_counter() - t0}
+            "n_failed": sum(k in problem.failed for k in seq), "policy_s_per_round": per_round,
+            "policy_s_per_round_max": extra.get("policy_s_per_round_max", per_round), "note": note,
+            "wall": time.perf_counter() - t0, **{k: v for k, v in extra.items() if k != "policy_s_per_round_max"}}
 
 
 # -------------------------------------------------------------------------------------------------
@@ -614,6 +651,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"reached_{tag}"] = sum(r["evals"][i] is not None for r in ok)
     out["quality"] = {str(b): float(np.median([r["quality"][str(b)] for r in ok])) if ok else None for b in BUDGETS}
     out["policy_s_per_round"] = float(np.median([r["policy_s_per_round"] for r in ok])) if ok else None
+    # the worst round of any seed (local: the slowest propose(); kt:*: its per-8-evaluation average)
+    out["policy_s_per_round_max"] = (float(max(r.get("policy_s_per_round_max", r["policy_s_per_round"]) for r in ok))
+                                     if ok else None)
+    cov = [r["forecast_coverage_80"] for r in ok if r.get("forecast_coverage_80") is not None]
+    if cov:  # local only: how often the measured speedup fell inside the forecast's 80% interval
+        out["forecast_coverage_80"] = float(np.median(cov))
+        out["forecast_abs_log_err"] = float(np.median([r["forecast_abs_log_err"] for r in ok
+                                                       if r.get("forecast_abs_log_err") is not None]))
     out["failed_evals_median"] = float(np.median([r["n_failed"] for r in ok])) if ok else None
     return out
 
@@ -651,6 +696,15 @@ def check_targets(summary: dict[str, dict[str, Any]]) -> list[str]:
                      f"every Kernel Tuner strategy: {'no (not fewer than ' + ', '.join(loses) + ')' if loses else 'yes'}")
     else:
         lines.append("evals to 1%: no Kernel Tuner strategy reached it")
+    got5 = {m: s["evals_to_5"] for m, s in kt.items() if s["evals_to_5"] is not None}
+    if got5:
+        m5, v5 = min(got5.items(), key=lambda kv: kv[1])
+        mine5 = ours["evals_to_5"]
+        ok5 = mine5 is not None and mine5 <= 2 * v5
+        lines.append(f"evals to 5%: local median {fmt_n(mine5, 0) if mine5 is not None else 'censored'}, best Kernel "
+                     f"Tuner {m5[3:]} {fmt_n(v5, 0)}: within twice: {'yes' if ok5 else 'no'}")
+    else:
+        lines.append("evals to 5%: no Kernel Tuner strategy's median reached it")
     return lines
 
 
@@ -667,6 +721,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", action="append", default=None, metavar="FILE",
                     help="Kernel Tuner cache file (repeatable, or a comma list; default: every file in "
                          f"{replay_dir()}, else those in {SHIPPED_DIR})")
+    ap.add_argument("--synthetic", default=None, metavar="DIR",
+                    help="also run on the synthetic spaces of bench/synth_spaces.py (every kind, in the sizes of "
+                         "--synthetic-sizes), generated into DIR when not already there")
+    ap.add_argument("--synthetic-sizes", default="small,medium", metavar="LIST",
+                    help="comma list of small, medium, large (default %(default)s)")
+    ap.add_argument("--synthetic-seed", type=int, default=0, metavar="N", help="seed of the synthetic spaces (default 0)")
     ap.add_argument("--json", default=None, metavar="OUT", help="write the per-file, per-method figures as JSON")
     ap.add_argument("--runs", default=None, metavar="JSONL",
                     help="append every finished run (one seed of one method on one file) to this file, and reuse "
@@ -685,6 +745,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cap < 2:
         ap.error("--cap must be at least 2")
     files = [Path(f.strip()) for a in args.replay for f in a.split(",") if f.strip()] if args.replay else default_files()
+    if args.synthetic:
+        synth = _load_synth()
+        sizes = [x.strip() for x in args.synthetic_sizes.split(",") if x.strip()]
+        if not sizes or any(x not in synth.SIZES for x in sizes):
+            ap.error(f"--synthetic-sizes {args.synthetic_sizes!r}: use a comma list of {', '.join(synth.SIZES)}")
+        files += synth.generate(args.synthetic, sizes=sizes, seed=args.synthetic_seed)
     if not files:
         ap.error(f"no cache files: none in {replay_dir()} or {SHIPPED_DIR}; pass --replay FILE")
 
@@ -775,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
               f"configs, {len(problem.failed)} failures; best {problem.best:.4f} ms; within 5%: {n_good[0.05]}, "
               f"within 1%: {n_good[0.01]}; start {problem.values[problem.start] / problem.best:.2f}x best")
         head = (f"{'method':<20} {'evals to 5%: med [q1, q3] r/s':>32} {'evals to 1%: med [q1, q3] r/s':>32} "
-                + " ".join(f"{'q@' + str(b):>6}" for b in BUDGETS) + f" {'fail':>5} {'s/round':>8}")
+                + " ".join(f"{'q@' + str(b):>6}" for b in BUDGETS) + f" {'fail':>5} {'s/round':>8} {'max s':>7}")
         print(head)
         print("-" * len(head))
         summary: dict[str, dict[str, Any]] = {}
@@ -800,7 +866,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(f"{fmt_q(q, args.cap)} {s['reached_' + tag]}/{s['seeds']}")
             qual = " ".join(f"{s['quality'][str(b)]:>6.3f}" for b in BUDGETS)
             print(f"{m:<20} {cells[0]:>32} {cells[1]:>32} {qual} {s['failed_evals_median']:>5.0f} "
-                  f"{s['policy_s_per_round']:>8.4f}")
+                  f"{s['policy_s_per_round']:>8.4f} {s['policy_s_per_round_max']:>7.3f}")
             nn = [r["note"] for r in ok if r.get("note")]
             if nn and m != "local":
                 kinds = sorted({re.sub(r"\d+", "N", n) for n in nn})
@@ -808,6 +874,10 @@ def main(argv: list[str] | None = None) -> int:
                     notes.append(f"{m}: " + " | ".join(kinds))
             if m == "local":
                 notes.append("local: " + "; ".join(f"seed {r['seed']}: {r['note']}" for r in ok[:2]))
+                if "forecast_coverage_80" in s:
+                    notes.append(f"local forecasts: measured speedup inside the 80% interval in {s['forecast_coverage_80']:.0%} "
+                                 f"of proposals (median over seeds), median |log(forecast / measured)| "
+                                 f"{s['forecast_abs_log_err']:.3f}")
         print("(r/s: runs that got there within the cap / seeds; q@B: median best/optimum after B evaluations; "
               "fail: median failed configs evaluated per run; random (exact) to 5% / 1%: "
               + " / ".join(f"{exact_random(n_space, n_good[t], cap=args.cap)[0][1]}" for t in THRESHOLDS) + ")")

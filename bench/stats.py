@@ -13,7 +13,7 @@ SAME configuration's runs, multiplies the variant by 1 + slowdown and asks each 
               lies above 1.005; PASS when it lies below the guard;
 * ours-hl     the same shift rule on the Hodges-Lehmann interval alone (the default before the aligned
               method);
-* old         the rule before issue 12: bootstrap interval of the p50 ratio entirely above the guard;
+* old         the earlier rule: bootstrap interval of the p50 ratio entirely above the guard;
 * asv         asv-style: p50 ratio > 1.03 AND two-sided Mann-Whitney U p < 0.002;
 * median      plain threshold: p50 ratio > 1.03.
 
@@ -224,7 +224,7 @@ def bench_file(path: Path, args, modes: list[str], strata: list[str]) -> tuple[b
     print(f"file {path.name}: {table.kernel_name or '?'} on {table.device_name or '?'}; {len(_TIMES):,} valid "
           f"configurations x {runs} real runs (failures skipped)")
     print(f"guard {args.guard:g}; ours = aligned {conf} (cluster-aligned likelihood where the timings cluster, else "
-          f"hodges-lehmann), shift rule; ours-hl = hodges-lehmann {conf} interval, shift rule; old = bootstrap {conf}, interval rule (the default before issue 12); asv p < {args.asv_p:g}; "
+          f"hodges-lehmann), shift rule; ours-hl = hodges-lehmann {conf} interval, shift rule; old = bootstrap {conf}, interval rule (the earlier default); asv p < {args.asv_p:g}; "
           f"shapes/trial {args.shapes}; seed {args.seed}")
     print("min_samples per side: " + ", ".join(f"{m} {min_samples[m]}" for m in modes)
           + (f" (lowered from {args.min_samples}: the file has {runs} runs per configuration)"

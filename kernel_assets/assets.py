@@ -5,8 +5,10 @@ Each asset is partitioned by spec (task_id). Rounds past the spec's max_rounds, 
 fires, do not run: they materialize marked skipped (metadata ``skipped`` with the reason, tag
 ``kregress/round: skipped``, no counts), so every partition has the same graph.
 
-The spec is read from disk once per run, by baseline_metrics, and handed on inside the outputs
-(RoundState.spec, Proposal.spec): an edit to the file mid-run never changes it between steps.
+The spec is bound once per run (read, validated, bound to its family, its kernel hash read), by
+baseline_metrics, and the ``BoundSpec`` is handed on inside the outputs (RoundState.bound,
+Proposal.bound): no later step reads or validates the file again, and an edit to it mid-run never
+changes the run.
 """
 
 
@@ -22,19 +24,22 @@ from kernel_assets import history, sweep
 from kernel_assets.agent import policy_for
 from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, OWNERS, ROUNDS, SPECS_PARTITIONS
-from kernel_assets.executors import benchmark_op_tags
+from kernel_assets.executors import benchmark_op_tags, benchmark_pool
 from kernel_assets.report import _md_table, md_image, overview_markdown, tables, verdict_records, write_report
 from kernel_assets.specs_resource import SpecStore
 from kregress.core import paths
-from kregress.core.family import families, get_family
-from kregress.core.names import GPU_POOL, STRATEGIES
+from kregress.core.bind import BoundSpec
+from kregress.core.budget import BudgetScope
+from kregress.core.family import RecordedFamily, families
+from kregress.core.names import STRATEGIES
 from kregress.core.records import Suggestion, VariantResult, config_label
-from kregress.core.spec import TaskSpec
 from resources.gpu import BenchmarkBackend, ReplayBackend, backend_for
 from resources.ledger import LedgerResource
 from resources.taotoken import TaotokenResource
 
-# Benchmark steps: the `gpu` pool (one at a time per GPU) and, under the k8s executor, a one-GPU pod.
+# Benchmark steps: one slot of the pool of the device they time on (gpu/<host>/<device>, one benchmark per
+# GPU at a time) and, under the k8s executor, a one-GPU pod on a node of the chosen GPU model.
+BENCH_POOL = benchmark_pool()
 GPU_OP_TAGS = benchmark_op_tags()
 
 
@@ -78,26 +83,21 @@ def _skipped_md(k: int, reason: str) -> dict:
     return {"skipped": f"round {k} did not run: {reason}"}
 
 
-def _skip_reason(proposal: Proposal) -> str | None:
-    """Why the round was skipped (from the suggestions step's note), None when it ran."""
-    if proposal.suggestions:
-        return None
-    return next((n.split(": ", 1)[1] for n in proposal.notes if n.startswith("round ") and " skipped: " in n), None)
-
-
 def _log_fn(context: dg.AssetExecutionContext):
     return lambda msg: context.log.info(msg)
 
 
-def _snapshot(spec: TaskSpec | None, specs: SpecStore, task_id: str) -> TaskSpec:
-    """The run's spec: the snapshot handed on by the previous step (reading the file only if absent)."""
-    return spec if spec is not None else specs.load(task_id)
+def _bound(bound: BoundSpec | None, step: str) -> BoundSpec:
+    """The run's bound spec, handed on by the previous step."""
+    if bound is None:
+        raise dg.Failure(description=f"{step}: the previous step handed on no bound spec; re-run the sweep from baseline_metrics")
+    return bound
 
 
 @dg.asset(
     partitions_def=SPECS_PARTITIONS,
     group_name=GROUP_BASELINE,
-    pool=GPU_POOL,
+    pool=BENCH_POOL,
     op_tags=GPU_OP_TAGS,
     code_version=CODE_VERSION,
     kinds={"triton", "pytorch"},
@@ -112,16 +112,17 @@ def _snapshot(spec: TaskSpec | None, specs: SpecStore, task_id: str) -> TaskSpec
 def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkBackend,
                      replay: ReplayBackend):
     """Compile, correctness and latency of the spec's baseline config."""
-    spec = specs.load(context.partition_key)  # the run's one read of the spec file
-    fam = get_family(spec.kernel_family).for_params(spec.params)
+    # the run's one binding of its spec; a retried run keeps its root run's budget scope
+    bound = specs.bind(context.partition_key, run_id=context.run.root_run_id or context.run_id)
+    spec, fam = bound.spec, bound.family
     sugg = Suggestion(variant_id="baseline", config=spec.baseline, patch_summary="the spec's baseline config",
                       source="baseline", round=0, risk="low")
-    (row,), ev = backend_for(fam, bench, replay).evaluate(spec, fam, [sugg], log=_log_fn(context))
-    state = sweep.initial_state(row, spec)
+    (row,), ev = backend_for(fam, bench, replay).evaluate(bound, [sugg], log=_log_fn(context))
+    state = sweep.initial_state(row, bound)
     c = row.correctness
     md = {
         "backend": row.backend, "evidence": str(row.evidence), "config": config_label(row.config),
-        "spec_hash": spec.content_hash(), "kernel_hash": fam.source_hash(), "error": str(row.error), "results": dg.MetadataValue.md(_rows_md([row])),
+        "spec_hash": bound.spec_hash, "kernel_hash": bound.kernel_hash, "error": str(row.error), "results": dg.MetadataValue.md(_rows_md([row])),
         **ev.as_metadata(),
     }
     if row.compile:
@@ -130,7 +131,7 @@ def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench:
     if state.best_value is not None:
         md["objective_ms"] = dg.FloatMetadataValue(state.best_value)
     # A recorded (replay) family has no kernel to re-check: its runs were validated when recorded.
-    correct = row.error is None and ((c is not None and c.ok) or (c is None and fam.recorded))
+    correct = row.error is None and ((c is not None and c.ok) or (c is None and isinstance(fam, RecordedFamily)))
     check_md = {"error": str(row.error)}
     if c is not None:
         check_md.update(max_abs_err=c.max_abs_err, max_rel_err=c.max_rel_err, shapes=", ".join(c.shapes_checked))
@@ -155,30 +156,41 @@ def build_round(k: int):
         ins={"prev": dg.AssetIn(prev_key)}, kinds={"optuna", "openai"}, owners=OWNERS,
         description=f"Round {k}: the agent's proposals (validated JSON), or why the search stopped.",
     )
-    def suggestions(context: dg.AssetExecutionContext, config: SuggestConfig, specs: SpecStore,
+    def suggestions(context: dg.AssetExecutionContext, config: SuggestConfig,
                     taotoken: TaotokenResource, ledger: LedgerResource, prev: sweep.RoundState):
-        spec = _snapshot(prev.spec, specs, context.partition_key)
-        fam = get_family(spec.kernel_family).for_params(spec.params)
+        bound = _bound(prev.bound, f"round_{k}_suggestions")
+        spec, fam = bound.spec, bound.family
         strategy = spec.search.strategy if config.strategy == StrategyOverride.spec else config.strategy.value
         if prev.stopped or k > spec.search.max_rounds:
             reason = prev.stopped or f"max_rounds reached ({spec.search.max_rounds})"
             context.log.info(f"round {k} skipped: {reason}")
-            return dg.MaterializeResult(value=Proposal(suggestions=[], notes=[f"round {k} skipped: {reason}"], spec=spec),
+            return dg.MaterializeResult(value=Proposal(suggestions=[], notes=[f"round {k} skipped: {reason}"], bound=bound,
+                                                       skipped=reason),
                                         metadata=_skipped_md(k, reason), tags=SKIPPED_TAGS)
+        scope = bound.budget_scope or BudgetScope.for_run(context.run.root_run_id or context.run_id, context.partition_key)
         ctx = AgentContext(
             spec=spec, family=fam, round=k, n=spec.search.variants_per_round, history=prev.history,
             objective=prev.objective, profile_summary=prev.summary, failures=prev.failures,
-            run_id=context.run_id, partition=context.partition_key, log=context.log,
+            run_id=context.run_id, partition=context.partition_key, log=context.log, scope=scope,
+            feedback=[f"{d.reason}: {d.raw[:80]}" for d in prev.dropped if d.round == k - 1 and d.source == "llm"],
         )
-        policy = policy_for(strategy, spec, SimpleNamespace(taotoken=taotoken, ledger=ledger))
+        policy = policy_for(strategy, spec, SimpleNamespace(taotoken=taotoken, ledger=ledger, log=context.log, scope=scope))
         t0 = time.perf_counter()
         proposal = policy.propose(ctx)
-        proposal.spec = spec
+        proposal.bound = bound
+        if proposal.unusable is not None and not proposal.suggestions:
+            context.log.warning(proposal.unusable.line(k, strategy))  # the round's one line: the cause and the fix
+        # the forecasts, on record here, before round_k_variants measures anything
         df = pd.DataFrame([{"variant_id": s.variant_id, "config": config_label(s.config), "patch_summary": s.patch_summary,
-                            "expected_effect": s.expected_effect, "risk": s.risk, "source": s.source}
+                            "expected_speedup": s.expected_speedup, "expected_speedup_low": s.expected_speedup_low,
+                            "expected_speedup_high": s.expected_speedup_high, "bottleneck": s.bottleneck,
+                            "risk": s.risk, "source": s.source}
                            for s in proposal.suggestions])
         md = {
             "proposals": len(proposal.suggestions), "dropped": len(proposal.dropped), "strategy": strategy,
+            "model": proposal.model or "-",
+            "forecasts": dg.MetadataValue.json({s.variant_id: [s.expected_speedup, s.expected_speedup_low, s.expected_speedup_high]
+                                                for s in proposal.suggestions}),
             "policy_seconds": round(time.perf_counter() - t0, 3),
             "table": dg.MetadataValue.md(_md_table(df, list(df.columns)) if len(df) else "_none_"),
             "notes": dg.MetadataValue.md("\n".join(f"- {n}" for n in proposal.notes) or "_none_"),
@@ -191,24 +203,23 @@ def build_round(k: int):
 
     @dg.asset(
         name=f"round_{k}_variants", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
-        pool=GPU_POOL, op_tags=GPU_OP_TAGS, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
+        pool=BENCH_POOL, op_tags=GPU_OP_TAGS, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
         kinds={"triton", "pytorch"}, owners=OWNERS,
         description=f"Round {k}: compile stats, correctness and latency of every proposal; failures are rows.",
         check_specs=[dg.AssetCheckSpec(f"round_{k}_constraints", asset=f"round_{k}_variants",
                                        description="Variants within the register, spill and shared-memory limits.")],
     )
-    def variants(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkBackend, replay: ReplayBackend,
+    def variants(context: dg.AssetExecutionContext, bench: BenchmarkBackend, replay: ReplayBackend,
                  proposal: Proposal):
-        spec = _snapshot(proposal.spec, specs, context.partition_key)
-        skipped = _skip_reason(proposal)
-        if skipped is not None:  # the round did not run: say so, and check nothing
-            return dg.MaterializeResult(value=[], metadata=_skipped_md(k, skipped), tags=SKIPPED_TAGS, check_results=[
+        bound = _bound(proposal.bound, f"round_{k}_variants")
+        spec, fam = bound.spec, bound.family
+        if proposal.skipped is not None:  # the round did not run: say so, and check nothing
+            return dg.MaterializeResult(value=[], metadata=_skipped_md(k, proposal.skipped), tags=SKIPPED_TAGS, check_results=[
                 dg.AssetCheckResult(check_name=f"round_{k}_constraints", passed=True,
-                                    description=f"round {k} did not run ({skipped}): nothing to check")])
-        fam = get_family(spec.kernel_family).for_params(spec.params)
+                                    description=f"round {k} did not run ({proposal.skipped}): nothing to check")])
         rows, ev = ([], None)
         if proposal.suggestions:
-            rows, ev = backend_for(fam, bench, replay).evaluate(spec, fam, proposal.suggestions, log=_log_fn(context))
+            rows, ev = backend_for(fam, bench, replay).evaluate(bound, proposal.suggestions, log=_log_fn(context))
         errors = pd.Series([r.error for r in rows if r.error], dtype="object").value_counts().to_dict()
         md = {"variants": len(rows), "failed": sum(1 for r in rows if r.error), "errors": str(errors or "none"),
               "results": dg.MetadataValue.md(_rows_md(rows))}
@@ -230,23 +241,15 @@ def build_round(k: int):
         kinds={"python"}, owners=OWNERS,
         description=f"Round {k}: the trimmed top-k profile the next prompt sees, the best so far and the stop rules.",
     )
-    def profiles(context: dg.AssetExecutionContext, specs: SpecStore, prev: sweep.RoundState, proposal: Proposal,
+    def profiles(context: dg.AssetExecutionContext, prev: sweep.RoundState, proposal: Proposal,
                  rows: list[VariantResult]):
-        spec = _snapshot(prev.spec, specs, context.partition_key)
-        reason = _skip_reason(proposal)
-        if reason is not None:  # the state passes through unchanged
-            prev.spec = spec
-            return dg.MaterializeResult(value=prev, metadata={**_skipped_md(k, reason), "best_so_far": prev.best_id},
+        spec = _bound(prev.bound, f"round_{k}_profiles").spec
+        if proposal.skipped is not None:  # the state passes through unchanged
+            return dg.MaterializeResult(value=prev, metadata={**_skipped_md(k, proposal.skipped), "best_so_far": prev.best_id},
                                         tags=SKIPPED_TAGS)
-        stop = None
-        if not proposal.suggestions:
-            refused = [n for n in proposal.notes if n.startswith("BudgetExceeded")]
-            stop = (f"round {k}: the token budget refused the suggest prompt, nothing was sent ({refused[0]}); "
-                    "raise the spec's budget (max_input_tokens_per_round, max_output_tokens_per_round, "
-                    "max_total_tokens) or lower search.top_k" if refused else
-                    f"round {k}: the agent proposed nothing new")
+        stop = proposal.stop_reason(k, "llm" if proposal.unusable is not None else "agent")
         state = sweep.advance(prev, spec, k, rows, proposal.dropped, proposal.notes, stop)
-        state.spec = spec
+        state.bound = prev.bound
         md = {"best_variant": state.best_id, "rounds_without_improvement": state.rounds_without_improvement,
               "stopped": state.stopped or "no", "measured_so_far": len(state.history),
               "profile_summary": dg.MetadataValue.md(f"```\n{state.summary}\n```")}
@@ -269,30 +272,35 @@ def _last_profiles_key() -> str:
                  dg.AssetCheckSpec("baseline_vs_history", asset="verdict_report",
                                    description="Today's baseline against the last accepted one (same device and versions).")],
 )
-def verdict_report(context: dg.AssetExecutionContext, specs: SpecStore, taotoken: TaotokenResource,
+def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource,
                    ledger: LedgerResource, state: sweep.RoundState):
     """PASS / REGRESS / NEEDS_REVIEW per variant with its evidence; report.md and Parquet tables."""
-    from kernel_assets.narrative import narrative_for
+    from kernel_assets.judge import verdict_with_gate
+    from kernel_assets.narrative import forecast_section, narrative_for
 
-    spec = _snapshot(state.spec, specs, context.partition_key)
-    fam = get_family(spec.kernel_family).for_params(spec.params)
+    bound = _bound(state.bound, "verdict_report")
+    spec, fam = bound.spec, bound.family
     baseline = state.history[0]
-    verdicts = {r.variant_id: sweep.verdict_for(r, baseline, spec) for r in state.history[1:]}
+    verdicts = {r.variant_id: verdict_with_gate(r, baseline, spec, fam) for r in state.history[1:]}  # gate, then the rule
     narrative, source, token_table = narrative_for(context, spec, state, verdicts)
+    forecasts = forecast_section(context, state)
     past = history.compare_baseline(spec, baseline)
     history_file = history.append_sweep(spec, context.run_id, state.history, verdicts, past.verdict)
     past_text = (f"**{past.verdict}**: {past.reason}" + (f" (ratio {past.ratio:.3f})" if past.ratio else "")
                  + f"\n\nThis sweep was appended to `{history_file}`.")
     out_dir = paths.reports_dir(spec.task_id)
-    res = write_report(out_dir, spec, str(specs.path_for(spec.task_id)), state, verdicts, list(fam.space.params),
+    res = write_report(out_dir, spec, str(bound.source or ""), state, verdicts, list(fam.space.params),
                        narrative=narrative, narrative_source=source, token_table=token_table,
-                       extra_sections=[("Baseline vs history", past_text)], family=fam)
+                       extra_sections=[("Baseline vs history", past_text), ("Forecasts", forecasts)], family=fam)
     counts = {k: int(res["counts"].get(k, 0)) for k in ("PASS", "REGRESS", "NEEDS_REVIEW")}
     summary = {"task_id": spec.task_id, "report_dir": str(out_dir), "counts": counts, "best": state.best_id,
                "stopped": state.stopped, "variants": len(state.history) - 1,
-               # issue 12: REGRESS split by cause, the line to print, and the headline best on its evidence
+               "sources": {src: sum(1 for r in state.history[1:] if r.source == src) for src in {r.source for r in state.history[1:]}},
+               # REGRESS split by cause, the line to print, and the headline best on its evidence
                "causes": res["causes"], "summary_line": res["summary_line"], "best_kind": res["best"]["kind"],
-               "best_ties": res["best"]["ties"]}
+               "best_ties": res["best"]["ties"],
+               # what the token assets read: the run's spec (its budget) and budget scope, never the file again
+               "spec": spec, "budget_scope": bound.budget_scope}
     summary.update(evidence=res["evidence"], next_step=res["next_step"])
     view, vcols, vheads = res["verdict_view"]
     kinds, records = verdict_records(view, vcols)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+
 import dagster as dg
 
 from kernel_assets.constants import SPECS_PARTITIONS
 from kernel_assets.specs_resource import SpecStore
+from kregress.core.bind import load_bound
 from kregress.core.family import get_family
-from kregress.core.spec import SpecError, load_spec
+from kregress.core.spec import SpecError
 
 DEFAULT_CRON = "0 2 * * *"
 
@@ -62,16 +64,16 @@ def evaluate_specs(cursor: str | None, instance, store: SpecStore, log=None) -> 
     invalid = []
     for task_id, path in sorted(store.paths().items()):
         try:
-            spec = load_spec(path)
+            bound = load_bound(path)  # the family bound to the spec's params (a recorded file: that file)
         except SpecError as exc:
             invalid.append(str(exc).splitlines()[0])
             continue
-        seen_specs[task_id] = spec.content_hash()
-        fam = get_family(spec.kernel_family)
-        bound = fam.for_params(spec.params)  # replay: the recorded file the spec names
-        key = spec.kernel_family if bound is fam else f"{spec.kernel_family}:{json.dumps(spec.params, sort_keys=True)}"
+        spec = bound.spec
+        seen_specs[task_id] = bound.spec_hash
+        key = spec.kernel_family if bound.family is get_family(spec.kernel_family) else \
+            f"{spec.kernel_family}:{json.dumps(spec.params, sort_keys=True)}"
         spec_family[task_id] = key
-        families.setdefault(key, bound.source_hash())
+        families.setdefault(key, bound.kernel_hash)
     existing = set(instance.get_dynamic_partitions(SPECS_PARTITIONS.name))
     added = sorted(set(seen_specs) - existing)
     removed = sorted(existing - set(seen_specs))

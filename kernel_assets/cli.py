@@ -26,16 +26,19 @@ import time
 from pathlib import Path
 
 from kregress.core import paths
-from kregress.core.names import STRATEGIES
+from kregress.core.names import RESOURCE_ENVS, STRATEGIES, resource_env
 
 # Subcommands contributed by other modules: each exposes register(subparsers).
-PLUGINS = ("kernel_assets.cli_usage", "kregress.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay")
+PLUGINS = ("kernel_assets.cli_usage", "kernel_assets.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay",
+           "kernel_assets.cli_judge")
 
 # Exit codes. A bad spec is 2 wherever a spec is read (sweep, specs validate, review).
-EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET, EXIT_NO_PROPOSAL = 0, 1, 2, 3, 4
 EXIT_NOT_FOUND = 1  # history show: no sweep of that task recorded
 SWEEP_EPILOG = ("exit codes: 0 done (or unchanged since the last sweep); 1 a step failed (the reason is printed on one "
-                "line); 2 the spec is invalid; 3 the token budget was exceeded (--budget-overshoot warn: a warning)")
+                "line); 2 the spec is invalid; 3 the token budget was exceeded, or refused every prompt so that no model "
+                "call was sent (--budget-overshoot warn: a warning); 4 strategy llm and no round produced a usable "
+                "proposal (the round's line names the cause and the fix)")
 VALIDATE_EPILOG = "exit codes: 0 every spec is valid; 2 at least one is not (one line per problem, naming file and field)"
 HISTORY_EPILOG = "exit codes: 0 shown; 1 no sweep of that task is recorded under this DAGSTER_HOME"
 # Test hook: `step:<step_key>` (at that step's start) or `log:<text>` (after a progress line containing text)
@@ -76,7 +79,13 @@ def failure_line(err) -> str:
 
     if err is None:
         return "no error recorded"
+    from resources.ledger import ledger_error_line
+
     chain = _error_chain(err)
+    for e in chain:
+        line = ledger_error_line(getattr(e, "message", "") or "")
+        if line:  # the file and the fix; the exception's name tells a user nothing more
+            return line
     for e in chain:
         line = gateway_error_line(getattr(e, "message", "") or "")
         if line:
@@ -221,7 +230,7 @@ def _run_inputs(args: argparse.Namespace, code_hash: str) -> dict[str, str]:
     """What decides a sweep's outcome outside the spec and the kernels: code, environment, CLI overrides."""
     return {
         "code_hash": code_hash,
-        "env": getattr(args, "env", None) or os.environ.get("KREGRESS_ENV", "local"),
+        "env": resource_env(getattr(args, "env", None)),
         "backend_arg": args.backend or "",
         "strategy_arg": args.strategy or "",
         "gpu": _gpu_probe(),
@@ -230,69 +239,38 @@ def _run_inputs(args: argparse.Namespace, code_hash: str) -> dict[str, str]:
     }
 
 
-def sweep_fingerprint(spec, args: argparse.Namespace, code_hash: str | None = None) -> dict:
-    """What decides a sweep's outcome besides the caches: if all of it equals the last successful sweep's,
-    re-running it would redo the same work to write the same report. ``quick`` is the part that can be
-    checked without validating the spec (no pydantic model, no family import, no torch/Triton): the spec
-    file's bytes and the family's source files, as hashed when the spec last validated."""
-    from kregress.core.family import get_family
-
-    fam = get_family(spec.kernel_family).for_params(spec.params)
-    inputs = _run_inputs(args, code_hash or _code_hash())
-    return {
-        "spec_hash": spec.content_hash(),
-        "family_hash": fam.source_hash(),
-        **inputs,
-        "quick": {"spec_file": _file_sha(args.spec), **inputs,
-                  "family_files": {str(f): _file_sha(f) for f in fam.source_files()}},
-    }
+def sweep_fingerprint(spec, family_files: dict[str, str], args: argparse.Namespace, code_hash: str | None = None) -> dict:
+    """What decides a sweep's outcome besides the caches: the spec's content hash (schema-checked, no
+    family imported), the bytes of the family's kernel files (the list the last binding gave), the
+    project's code and every run input. If all of it equals the last successful sweep's, re-running it
+    would redo the same work to write the same report."""
+    return {"spec_hash": spec.content_hash(), "family_files": dict(family_files), **_run_inputs(args, code_hash or _code_hash())}
 
 
 def _times_on_a_gpu(args: argparse.Namespace) -> bool:
     """A sweep that measures on a GPU is never answered from the last one: its timings are the point
     (clocks, drivers and neighbours change while the spec does not)."""
-    env = getattr(args, "env", None) or os.environ.get("KREGRESS_ENV", "local")
+    env = resource_env(getattr(args, "env", None))
     return args.backend == "cuda" or env == "gpu" or (args.backend in (None, "", "auto") and os.path.exists("/dev/nvidiactl"))
 
 
-def _quick_unchanged(home: Path, args: argparse.Namespace) -> dict | None:
-    """The last sweep's record when the spec file's bytes, the family's files and every run input are
-    unchanged since a successful sweep of it (then validation would pass exactly as it did), else None."""
-    if _times_on_a_gpu(args):
+def _unchanged(home: Path, spec, args: argparse.Namespace) -> dict | None:
+    """The last successful sweep's record when nothing that decides the outcome changed since, else None.
+    Needs no family import: the family's files are the ones the last binding listed, hashed again."""
+    if args.force or _times_on_a_gpu(args):
         return None
     try:
-        import yaml
-
-        from kregress.core.spec import StrictLoader
-
-        data = yaml.load(Path(args.spec).read_text(), Loader=StrictLoader)  # noqa: S506 - a SafeLoader
-        task_id = data.get("task_id") if isinstance(data, dict) else None
-        if not isinstance(task_id, str) or "/" in task_id or task_id.startswith("."):
-            return None
-        last = json.loads(_last_sweep_file(home, task_id).read_text())
-    except Exception:  # noqa: BLE001 - anything unexpected: take the full path
+        last = json.loads(_last_sweep_file(home, spec.task_id).read_text())
+    except (OSError, ValueError):
         return None
-    quick = (last.get("fingerprint") or {}).get("quick") or {}
-    want = {"spec_file": _file_sha(args.spec), **_run_inputs(args, _code_hash()),
-            "family_files": {f: _file_sha(f) for f in quick.get("family_files", {})}}
-    if not quick.get("family_files") or quick != want or not Path(last.get("report", "")).is_file():
+    files = (last.get("fingerprint") or {}).get("family_files") or {}
+    if not files or not Path(last.get("report", "")).is_file():
         return None
-    return last
+    return last if last.get("fingerprint") == sweep_fingerprint(spec, {f: _file_sha(f) for f in files}, args) else None
 
 
 def _last_sweep_file(home: Path, task_id: str) -> Path:
     return home / "kregress_cli" / "last_sweep" / f"{task_id}.json"
-
-
-def _unchanged(home: Path, task_id: str, fingerprint: dict[str, str]) -> dict | None:
-    try:
-        last = json.loads(_last_sweep_file(home, task_id).read_text())
-    except (OSError, ValueError):
-        return None
-    strip = lambda fp: {k: v for k, v in (fp or {}).items() if k != "quick"}  # noqa: E731
-    if strip(last.get("fingerprint")) != strip(fingerprint) or not Path(last.get("report", "")).is_file():
-        return None
-    return last
 
 
 def _record_sweep(home: Path, task_id: str, record: dict) -> None:
@@ -310,22 +288,45 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _spec_problems(path: str) -> str:
+    """Every problem of a spec file in one message: schema and the family's checks together."""
+    from kregress.core.bind import load_bound
+    from kregress.core.spec import SpecError
+
+    try:
+        load_bound(path)
+    except SpecError as exc:
+        return str(exc)
+    return f"{path}: the spec could not be loaded"
+
+
 def _load(args: argparse.Namespace):
+    """The spec, schema-checked (no family imported), or None after printing every problem."""
     from kregress.core.spec import SpecError, load_spec
 
     try:
         return load_spec(args.spec)
+    except SpecError:
+        print(f"error: {_spec_problems(args.spec)}", file=sys.stderr)
+        return None
+
+
+def _bind(spec):
+    """The spec bound to its family (the run's one binding), or None after printing why not."""
+    from kregress.core.bind import bind
+    from kregress.core.spec import SpecError
+
+    try:
+        return bind(spec)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
 
 
-def _prepare(args: argparse.Namespace, spec=None, start_workers: bool = False):
-    """(spec, home, resources, instance) for a command that runs one spec in-process, or None after
-    printing why the spec cannot run (exit 2). ``start_workers``: start a CPU sweep's workers first."""
-    spec = spec or _load(args)
-    if spec is None:
-        return None
+def _prepare(args: argparse.Namespace, spec, start_workers: bool = False):
+    """(spec, home, resources, instance) for a command that runs one spec in-process. A bound spec (a
+    sweep) is handed over to the run's first step, which then validates nothing again. ``start_workers``
+    (a bound spec): start a CPU sweep's workers first."""
     home = _ensure_home(args.dagster_home)
     spec_file = str(Path(args.spec).resolve())
     os.environ["KREGRESS_SPEC_FILES"] = os.pathsep.join(
@@ -334,48 +335,42 @@ def _prepare(args: argparse.Namespace, spec=None, start_workers: bool = False):
         _start_cpu_workers(args, spec)
     from kernel_assets.definitions import build_resources
     from kernel_assets.run_guard import prepared_instance
-    from kernel_assets.specs_resource import SpecStore
+    from kernel_assets.specs_resource import SpecStore, hand_over
+    from kregress.core.bind import BoundSpec
 
+    if isinstance(spec, BoundSpec):
+        hand_over(spec)
     resources = build_resources(getattr(args, "env", None))
     resources["specs"] = SpecStore()
     instance = prepared_instance(home, spec.task_id, log=_say)
     return spec, home, resources, instance
 
 
-def _start_cpu_workers(args: argparse.Namespace, spec) -> None:
+def _start_cpu_workers(args: argparse.Namespace, bound) -> None:
     """On a CPU sweep, start the compile and interpreter workers now: each imports torch and Triton for
     seconds, which then overlap this process's Dagster import and instance set-up instead of following
     them. The interpreter backend's pools adopt them (same environment); none are started for a GPU
-    sweep, a recorded family or an external kernel."""
-    from kregress.core.family import get_family
+    sweep, a recorded family or an external kernel (only Triton families compile)."""
+    from kregress.core.family import TritonFamily
 
-    if _times_on_a_gpu(args) or args.backend == "cuda":
-        return
-    fam = get_family(spec.kernel_family)
-    if fam.recorded or fam.external:
+    if _times_on_a_gpu(args) or args.backend == "cuda" or not isinstance(bound.family, TritonFamily):
         return
     from resources.workers import reserve, worker_env
 
-    n = min(min(4, os.cpu_count() or 1), spec.search.variants_per_round)
+    n = min(min(4, os.cpu_count() or 1), bound.spec.search.variants_per_round)
     root = paths.cache_dir()
     reserve(worker_env(root, interpret=False), n)
     reserve(worker_env(root, interpret=True), n)
 
 
 def _budget_verdict(resources: dict, spec, run_id: str) -> list[str]:
-    """Why the sweep's token use went over its budget (one reason a line); [] when within or no calls."""
+    """Why the sweep's token use went over its budget (one typed breach a line, ``kregress.core.budget``); []
+    when within. The run's budget scope is the one every model call of the run counted against."""
     from kernel_assets.usage import budget_report
+    from kregress.core.budget import BudgetScope
 
-    ledger = resources["ledger"].get_ledger()
-    reasons = list(ledger.exceeded(run_id, spec.budget)) if hasattr(ledger, "exceeded") else []
-    rep = budget_report(ledger, spec.budget, sweep=run_id)
-    if not reasons and not rep.passed:
-        reasons.append(f"{rep.total} tokens against max_total_tokens {rep.total_limit}")
-    if rep.overshoot and not any("overshoot" in r.lower() or "beyond" in r for r in reasons):
-        o = rep.overshoot
-        reasons.append(f"overshoot: {o.calls} call(s) from round {o.first_round} billed {o.tokens} tokens beyond "
-                       f"their reservation (input +{o.input}, output +{o.output})")
-    return reasons
+    scope = BudgetScope.for_run(run_id, spec.task_id)
+    return [b.text for b in budget_report(resources["ledger"].get_ledger(), spec.budget, scope.sweep).breaches]
 
 
 def _say_unchanged(task_id: str, last: dict) -> int:
@@ -392,29 +387,23 @@ def _say_unchanged(task_id: str, last: dict) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    if not args.force:  # an unchanged spec file and code: answered before anything heavy is imported
-        home = paths.home() if not args.dagster_home else Path(args.dagster_home).resolve()
-        last = _quick_unchanged(home, args)
-        if last is not None:
-            return _say_unchanged(last.get("task_id") or Path(args.spec).stem, last)
-    spec = _load(args)
+    spec = _load(args)  # schema only: no family, no torch, no Triton
     if spec is None:
         return EXIT_BAD_SPEC
-    home = _ensure_home(args.dagster_home)
-    fingerprint = sweep_fingerprint(spec, args)
-    last = None if args.force or _times_on_a_gpu(args) else _unchanged(home, spec.task_id, fingerprint)
+    home = paths.home() if not args.dagster_home else Path(args.dagster_home).resolve()
+    last = _unchanged(home, spec, args)  # answered before anything heavy is imported
     if last is not None:
         return _say_unchanged(spec.task_id, last)
-    prepared = _prepare(args, spec, start_workers=True)
-    if prepared is None:
+    bound = _bind(spec)  # the run's one binding: the family's checks, the kernel hash
+    if bound is None:
         return EXIT_BAD_SPEC
-    spec, home, resources, instance = prepared
+    loaded, (bound, home, resources, instance) = spec, _prepare(args, bound, start_workers=True)
+    spec = bound.spec
     import dagster as dg
 
     from kernel_assets.constants import ROUNDS, SWEEP_JOB
     from kernel_assets.definitions import build_definitions
     from kernel_assets.run_guard import run_tags
-    from kregress.core.family import get_family
     from resources.gpu import backend_for, compiled_backend
 
     if args.backend:
@@ -437,14 +426,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.strategy:
         run_config["ops"] = {f"round_{k}_suggestions": {"config": {"strategy": args.strategy}}
                              for k in ROUNDS}
-    backend = backend_for(get_family(spec.kernel_family), resources['bench'], resources['replay']).kind
+    backend = backend_for(bound.family, resources['bench'], resources['replay']).kind
     _say(f"kregress: sweep {spec.task_id} ({spec.kernel_family}, {spec.dtype}, {spec.hardware.arch}); "
          f"DAGSTER_HOME={home}; backend={backend}; strategy={args.strategy or spec.search.strategy}")
     # The report's libraries load in the background while this process mostly waits on its workers.
     threading.Thread(target=_warm_report_imports, daemon=True).start()
     result = job.execute_in_process(partition_key=spec.task_id, instance=instance, run_config=run_config,
                                     raise_on_error=False, tags=run_tags())
-    over = _budget_verdict(resources, spec, result.run_id)
+    try:
+        over = _budget_verdict(resources, spec, result.run_id)
+    except Exception as exc:  # noqa: BLE001 - an unreadable ledger: its one line, not a traceback
+        from resources.ledger import LedgerConnectionError
+
+        if not isinstance(exc, LedgerConnectionError):
+            raise
+        _say(f"kregress: sweep {spec.task_id}: the token ledger could not be read after the run: {exc}")
+        return EXIT_FAILED
     budget_rc = EXIT_OK
     if over:
         warn = args.budget_overshoot == "warn"
@@ -455,17 +452,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         failures = handler.failures or [
             (e.step_key, failure_line(getattr(e.event_specific_data, "error", None)))
             for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-        first = failures[0][1] if failures else "see the run in dagster"
+        # the reason was printed once, on the step's FAILED line; say it here only if no such line was printed
+        first = "" if handler.failures else "; " + (failures[0][1] if failures else "see the run in dagster")
         _say(f"kregress: sweep {spec.task_id} FAILED (run {result.run_id}); failed steps: "
-             f"{', '.join(s for s, _ in failures) or '-'}; {first}")
+             f"{', '.join(s for s, _ in failures) or '-'}{first}")
         return EXIT_FAILED
     summary = result.output_for_node("verdict_report")
     counts = summary["counts"]
     report = f"{summary['report_dir']}/report.md"
     causes = summary.get("causes") or {}
-    regress = f"REGRESS {counts['REGRESS']}" + (
-        f" (slower {causes.get('slower', 0)}, wrong {causes.get('wrong', 0)}, infeasible {causes.get('infeasible', 0)})"
-        if counts["REGRESS"] else "")
+    shown = ", ".join(f"{c} {n}" for c, n in causes.items() if n or c in ("slower", "wrong", "infeasible"))
+    regress = f"REGRESS {counts['REGRESS']}" + (f" ({shown})" if counts["REGRESS"] else "")
     ties = [t for t in summary.get("best_ties") or [] if t != summary["best"]]
     best = f"{summary.get('best_kind', 'best')} {summary['best']}" + (f" (tied with {', '.join(ties)})" if ties else "")
     verdicts = (f"verdicts: PASS {counts['PASS']}, {regress}, NEEDS_REVIEW {counts['NEEDS_REVIEW']} "
@@ -474,7 +471,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(verdicts + ("; budget EXCEEDED" if over else ""))
     if summary.get("next_step"):  # model evidence only: how to see measured verdicts
         print(f"next: {summary['next_step']}")
+    strategy = args.strategy or spec.search.strategy
+    if strategy == "llm" and not (summary.get("sources") or {}).get("llm") and not over:
+        _say(f"kregress: sweep {spec.task_id}: no round produced a usable proposal from the model "
+             f"(stopped: {summary['stopped'] or 'no'}); exit {EXIT_NO_PROPOSAL}")
+        return EXIT_NO_PROPOSAL
     if not over:
+        fingerprint = sweep_fingerprint(loaded, {str(f): _file_sha(f) for f in bound.family.source_files()}, args)
         _record_sweep(home, spec.task_id, {"run_id": result.run_id, "ts": time.time(), "fingerprint": fingerprint,
                                            "task_id": spec.task_id,
                                            "report": report, "verdicts": verdicts,
@@ -492,16 +495,16 @@ def _warm_report_imports() -> None:
 
 
 def cmd_review(args: argparse.Namespace) -> int:
-    prepared = _prepare(args)
-    if prepared is None:
+    spec = _load(args)  # schema only: the kernel change under review may break the spec's baseline
+    if spec is None:
         return EXIT_BAD_SPEC
-    spec, home, resources, instance = prepared
+    spec, home, resources, instance = _prepare(args, spec)
     import dagster as dg
 
     from kernel_assets.definitions import REVIEW_ASSETS
     from kernel_assets.run_guard import run_tags
 
-    config = {"base_ref": args.base or "", "use_model": not args.offline}
+    config = {"base_ref": args.base or "", "use_model": not args.offline, "patch_variant": args.patch or ""}
     print(f"kregress: reviewing the kernel diff for {spec.task_id} (base: {args.base or 'last reviewed revision, else HEAD or the commit before the last one touching the kernel'})",
           file=sys.stderr)
     result = dg.materialize(REVIEW_ASSETS, partition_key=spec.task_id, instance=instance, resources=resources,
@@ -520,13 +523,14 @@ def cmd_review(args: argparse.Namespace) -> int:
 
 
 def cmd_specs_validate(args: argparse.Namespace) -> int:
-    from kregress.core import spec as spec_mod
+    from kregress.core.bind import load_bound
+    from kregress.core.spec import SpecError
 
     bad = 0
     for f in args.files:
         try:
-            spec = spec_mod.load_spec(f)
-        except spec_mod.SpecError as exc:
+            spec = load_bound(f).spec  # the schema and the family's checks, every problem at once
+        except SpecError as exc:
             bad += 1
             print(str(exc), file=sys.stderr)
             continue
@@ -613,7 +617,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="run one spec's whole graph in-process", epilog=SWEEP_EPILOG)
     s.add_argument("spec", help="path to a task spec YAML")
     s.add_argument("--dagster-home", help="default: $DAGSTER_HOME, else ./dagster_home")
-    s.add_argument("--env", choices=["local", "gpu"], help="resource set (default $KREGRESS_ENV or local)")
+    s.add_argument("--env", choices=list(RESOURCE_ENVS), help="resource set (default $KREGRESS_ENV or local)")
     s.add_argument("--backend", choices=["auto", "cuda", "interpreter"], help="override the benchmark backend")
     s.add_argument("--strategy", choices=list(STRATEGIES), help="override the spec's search strategy")
     s.add_argument("--force", action="store_true",
@@ -626,6 +630,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     r.add_argument("--base", help="git ref to diff against (default: the revision last reviewed, else HEAD when the kernel has "
                    "uncommitted changes, else the commit before the last one touching it)")
     r.add_argument("--offline", action="store_true", help="no model call: compile-stat deltas and test coverage only")
+    r.add_argument("--patch", metavar="VARIANT_ID", help="review the patch `kregress judge` judged as VARIANT_ID instead of the git diff")
     r.add_argument("--dagster-home")
     r.set_defaults(func=cmd_review)
     sp = sub.add_parser("specs", help="work with spec files")

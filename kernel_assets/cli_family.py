@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from string import Template
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "kregress" / "templates" / "family"
+TEMPLATES = Path(__file__).resolve().parent / "templates" / "family"
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{1,40}$")
 
 
@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     new.set_defaults(func=cmd_new)
     chk = fsub.add_parser("check", help="run the conformance checks on a family")
     chk.add_argument("name", help="a built-in family, an installed plugin or package.module:attribute")
-    chk.add_argument("--spec", help="the spec to check against (default: specs/NAME.yaml beside the family's package)")
+    chk.add_argument("--spec", help="the spec to check against (default: the family's shipped spec: specs/NAME.yaml beside "
+                                    "its package, else a specs/*.yaml there with kernel_family: NAME)")
     chk.set_defaults(func=cmd_check)
 
 
@@ -79,24 +80,23 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from kregress.core.family import BUILTIN, ENTRY_POINT_GROUP, UnknownFamily, get_family
-    from importlib.metadata import entry_points
+    from kregress.core.family import UnknownFamily, entry_points_by_name, get_family, is_builtin
 
-    rows = [(n, "built-in", t) for n, t in BUILTIN.items()]
-    rows += [(ep.name, f"plugin ({ep.dist.name if ep.dist else '?'})", ep.value)
-             for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN]
-    for name, where, target in rows:
+    eps = entry_points_by_name()
+    for name in sorted(eps, key=lambda n: (not is_builtin(eps[n]), n)):
+        ep = eps[name]
+        where = "built-in" if is_builtin(ep) else f"plugin ({ep.dist.name if ep.dist else '?'})"
         try:
             fam = get_family(name)
             files = ", ".join(str(f) for f in fam.source_files()) or "-"
-            print(f"{name:<20} {where:<28} {target}  [{files}]")
+            print(f"{name:<20} {where:<28} {fam.kind:<9} {ep.value}  [{files}]")
         except UnknownFamily as exc:
-            print(f"{name:<20} {where:<28} {target}  BROKEN: {exc}")
+            print(f"{name:<20} {where:<28} {'?':<9} {ep.value}  BROKEN: {exc}")
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from kregress.conformance import run_checks
+    from kernel_assets.conformance import run_checks
     from kregress.core.family import UnknownFamily
 
     try:

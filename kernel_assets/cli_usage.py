@@ -3,9 +3,12 @@
     kregress usage                                   # per role and key alias, $DAGSTER_HOME/ledger.sqlite
     kregress usage --group-by task,model --partition gemm-h100
     kregress usage --csv usage.csv --jsonl usage.jsonl
+    kregress usage --spec specs/gemm_h100_bf16.yaml [--sweep RUN_ID]   # spend vs the spec's budget
 
 --csv writes the reconciliation table as printed; --jsonl writes every attempt (one UsageRecord a line).
-Keys never appear: the ledger holds only key aliases.
+--spec adds the spend of one sweep (--sweep, default the spec's latest) against the spec's budget, per
+round, with every breach (the same rule as `kregress sweep`'s exit code and the token_budget check); it
+exits 3 when the sweep is over budget. Keys never appear: the ledger holds only key aliases.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--partition", help="only this partition (spec task_id)")
     p.add_argument("--run-id", help="only this Dagster run")
     p.add_argument("--round", type=int, help="only this round")
+    p.add_argument("--spec", metavar="FILE", help="also show one sweep's spend against this spec's budget (exit 3 when over)")
+    p.add_argument("--sweep", metavar="ID", help="with --spec: the sweep (run id) to judge; default the spec's latest sweep")
     p.set_defaults(func=run_usage)
     return p
 
@@ -66,7 +71,7 @@ def run_usage(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     filters = {"partition": args.partition, "run_id": args.run_id, "round": args.round}
-    table = ledger.reconcile(args.group_by, **filters)
+    table = ledger.usage.reconcile(args.group_by, **filters)
     rows = table + ([totals_row(table, args.group_by)] if table else [])
     print(f"ledger: {path}", file=out)
     print(format_table(rows, [*args.group_by, *COLUMNS]), file=out)
@@ -74,8 +79,37 @@ def run_usage(args: argparse.Namespace, out: TextIO | None = None) -> int:
         write_csv(args.csv, rows, [*args.group_by, *COLUMNS])
         print(f"wrote {args.csv}", file=out)
     if args.jsonl:
-        n = ledger.export_jsonl(args.jsonl, **filters)
+        n = ledger.usage.export_jsonl(args.jsonl, **filters)
         print(f"wrote {n} rows to {args.jsonl}", file=out)
+    if getattr(args, "spec", None):
+        return _budget(args, ledger, out)
+    return 0
+
+
+EXIT_BUDGET = 3  # as `kregress sweep`: over budget
+
+
+def _budget(args: argparse.Namespace, ledger, out: TextIO) -> int:
+    """Spend of one sweep against the spec's budget, per round, and every breach; 3 when over budget."""
+    from kernel_assets.usage import budget_report
+    from kregress.core.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sweep = args.sweep or ledger.usage.latest_sweep(spec.task_id)
+    if sweep is None:
+        print(f"budget: no model calls recorded for {spec.task_id}", file=out)
+        return 0
+    rep = budget_report(ledger, spec.budget, sweep)
+    print(f"budget of {spec.task_id}, sweep {sweep}{'' if args.sweep else ' (its latest)'}:", file=out)
+    print(rep.markdown(), file=out)
+    if rep.breaches:
+        print(f"over budget: {'; '.join(b.text for b in rep.breaches)}", file=out)
+        return EXIT_BUDGET
+    print("within budget", file=out)
     return 0
 
 

@@ -2,12 +2,13 @@
 
 Layout: ``$DAGSTER_HOME/kregress_history/task=<t>/dev=<d>/date=<YYYY-MM-DD>/<run_id>.parquet``
 (hive partitions, read with pyarrow.dataset). Each file holds one sweep's rows: the baseline and every
-variant with its verdict and raw samples, with device name and torch/Triton versions. Nothing is ever
-rewritten; acknowledgements of a known step change live beside it in ``acks.jsonl``.
+variant with its verdict and raw samples, with the GPU model, driver, torch/Triton versions, host and GPU
+UUID. Nothing is ever rewritten; acknowledgements of a known step change live beside it in ``acks.jsonl``.
 
-A baseline is compared only with earlier baselines of the same task, device, torch and Triton versions
-that were *accepted* (their own comparison was not REGRESS, or a person acknowledged them), and never
-across an acknowledged step: after an ack, the acknowledged sweep is the new reference.
+A baseline is compared only with earlier baselines of the same task and hardware-and-toolchain identity (GPU
+model, driver, torch and Triton versions) that were *accepted* (their own comparison was not REGRESS, or a
+person acknowledged them), and never across an acknowledged step: after an ack, the acknowledged sweep is
+the new reference.
 """
 
 from __future__ import annotations
@@ -38,13 +39,28 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80] or "unknown"
 
 
+# A sweep is compared only with sweeps of the same hardware-and-toolchain identity: the GPU model, the driver
+# and the torch and Triton versions (and the evidence kind). The host and the GPU's UUID are kept in every
+# row, to say where a sweep ran, but do not split the history: a nightly sweep lands on any GPU of the model.
+IDENTITY_KEYS = ("device", "driver", "torch_version", "triton_version")
+
+
 def _identity(row: VariantResult) -> dict[str, str]:
     m = row.measurements[0] if row.measurements else None
     return {
-        "device": m.device if m else "none",
+        "device": (m.gpu_name or m.device) if m else "none",
+        "driver": m.driver if m else "",
         "torch_version": m.torch_version if m else "",
         "triton_version": m.triton_version if m else "",
+        "host": m.host if m else "",
+        "gpu_uuid": m.gpu_uuid if m else "",
     }
+
+
+def identity_text(ident) -> str:
+    """``NVIDIA H100 80GB HBM3, driver 550.54, torch 2.13.0, triton 3.9.0`` (unknown parts shown as ?)."""
+    return (f"{ident['device'] or '?'}, driver {ident.get('driver') or '?'}, torch {ident['torch_version'] or '?'}, "
+            f"triton {ident['triton_version'] or '?'}")
 
 
 def append_sweep(spec: TaskSpec, run_id: str, history: list[VariantResult], verdicts: dict[str, Verdict],
@@ -81,8 +97,16 @@ def load(task_id: str | None = None, home: Path | None = None) -> pd.DataFrame:
     if not root.exists() or not any(root.rglob("*.parquet")):
         return pd.DataFrame()
     dataset = ds.dataset(str(root), format="parquet", partitioning="hive", exclude_invalid_files=True)
+    # Files written before a column existed (driver, host, gpu_uuid) lack it: read every file with the union of
+    # their schemas, else the first file's schema would decide which columns exist.
+    schemas = [f.physical_schema for f in dataset.get_fragments()]
+    if schemas:
+        merged = pa.unify_schemas(schemas + [dataset.partitioning.schema] if dataset.partitioning else schemas)
+        dataset = ds.dataset(str(root), format="parquet", partitioning="hive", exclude_invalid_files=True, schema=merged)
     flt = (ds.field("task") == _safe(task_id)) if task_id else None
     df = dataset.to_table(filter=flt).to_pandas()
+    for col in IDENTITY_KEYS:
+        df[col] = df[col].fillna("") if col in df else ""
     return df.sort_values("ts").reset_index(drop=True)
 
 
@@ -144,8 +168,10 @@ def compare_baseline(spec: TaskSpec, baseline: VariantResult, home: Path | None 
     df = load(spec.task_id, home)
     if df.empty:
         return HistoryComparison("NO_HISTORY", "first sweep of this task: nothing to compare with")
-    base = df[df["is_baseline"] & (df["device"] == ident["device"]) & (df["torch_version"] == ident["torch_version"])
-              & (df["triton_version"] == ident["triton_version"]) & (df["evidence"] == (baseline.evidence or ""))]
+    same = df["is_baseline"] & (df["evidence"] == (baseline.evidence or ""))
+    for key in IDENTITY_KEYS:  # only within one hardware-and-toolchain identity
+        same &= df[key] == ident[key]
+    base = df[same]
     task_acks = acks(spec.task_id, home)
     if task_acks:  # never mix distributions across an acknowledged step
         last_ack = task_acks[-1]
@@ -155,8 +181,7 @@ def compare_baseline(spec: TaskSpec, baseline: VariantResult, home: Path | None 
     accepted = base[base["verdict"].isin(["PASS", "NO_HISTORY", "ACKNOWLEDGED"]) |
                     base["run_id"].isin({a["run_id"] for a in task_acks})]
     if accepted.empty:
-        return HistoryComparison("NO_HISTORY", f"no accepted baseline on {ident['device']} with torch "
-                                               f"{ident['torch_version']} / triton {ident['triton_version']}")
+        return HistoryComparison("NO_HISTORY", f"no accepted baseline on {identity_text(ident)}")
     ref = accepted.iloc[-1]
     ref_samples = [list(s) for s in ref["samples_ms"]]
     today = [m.samples_ms for m in baseline.measurements]

@@ -1,10 +1,12 @@
-"""The verdict report's narrative (role report: once per sweep, never every round) and token table."""
+"""The verdict report's narrative (role report: once per sweep, never every round), token table and forecast section."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from kernel_assets.report import _md_table, tables
+from kregress.core import forecast
+from kregress.core.budget import BudgetScope
 from kregress.core.records import Verdict
 
 
@@ -18,8 +20,18 @@ def narrative_for(context, spec, state, verdicts: dict[str, Verdict]) -> tuple[s
     _, verdict_df, _ = tables(state.history, verdicts, [])
     md = _md_table(verdict_df, ["variant_id", "config_label", "verdict", "ratio", "evidence", "reasons"]) if len(verdict_df) else ""
     try:
-        text, source = write_narrative(gateway, spec, md, run_id=context.run_id, partition=context.partition_key)
+        text, source = write_narrative(gateway, spec, md, scope=BudgetScope.for_run(context.run_id, context.partition_key))
     finally:
         gateway.close()
-    rows = ledger.reconcile(group_by=("role", "key_alias", "model"), run_id=context.run_id)
+    rows = ledger.usage.reconcile(group_by=("role", "key_alias", "model"), run_id=context.run_id)
     return text, source, pd.DataFrame(rows) if rows else None
+
+
+def suggest_models(ledger, run_id: str) -> dict[int, str]:
+    """round -> the model that answered that round's suggest call in this run (from the ledger's ok rows)."""
+    return {r.round: r.model for r in ledger.usage.rows(run_id=run_id, role="suggest", status="ok") if r.model}
+
+
+def forecast_section(context, state) -> str:
+    """The report's forecast section: each forecast beside its measurement, and calibration per policy and model."""
+    return forecast.section(state.history, suggest_models(context.resources.ledger.get_ledger(), context.run_id))

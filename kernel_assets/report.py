@@ -21,7 +21,9 @@ COLUMNS = [
     "latency_p80_ms", "tflops", "gbps", "regs_per_thread", "spill_bytes", "smem_bytes", "occupancy",
     "occupancy_limiter", "max_abs_err", "max_rel_err", "ref_rounding_abs", "atol", "rtol", "verdict", "cause",
     "ratio", "ratio_ci_low", "ratio_ci_high", "p50_ratio", "worst_shape", "evidence", "reasons", "patch_summary",
-    "expected_effect", "risk", "parent", "config_hash",
+    "expected_effect", "risk", "parent", "config_hash", "patch_sha256",
+    # the forecast as proposed (before measurement), and the measured speedup it is scored against (cuda/replay only)
+    "expected_speedup", "expected_speedup_low", "expected_speedup_high", "bottleneck", "measured_speedup",
 ]
 SHAPE_COLUMNS = ["variant_id", "round", "config_label", "shape", "verdict", "cause", "ratio", "ratio_ci_low",
                  "ratio_ci_high", "p50_ratio", "n_variant", "n_baseline", "batch", "evidence", "reason"]
@@ -66,7 +68,9 @@ def row_record(row: VariantResult, verdict: Verdict | None, param_names: list[st
         "evidence": row.evidence,
         "reasons": "; ".join(verdict.reasons) if verdict else "",
         "patch_summary": row.patch_summary, "expected_effect": row.expected_effect, "risk": row.risk,
-        "parent": row.parent, "config_hash": row.config_hash,
+        "parent": row.parent, "config_hash": row.config_hash, "patch_sha256": row.patch_sha256,
+        "expected_speedup": row.expected_speedup, "expected_speedup_low": row.expected_speedup_low,
+        "expected_speedup_high": row.expected_speedup_high, "bottleneck": row.bottleneck,
     }
     for p in param_names:
         rec[p] = row.config.get(p)
@@ -75,7 +79,13 @@ def row_record(row: VariantResult, verdict: Verdict | None, param_names: list[st
 
 def tables(history: list[VariantResult], verdicts: dict[str, Verdict], param_names: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(variants, verdicts, measurements) frames; config parameters are columns of their own."""
+    from kregress.core.forecast import measured_speedup
+    from kregress.core.names import MEASURED_EVIDENCE
+
     recs = [row_record(r, verdicts.get(r.variant_id), param_names) for r in history]
+    for r, rec in zip(history, recs):
+        rec["measured_speedup"] = (measured_speedup(r, history[0]) if r.round > 0 and r.evidence in MEASURED_EVIDENCE
+                                   else None)
     cols = COLUMNS[:4] + param_names + COLUMNS[4:]
     variants = pd.DataFrame.from_records(recs, columns=cols)
     verdict_df = variants[variants["round"] > 0].reset_index(drop=True)
@@ -113,11 +123,12 @@ def shape_table(history: list[VariantResult], verdicts: dict[str, Verdict]) -> p
 CATEGORY_COLORS = {
     "BASELINE": "#1565c0", "PASS": "#78909c", "PASS/faster": "#2e7d32", "NEEDS_REVIEW": "#f9a825",
     "REGRESS/slower": "#c62828", "REGRESS/wrong": "#6a1b9a", "REGRESS/infeasible": "#616161",
+    "REGRESS/rejected": "#263238",
 }
 CATEGORY_LABELS = {
     "BASELINE": "baseline", "PASS": "PASS (not worse than the guard)", "PASS/faster": "PASS, measured faster",
     "NEEDS_REVIEW": "NEEDS_REVIEW", "REGRESS/slower": "REGRESS/slower", "REGRESS/wrong": "REGRESS/wrong",
-    "REGRESS/infeasible": "REGRESS/infeasible",
+    "REGRESS/infeasible": "REGRESS/infeasible", "REGRESS/rejected": "REGRESS/rejected",
 }
 # The shipped replay spec: measured verdicts (recorded RTX 3090 runs) on a host with no GPU.
 REPLAY_DEMO_SPEC = REPO_ROOT / "specs" / "replay_clblast_rtx3090.yaml"
@@ -230,7 +241,7 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
             label = CATEGORY_LABELS[cat]
             if vid in vals and vals[vid] > 0:
                 r = vals[vid] / scale
-                failed = cat in ("REGRESS/infeasible", "REGRESS/wrong")
+                failed = cat in ("REGRESS/infeasible", "REGRESS/wrong", "REGRESS/rejected")
                 if failed:  # an estimate exists, but the variant is out: hollow and dashed, with its reason
                     bar = ax.bar(x, r - bottom, bottom=bottom, facecolor="white", edgecolor=color, ls="--",
                                  lw=0.9, label=label)[0]
@@ -579,6 +590,42 @@ def tolerance_section(spec: TaskSpec, history: list[VariantResult]) -> str:
     return "\n".join(lines) + "\n" + _md_table(gdf, ["variants", "n"] + key)
 
 
+def patch_section(history: list[VariantResult], verdicts: dict[str, Verdict]) -> list[str]:
+    """report.md lines for the patch variants: verdict and cause, hashes, what the gate found, the diff."""
+    rows = [r for r in history if r.patch]
+    if not rows:
+        return []
+    out = ["## Patches", "",
+           "Each patch went through the gate: static policy (REGRESS rejected), sandboxed compile and correctness on "
+           "secret inputs (REGRESS wrong), precision against the baseline's own error (NEEDS_REVIEW precision), "
+           "plausibility of its timing (NEEDS_REVIEW implausible), then the usual verdict.", ""]
+    for r in rows:
+        v = verdicts.get(r.variant_id)
+        g = r.gate
+        out += [f"### {r.variant_id}: {v.verdict if v else '-'} {(v.cause or '') if v else ''}".rstrip(), ""]
+        if v and v.reasons:
+            out += [f"- reason: {' '.join(v.reasons[0].split())[:600]}"]
+        out += [f"- patch sha256 `{r.patch_sha256}`; applies to kernel hash `{r.patch_base_hash}`"
+                + (f" -> `{g.patched_hash}`" if g and g.patched_hash else "")]
+        if g is not None:
+            out += [f"- {g.changed_lines} changed lines; apply/revert round trip: {'checked' if g.round_trip_ok else 'not reached'}"]
+            if g.cases:
+                out += [f"- correctness: {g.cases} calls on {g.seeds} secret seeds, distributions {', '.join(g.distributions)}; "
+                        f"hidden shapes {', '.join(g.hidden_shapes) or 'none'}"]
+            if g.cases_dropped:
+                out += [f"- cases the baseline itself fails (not used): {'; '.join(g.cases_dropped)[:400]}"]
+            if g.precision is not None:
+                pm = g.precision
+                out += [f"- error as a fraction of the tolerance: max {pm.candidate_max:.3g} (baseline {pm.baseline_max:.3g}), "
+                        f"RMS {pm.candidate_rms:.3g} (baseline {pm.baseline_rms:.3g}); NEEDS_REVIEW above {g.precision_factor:g}x"]
+            out += [f"- static / region: {f.text()}" for f in g.findings[:20]]
+            out += [f"- sandbox: {x}" for x in g.runtime_violations[:10]]
+            out += [f"- note: {n}" for n in g.notes[:10]]
+        fence = "````" if "```" in (r.patch or "") else "```"
+        out += ["", f"{fence}diff", (r.patch or "").rstrip("\n"), fence, ""]
+    return out
+
+
 def best_line(best: dict, spec: TaskSpec) -> str:
     if best["variant_id"] is None:
         return "Best: none (no variant is correct, feasible and timed)"
@@ -769,6 +816,7 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
         cols += [] if recorded else ["regs_per_thread", "smem_bytes", "occupancy"]
         cols += [c for c in ("error", "verdict", "cause") if c == "verdict" or sub[c].notna().any()]
         lines += [f"### Round {rnd}", "", _md_table(sub, cols)]
+    lines += patch_section(state.history, verdicts)
     failed = [r for r in state.history if r.error]
     lines += ["## Failures", ""]
     lines += [f"- {r.variant_id} [{config_label(r.config)}]: **{r.error}**: {' '.join(r.error_detail.split())[:300]}" for r in failed] or ["_none_"]

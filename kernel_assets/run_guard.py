@@ -8,6 +8,13 @@
   finished state that still hold slots (a run marked failed by hand) are freed too. Runs launched by the daemon
   or the UI carry no such tags: Dagster's run monitoring (dagster.yaml ``run_monitoring``) watches those.
 - ``run_tags()``: the tags the CLI puts on each run it launches.
+- ``WorkerCheckingRunLauncher``: Dagster's ``DefaultRunLauncher`` (runs start in a process of the code server
+  of their location) that also answers run monitoring's health check, so the daemon marks a run failed when
+  its run worker is gone. It asks the code server that started the worker; where that server does not vouch
+  for it (restarted, or gone) and the worker ran on the daemon's host, the worker's PID and start time decide;
+  a server on another host silent for ``unreachable_grace_seconds`` is taken for a dead host. Without it run
+  monitoring cannot see a dead worker of the default launcher at all: only the code server that started the
+  worker would notice, and not when that server died too.
 
 Dagster is imported inside the functions only, so ``kregress --help`` stays fast.
 """
@@ -22,41 +29,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from kregress.core.process import pid_start as _pid_start
+from kregress.core.process import process_alive
+
 HOST_TAG, PID_TAG, PID_START_TAG = "kregress/host", "kregress/pid", "kregress/pid_start"
 LOCK_NAME = ".kregress-init.lock"
-
-
-def _pid_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot (Linux /proc), '' where unknown: with the PID it
-    names one process, so a reused PID is not taken for the run's."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
 
 
 def run_tags() -> dict[str, str]:
     pid = os.getpid()
     return {HOST_TAG: socket.gethostname(), PID_TAG: str(pid), PID_START_TAG: _pid_start(pid)}
-
-
-def process_alive(pid: int, start: str = "") -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, another user's
-    if start:
-        now = _pid_start(pid)
-        if now and now != start:
-            return False  # the PID was reused by another process
-    try:  # a zombie (killed, not yet reaped by its parent) is gone for our purposes
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 @contextmanager
@@ -72,7 +54,7 @@ def init_lock(home: Path, timeout_s: float = 300.0) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{home / LOCK_NAME} held for over {timeout_s:.0f} s by another kregress process")
+                    raise TimeoutError(f"{home / LOCK_NAME} held for over {timeout_s:.0f} s by another kregress process") from None
                 time.sleep(0.05)
         yield
     finally:
@@ -141,3 +123,182 @@ def reap_dead_runs(instance, log: Callable[[str], None] | None = None) -> list[s
             say(f"kregress: run {run_id} is {'gone' if run is None else run.status.value.lower()} but held concurrency "
                 "slots: freed them")
     return freed
+
+
+# --- run monitoring for the default launcher ----------------------------------------------------------
+
+WORKER_STARTED_PREFIX = "Started process for run (pid: "  # Dagster's engine event when a run worker starts
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+
+
+def _boot_time() -> float | None:
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def process_started_at(pid: int) -> float | None:
+    """The epoch second ``pid`` started at (Linux /proc), None where unknown."""
+    ticks, boot = _pid_start(pid), _boot_time()
+    if not ticks or boot is None:
+        return None
+    return boot + int(ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_process(instance, run_id: str) -> tuple[int, float] | None:
+    """(pid, when it said it started) of the newest run worker of ``run_id``, from the run's event log."""
+    import dagster as dg
+
+    found = None
+    for rec in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
+        msg = (rec.dagster_event.message if rec.dagster_event else "") or rec.user_message or ""
+        if msg.startswith(WORKER_STARTED_PREFIX):
+            try:
+                found = (int(msg[len(WORKER_STARTED_PREFIX):].split(")")[0]), rec.timestamp)
+            except ValueError:
+                continue
+    return found
+
+
+def is_this_host(host: str | None) -> bool:
+    if not host:
+        return True  # a unix socket: the server runs here
+    names = _LOCAL_HOSTS | {socket.gethostname(), socket.getfqdn()}
+    return host in names or host.startswith("127.")
+
+
+def _make_launcher_class():
+    from dagster._core.launcher.default_run_launcher import DefaultRunLauncher
+
+    class WorkerCheckingRunLauncher(DefaultRunLauncher):
+        """``DefaultRunLauncher`` plus ``check_run_worker_health`` (see the module docstring).
+
+        dagster.yaml::
+
+            run_launcher:
+              module: kernel_assets.run_guard
+              class: WorkerCheckingRunLauncher
+              config:
+                unreachable_grace_seconds: 300
+        """
+
+        def __init__(self, inst_data=None, unreachable_grace_seconds: int = 300, grpc_timeout_seconds: int = 10):
+            super().__init__(inst_data=inst_data)
+            self.unreachable_grace_seconds = int(unreachable_grace_seconds)
+            self.grpc_timeout_seconds = int(grpc_timeout_seconds)
+            self._unreachable_since: dict[str, float] = {}
+
+        @classmethod
+        def config_type(cls):
+            from dagster import Field
+
+            return {
+                "unreachable_grace_seconds": Field(int, is_required=False, default_value=300,
+                                                   description="A run whose code server has not answered for this long "
+                                                               "is failed (its host is taken for down)."),
+                "grpc_timeout_seconds": Field(int, is_required=False, default_value=10,
+                                              description="How long one health question to a code server may take."),
+            }
+
+        @classmethod
+        def from_config_value(cls, inst_data, config_value):
+            return cls(inst_data=inst_data, **dict(config_value))
+
+        @property
+        def supports_check_run_worker_health(self) -> bool:
+            return True
+
+        def check_run_worker_health(self, run):
+            import json
+
+            from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
+            from dagster._core.storage.tags import GRPC_INFO_TAG
+
+            info = json.loads(run.tags.get(GRPC_INFO_TAG) or "{}")
+            if not info:
+                return self._check_cli_run(run)
+            # The code server that started the worker knows whether it is alive.
+            answer = self._ask_code_server(run, info)
+            host = info.get("host") if info.get("port") else None
+            if not is_this_host(host) or (answer.status == WorkerStatus.RUNNING and not answer.transient):
+                return answer
+            # On this host the worker's PID settles what the server cannot vouch for: a server restarted (it
+            # forgot the worker, which may live on) or gone (its worker may be gone too, or not).
+            worker = worker_process(self._instance, run.run_id)
+            if worker is None:  # launched, the worker has not said it started yet (start_timeout covers a hang)
+                return CheckRunHealthResult(WorkerStatus.RUNNING, "run worker starting")
+            pid, said_at = worker
+            started = process_started_at(pid)
+            if process_alive(pid) and (started is None or started <= said_at + 1.0):
+                return CheckRunHealthResult(WorkerStatus.RUNNING, f"run worker pid {pid} is alive",
+                                            run_worker_id=str(pid))
+            return CheckRunHealthResult(WorkerStatus.FAILED, f"run worker pid {pid} on {socket.gethostname()} is gone "
+                                                             "(killed or crashed)", run_worker_id=str(pid))
+
+        def _check_cli_run(self, run):
+            """A run of `kregress sweep` (executed in the CLI's own process, tagged with its host and PID): failed
+            when that process is gone from this host; a run of another host, or with no such tags, is left alone."""
+            from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
+
+            try:
+                pid = int(run.tags.get(PID_TAG, ""))
+            except ValueError:
+                return CheckRunHealthResult(WorkerStatus.RUNNING, "not started by a code server or the CLI: not checked")
+            if run.tags.get(HOST_TAG) != socket.gethostname():
+                return CheckRunHealthResult(WorkerStatus.RUNNING, f"CLI run of host {run.tags.get(HOST_TAG)}: not checked here")
+            if process_alive(pid, run.tags.get(PID_START_TAG, "")):
+                return CheckRunHealthResult(WorkerStatus.RUNNING, f"kregress process pid {pid} is alive", run_worker_id=str(pid))
+            return CheckRunHealthResult(WorkerStatus.FAILED, f"the kregress process of this run (pid {pid} on "
+                                                             f"{socket.gethostname()}) is gone", run_worker_id=str(pid))
+
+        def _ask_code_server(self, run, info: dict):
+            from dagster._core.errors import DagsterUserCodeUnreachableError
+            from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
+            from dagster._grpc.client import DagsterGrpcClient
+            from dagster._grpc.types import CanCancelExecutionRequest, CanCancelExecutionResult
+            from dagster._serdes import deserialize_value
+
+            where = f"{info.get('host')}:{info.get('port')}" if info.get("port") else f"socket {info.get('socket')}"
+            client = DagsterGrpcClient(port=info.get("port"), socket=None if info.get("port") else info.get("socket"),
+                                       host=info.get("host") or "localhost", use_ssl=bool(info.get("use_ssl")))
+            try:
+                res = deserialize_value(client.can_cancel_execution(CanCancelExecutionRequest(run_id=run.run_id),
+                                                                    timeout=self.grpc_timeout_seconds),
+                                        CanCancelExecutionResult)
+            except DagsterUserCodeUnreachableError:
+                now = time.time()
+                since = self._unreachable_since.setdefault(run.run_id, now)
+                if now - since >= self.unreachable_grace_seconds:
+                    self._unreachable_since.pop(run.run_id, None)
+                    return CheckRunHealthResult(WorkerStatus.FAILED, f"the code server at {where} that started this run has "
+                                                                     f"not answered for {now - since:.0f} s: its host is "
+                                                                     "taken for down")
+                return CheckRunHealthResult(WorkerStatus.RUNNING, f"code server at {where} unreachable for "
+                                                                  f"{now - since:.0f} s (grace {self.unreachable_grace_seconds} s)",
+                                            transient=True)
+            self._unreachable_since.pop(run.run_id, None)
+            if res.can_cancel:
+                return CheckRunHealthResult(WorkerStatus.RUNNING, f"code server at {where} has a live run worker")
+            return CheckRunHealthResult(WorkerStatus.FAILED, f"the code server at {where} has no live run worker for this "
+                                                             "run (it was killed, crashed, or the server restarted)")
+
+    WorkerCheckingRunLauncher.__module__ = __name__
+    WorkerCheckingRunLauncher.__qualname__ = "WorkerCheckingRunLauncher"
+    return WorkerCheckingRunLauncher
+
+
+_LAZY: dict[str, type] = {}
+
+
+def __getattr__(name: str):
+    """``WorkerCheckingRunLauncher`` is built on first access (Dagster's instance loader asks for it by name),
+    so importing this module for the CLI's helpers does not import Dagster."""
+    if name == "WorkerCheckingRunLauncher":
+        if name not in _LAZY:
+            _LAZY[name] = _make_launcher_class()
+        return _LAZY[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,16 +1,29 @@
-"""Where specs come from: a directory of YAML files (plus files named on the command line)."""
+"""Where specs come from: a directory of YAML files (plus files named on the command line).
+
+A run binds its spec once (``SpecStore.bind``: read, schema-checked, bound to its family) in its first
+step and carries the ``BoundSpec`` through the graph. ``kregress sweep`` has already bound the spec it
+was given before the run starts: it hands that binding over (``hand_over``), so the run's first step
+takes it instead of validating the file a second time, as long as the file is unchanged.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
 from pathlib import Path
 
 import dagster as dg
+import yaml
 from pydantic import Field
 
+from kregress.core.bind import BoundSpec, load_bound
+from kregress.core.paths import REPO_ROOT
 from kregress.core.spec import SpecError, TaskSpec, discover_specs, load_spec
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# task_id -> (sha256 of the spec file, its binding): bindings made by this process before a run
+_HANDED: dict[str, tuple[str, BoundSpec]] = {}
+_LOCK = threading.Lock()
 
 
 def default_specs_dir() -> str:
@@ -21,8 +34,32 @@ def default_extra_files() -> list[str]:
     return [f for f in os.environ.get("KREGRESS_SPEC_FILES", "").split(os.pathsep) if f]
 
 
+def _file_sha(path: Path) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def hand_over(bound: BoundSpec) -> None:
+    """Offer this process's binding of a spec file to the run about to start (``kregress sweep``)."""
+    if bound.source is not None:
+        with _LOCK:
+            _HANDED[bound.task_id] = (_file_sha(bound.source), bound)
+
+
+def _task_id_of(path: Path) -> str | None:
+    """The task_id a spec file declares, read without validating it."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return None
+    tid = data.get("task_id") if isinstance(data, dict) else None
+    return tid if isinstance(tid, str) and tid else None
+
+
 class SpecStore(dg.ConfigurableResource):
-    """Loads and validates task specs; the partition key of every asset is a spec's task_id."""
+    """Finds task specs and binds them; the partition key of every asset is a spec's task_id."""
 
     specs_dir: str = Field(default_factory=default_specs_dir, description="Directory of *.yaml task specs (env KREGRESS_SPECS_DIR).")
     extra_files: list[str] = Field(default_factory=default_extra_files,
@@ -31,8 +68,9 @@ class SpecStore(dg.ConfigurableResource):
     def paths(self) -> dict[str, Path]:
         found = discover_specs(self.specs_dir) if Path(self.specs_dir).is_dir() else {}
         for f in self.extra_files:
-            spec = load_spec(f)
-            found[spec.task_id] = Path(f)
+            tid = _task_id_of(Path(f))
+            if tid:
+                found[tid] = Path(f)
         return found
 
     def path_for(self, task_id: str) -> Path:
@@ -45,4 +83,17 @@ class SpecStore(dg.ConfigurableResource):
         return paths[task_id]
 
     def load(self, task_id: str) -> TaskSpec:
+        """The spec of ``task_id``, schema-checked only (no family bound): for a review, which looks at a
+        kernel change that may break the spec. A sweep binds (``bind``)."""
         return load_spec(self.path_for(task_id))
+
+    def bind(self, task_id: str, run_id: str = "") -> BoundSpec:
+        """The spec of ``task_id`` bound to its family, under the budget scope of run ``run_id``: the
+        binding this process handed over when the file is unchanged, else read and bound now."""
+        path = self.path_for(task_id)
+        with _LOCK:
+            handed = _HANDED.get(task_id)
+        if handed is not None and handed[1].source is not None and Path(handed[1].source) == path.resolve() \
+                and handed[0] == _file_sha(path):
+            return handed[1].for_run(run_id)
+        return load_bound(path).for_run(run_id)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kregress.core.records import DroppedSuggestion, Verdict, VariantResult, config_label
+from kregress.core.bind import BoundSpec
 from kregress.core.names import MEASURED_EVIDENCE
+from kregress.core.records import DroppedSuggestion, VariantResult, Verdict, config_label
 from kregress.core.spec import TaskSpec
-
 
 
 def objective(row: VariantResult, spec: TaskSpec) -> float | None:
@@ -61,16 +61,21 @@ class RoundState:
     dropped: list[DroppedSuggestion] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     summary: str = ""  # trimmed top-k, the text the agent sees next round
-    spec: TaskSpec | None = None  # the run's snapshot of the spec, read once by baseline_metrics
+    bound: BoundSpec | None = None  # the run's spec bound to its family, once, by baseline_metrics
+
+    @property
+    def spec(self) -> TaskSpec | None:
+        return self.bound.spec if self.bound is not None else None
 
     @property
     def failures(self) -> list[str]:
         return [failure_line(r) for r in self.history if r.error]
 
 
-def initial_state(baseline: VariantResult, spec: TaskSpec) -> RoundState:
+def initial_state(baseline: VariantResult, bound: BoundSpec) -> RoundState:
+    spec = bound.spec
     val = objective(baseline, spec)
-    state = RoundState(round=0, history=[baseline], objective={}, best_id=baseline.variant_id, best_value=val, spec=spec)
+    state = RoundState(round=0, history=[baseline], objective={}, best_id=baseline.variant_id, best_value=val, bound=bound)
     if val is not None:
         state.objective[baseline.config_hash] = val
     state.summary = summarize(state, spec)
@@ -84,7 +89,7 @@ def advance(prev: RoundState, spec: TaskSpec, round_index: int, rows: list[Varia
         round=round_index, history=list(prev.history) + list(rows), objective=dict(prev.objective),
         best_id=prev.best_id, best_value=prev.best_value, rounds_without_improvement=prev.rounds_without_improvement,
         stopped=prev.stopped or stopped, dropped=list(prev.dropped) + list(dropped), notes=list(prev.notes) + list(notes),
-        spec=prev.spec,
+        bound=prev.bound,
     )
     if prev.stopped or stopped:
         state.summary = summarize(state, spec)
@@ -146,6 +151,40 @@ def _baseline_side(row: VariantResult, baseline: VariantResult) -> tuple[list, s
     return [by_shape[m.shape] for m in row.measurements], None, where
 
 
+_TIMING_IDENTITY = (("host", "hosts"), ("gpu", "GPUs"), ("driver", "drivers"), ("torch", "torch versions"),
+                    ("triton", "Triton versions"))
+
+
+def _timing_identity(m) -> dict[str, str]:
+    """What a sample's time depends on beyond the kernel: the device (host + GPU UUID, else its name) and the
+    toolchain (driver, torch, Triton)."""
+    return {"host": m.host or "", "gpu": m.gpu_uuid or m.gpu_name or m.device or "", "driver": m.driver or "",
+            "torch": m.torch_version or "", "triton": m.triton_version or ""}
+
+
+def _identity_label(ident: dict[str, str]) -> str:
+    return (f"{ident['gpu'] or '?'} on {ident['host'] or '?'} (driver {ident['driver'] or '?'}, torch "
+            f"{ident['torch'] or '?'}, triton {ident['triton'] or '?'})")
+
+
+def incomparable_reason(row: VariantResult, base: list) -> str | None:
+    """Why ``row``'s samples may not be judged against ``base`` (the baseline samples it would be compared with),
+    or None: a baseline timed on another device, driver or torch/Triton version never judges a variant."""
+    by_shape = {m.shape: m for m in base}
+    for m in row.measurements:
+        b = by_shape.get(m.shape)
+        if b is None:
+            continue
+        vi, bi = _timing_identity(m), _timing_identity(b)
+        if vi != bi:
+            what = [name for key, name in _TIMING_IDENTITY if vi[key] != bi[key] and key != "host"]
+            if vi["host"] != bi["host"] and "GPUs" not in what:
+                what.insert(0, "GPUs")  # the same model on another host is another GPU
+            return (f"baseline and variant timed on different {' and '.join(what)}: variant on {_identity_label(vi)}, "
+                    f"baseline on {_identity_label(bi)}; re-run both in one batch on one GPU with one toolchain")
+    return None
+
+
 def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> Verdict:
     """The evidence rule: correctness and constraints are real everywhere; latency needs cuda/replay.
 
@@ -167,11 +206,15 @@ def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> 
     v_obj, b_obj = objective(row, spec), objective(baseline, spec)
     if v_obj is None or b_obj is None:
         return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW",
-                       reasons=["no latency for the variant or the baseline"], evidence=row.evidence)
+                       reasons=[row.error_detail or "no latency for the variant or the baseline"], evidence=row.evidence)
     point = v_obj / b_obj
     guard = spec.regression_guard.not_worse_than_baseline_ratio
     rg = spec.regression_guard
     if row.evidence in MEASURED_EVIDENCE and baseline.evidence in MEASURED_EVIDENCE:
+        foreign = incomparable_reason(row, row.batch_baseline or baseline.measurements)
+        if foreign:
+            return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", evidence=row.evidence, ratio=point,
+                           cause="incomparable", reasons=[foreign])
         base, problem, where = _baseline_side(row, baseline)
         if problem:
             return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", evidence=row.evidence, ratio=point,
@@ -220,7 +263,8 @@ def cause_counts(verdicts) -> dict[str, int]:
 
 def summary_line(counts: dict[str, int], causes: dict[str, int]) -> str:
     """``PASS 0 / REGRESS 6 (slower 0, wrong 0, infeasible 6) / NEEDS_REVIEW 0``."""
-    detail = ", ".join(f"{c} {n}" for c, n in causes.items())
+    # the three causes a config-only sweep can have are always shown; `rejected` only once a patch was
+    detail = ", ".join(f"{c} {n}" for c, n in causes.items() if n or c in ("slower", "wrong", "infeasible"))
     return (f"PASS {counts.get('PASS', 0)} / REGRESS {counts.get('REGRESS', 0)} ({detail}) / "
             f"NEEDS_REVIEW {counts.get('NEEDS_REVIEW', 0)}")
 

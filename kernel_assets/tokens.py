@@ -2,13 +2,20 @@
 
 ``build_token_assets(partitions_def, load_spec)`` returns ``[token_usage, token_budget]``:
 
-- ``token_usage`` (partitioned like the sweep): the reconciliation table of the partition's latest sweep
-  (calls, ok, errors, cache hits, input, output, total per role and key alias) as table metadata, the same
+- ``token_usage`` (partitioned like the sweep): the reconciliation table of this run's sweep (its budget scope:
+  calls, ok, errors, cache hits, input, output, total per role and key alias) as table metadata, the same
   over every sweep of the partition, and the numbers (input/output/total tokens, calls, cache hits).
 - ``token_budget`` (asset check on token_usage): spend against the spec's budget per round
-  (``max_input_tokens_per_round``, ``max_output_tokens_per_round``) and per sweep (``max_total_tokens``).
+  (``max_input_tokens_per_round``, ``max_output_tokens_per_round``) and per sweep (``max_total_tokens``), as
+  ``kregress.core.budget.breaches`` judges it: the same rule as the CLI's exit code and ``kregress usage``.
 
-The spec is read through ``load_spec(partition_key) -> TaskSpec`` (the specs resource, once it exists).
+Both read the run's budget scope, ``BudgetScope.for_run(run_id, partition)``: the one every model call of the
+sweep counted against. Materialized on its own (a run that made no calls), the check judges that run and
+passes; the all-sweeps table still shows what the partition spent before.
+
+Inside the sweep job (``report_key="verdict_report"``) both read the run's budget and budget scope from
+the verdict report's output, where the bound spec put them: the spec is never read or validated again.
+Standalone (``load_spec(partition_key) -> TaskSpec``) they read the spec and judge this run's own scope.
 """
 
 
@@ -16,8 +23,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import dagster as dg
 
-from kregress.core.spec import TaskSpec
 from kernel_assets.usage import budget_report, totals_row
+from kregress.core.budget import BudgetScope
+from kregress.core.spec import TaskSpec
 from resources.ledger import RECONCILE_COLUMNS as NUMERIC
 from resources.ledger import Ledger
 
@@ -31,16 +39,16 @@ def table_metadata(rows: list[dict[str, Any]], group_by: Sequence[str]) -> dg.Ta
     return dg.MetadataValue.table(records=records, schema=dg.TableSchema(columns=cols))
 
 
-def usage_metadata(ledger: Ledger, partition: str, group_by: Sequence[str] = ("role", "key_alias")) -> dict[str, Any]:
-    """What token_usage shows for one partition (usable without Dagster, e.g. in tests or the report)."""
-    sweep = ledger.latest_sweep(partition)
-    latest = ledger.reconcile(group_by, partition=partition, sweep=sweep) if sweep else []
-    every = ledger.reconcile(group_by, partition=partition)
-    by_round = ledger.reconcile(("round", "role"), partition=partition, sweep=sweep) if sweep else []
+def usage_metadata(ledger: Ledger, scope: BudgetScope, group_by: Sequence[str] = ("role", "key_alias")) -> dict[str, Any]:
+    """What token_usage shows for one sweep's scope (usable without Dagster, e.g. in tests or the report)."""
+    sweep, partition = scope.sweep, scope.partition
+    latest = ledger.usage.reconcile(group_by, sweep=sweep)
+    every = ledger.usage.reconcile(group_by, partition=partition)
+    by_round = ledger.usage.reconcile(("round", "role"), sweep=sweep)
     t_latest = totals_row(latest, list(group_by))
     t_all = totals_row(every, list(group_by))
     return {
-        "sweep": dg.MetadataValue.text(sweep or "(no model calls)"),
+        "sweep": dg.MetadataValue.text(sweep + ("" if latest else " (no model calls)")),
         "reconciliation": table_metadata(latest + ([t_latest] if latest else []), group_by),
         "reconciliation_by_round": table_metadata(by_round, ("round", "role")),
         "reconciliation_all_sweeps": table_metadata(every + ([t_all] if every else []), group_by),
@@ -54,10 +62,10 @@ def usage_metadata(ledger: Ledger, partition: str, group_by: Sequence[str] = ("r
     }
 
 
-def budget_check_result(ledger: Ledger, spec: TaskSpec, partition: str) -> dg.AssetCheckResult:
-    rep = budget_report(ledger, spec.budget, partition=partition)
+def budget_check_result(ledger: Ledger, spec: TaskSpec, scope: BudgetScope) -> dg.AssetCheckResult:
+    rep = budget_report(ledger, spec.budget, scope.sweep)
     meta: dict[str, Any] = {
-        "sweep": dg.MetadataValue.text(rep.sweep or "(no model calls)"),
+        "sweep": dg.MetadataValue.text(scope.sweep),
         "total_tokens": dg.MetadataValue.int(rep.total),
         "max_total_tokens": dg.MetadataValue.int(rep.total_limit),
         "max_input_tokens_per_round": dg.MetadataValue.int(spec.budget.max_input_tokens_per_round),
@@ -70,49 +78,73 @@ def budget_check_result(ledger: Ledger, spec: TaskSpec, partition: str) -> dg.As
         cols = [dg.TableColumn(c, t) for c, t in (("round", "int"), ("input", "int"), ("input_limit", "int"), ("output", "int"),
                                                   ("output_limit", "int"), ("calls", "int"), ("refused", "int"), ("ok", "bool"))]
         meta["spend_vs_budget"] = dg.MetadataValue.table(records=[dg.TableRecord(r) for r in rep.table()], schema=dg.TableSchema(columns=cols))
-    over = [r.round for r in rep.rounds if not r.ok]
-    parts = ([f"rounds {', '.join(map(str, over))}"] if over else []) + (["sweep total"] if rep.total > rep.total_limit else []) + (
-        [f"overshoot: {rep.overshoot.tokens} tokens billed beyond reservations"] if rep.overshoot else [])
-    desc = "within budget" if rep.passed else "over budget: " + " and ".join(parts)
+    desc = "within budget" if rep.passed else "over budget: " + "; ".join(b.text for b in rep.breaches)
     meta["result"] = dg.MetadataValue.text(desc + (f"; {len(rep.refusals)} call(s) refused before sending" if rep.refusals else ""))
     return dg.AssetCheckResult(passed=rep.passed, severity=dg.AssetCheckSeverity.ERROR, metadata=meta)
 
 
 def build_token_assets(
     partitions_def: dg.PartitionsDefinition | None,
-    load_spec: Callable[[str], TaskSpec],
+    load_spec: Callable[[str], TaskSpec] | None = None,
     *,
     ledger_resource_key: str = "ledger",
     group_name: str = "tokens",
     deps: Iterable[Any] = (),
+    report_key: str | None = None,
 ) -> list[Any]:
-    """[token_usage asset, token_budget asset check]; ``deps`` e.g. the verdict_report asset (run after the sweep)."""
+    """[token_usage asset, token_budget asset check]; ``deps`` e.g. the verdict_report asset (run after the sweep).
 
-    @dg.asset(
-        name="token_usage",
-        partitions_def=partitions_def,
-        group_name=group_name,
-        required_resource_keys={ledger_resource_key},
-        deps=list(deps),
-        description="The token ledger of this spec's latest sweep: calls and tokens per role and key alias (never keys).",
-    )
-    def token_usage(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    With ``report_key`` the asset and the check take that asset's output (a mapping with the run's
+    ``spec`` and ``budget_scope``) as an input instead of calling ``load_spec``."""
+    if (load_spec is None) == (report_key is None):
+        raise ValueError("build_token_assets: pass exactly one of load_spec and report_key")
+    ins = {"report": dg.AssetIn(report_key)} if report_key else {}
+
+    def _scope(context, partition: str, report: dict | None) -> BudgetScope:
+        """The run's budget scope: the one its binding carried (in the verdict report), else this run's."""
+        return (report or {}).get("budget_scope") or BudgetScope.for_run(context.run.run_id, partition)
+
+    def _spec(partition: str, report: dict | None) -> TaskSpec:
+        return report["spec"] if report is not None else load_spec(partition)
+
+    def usage(context: dg.AssetExecutionContext, report: dict | None) -> dg.MaterializeResult:
         ledger: Ledger = getattr(context.resources, ledger_resource_key).get_ledger()
         partition = context.partition_key if context.has_partition_key else ""
-        meta = usage_metadata(ledger, partition)
+        meta = usage_metadata(ledger, _scope(context, partition, report))
         context.log.info(f"token usage for {partition or '(unpartitioned)'}: {meta['total_tokens'].value} tokens in {meta['calls'].value} calls")
         return dg.MaterializeResult(metadata=meta)
 
-    @dg.asset_check(
-        asset=token_usage,
-        name="token_budget",
-        partitions_def=partitions_def,
-        required_resource_keys={ledger_resource_key},
-        description="Spend vs the spec's budget, per round and per sweep (settled usage + in-flight reservations).",
-    )
-    def token_budget(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    def budget(context: dg.AssetCheckExecutionContext, report: dict | None) -> dg.AssetCheckResult:
         ledger: Ledger = getattr(context.resources, ledger_resource_key).get_ledger()
         partition = context.partition_key if context.has_partition_key else ""
-        return budget_check_result(ledger, load_spec(partition), partition)
+        return budget_check_result(ledger, _spec(partition, report), _scope(context, partition, report))
+
+    asset_args = dict(
+        name="token_usage", partitions_def=partitions_def, group_name=group_name,
+        required_resource_keys={ledger_resource_key}, deps=list(deps), ins=ins,
+        description="The token ledger of this run's sweep: calls and tokens per role and key alias (never keys).",
+    )
+    if report_key:
+        @dg.asset(**asset_args)
+        def token_usage(context: dg.AssetExecutionContext, report) -> dg.MaterializeResult:
+            return usage(context, report)
+    else:
+        @dg.asset(**asset_args)
+        def token_usage(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+            return usage(context, None)
+
+    check_args = dict(
+        asset=token_usage, name="token_budget", partitions_def=partitions_def,
+        required_resource_keys={ledger_resource_key}, additional_ins=ins,
+        description="Spend vs the spec's budget, per round and per sweep (settled usage + in-flight reservations).",
+    )
+    if report_key:
+        @dg.asset_check(**check_args)
+        def token_budget(context: dg.AssetCheckExecutionContext, report) -> dg.AssetCheckResult:
+            return budget(context, report)
+    else:
+        @dg.asset_check(**check_args)
+        def token_budget(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+            return budget(context, None)
 
     return [token_usage, token_budget]

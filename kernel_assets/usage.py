@@ -1,7 +1,8 @@
 """How the token ledger is shown: spend against a budget per round, the reconciliation table, CSV.
 
-Used by ``kregress usage`` (kernel_assets/cli_usage.py) and the token assets (kernel_assets/tokens.py); the
-ledger itself (resources/ledger.py) only stores and sums.
+Used by ``kregress usage`` (kernel_assets/cli_usage.py), ``kregress sweep``'s exit code (kernel_assets/cli.py)
+and the token assets (kernel_assets/tokens.py). Whether a sweep is over budget is decided in one place,
+``kregress.core.budget.breaches``; this module only lays its typed breaches out beside the spend.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from kregress.core.budget import Breach, Overshoot, breaches, round_breaches
 from kregress.core.spec import Budget
-from resources.ledger import RECONCILE_COLUMNS, Ledger, Overshoot
+from resources.ledger import RECONCILE_COLUMNS, Ledger
 
 
 @dataclass
@@ -26,12 +28,11 @@ class RoundSpend:
     in_flight: int = 0
     refused: int = 0
     calls: int = 0
+    breaches: list[Breach] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return (self.input_limit is None or self.input <= self.input_limit) and (
-            self.output_limit is None or self.output <= self.output_limit
-        )
+        return not self.breaches
 
 
 @dataclass
@@ -42,10 +43,11 @@ class BudgetReport:
     total_limit: int = 0
     refusals: list[dict[str, Any]] = field(default_factory=list)
     overshoot: Overshoot = field(default_factory=Overshoot)  # usage billed beyond the reservations
+    breaches: list[Breach] = field(default_factory=list)  # kregress.core.budget.breaches: what is over, by how much
 
     @property
     def passed(self) -> bool:
-        return self.total <= self.total_limit and all(r.ok for r in self.rounds) and not self.overshoot
+        return not self.breaches
 
     def table(self) -> list[dict[str, Any]]:
         return [
@@ -66,39 +68,38 @@ class BudgetReport:
             lim_in = "-" if r.input_limit is None else str(r.input_limit)
             lim_out = "-" if r.output_limit is None else str(r.output_limit)
             lines.append(f"| {r.round} | {r.input} | {lim_in} | {r.output} | {lim_out} | {r.calls} | {r.refused} | {'yes' if r.ok else 'NO'} |")
-        if self.overshoot:
-            o = self.overshoot
-            lines.append(f"- OVERSHOOT: {o.calls} call(s) from round {o.first_round} on were billed {o.tokens} tokens beyond their "
-                         f"reservation (input +{o.input}, output +{o.output}); every later call of the sweep was refused")
+        for b in self.breaches:
+            if b.kind == "overshoot":
+                lines.append(f"- OVERSHOOT: {b.text}; every later call of the sweep was refused")
+            elif b.kind != "round":
+                lines.append(f"- OVER: {b.text}")
         for ref in self.refusals:
             lines.append(f"- refused (round {ref['round']}, {ref['role']}): {ref['reason']}")
         return "\n".join(lines)
 
 
-def budget_report(ledger: Ledger, budget: Budget, *, sweep: str | None = None, partition: str | None = None) -> BudgetReport:
-    """Spend against budget per round for one sweep (by default the latest sweep of ``partition``).
+def budget_report(ledger: Ledger, budget: Budget, sweep: str | None) -> BudgetReport:
+    """Spend against budget per round for one sweep (a budget scope's ``sweep``), with the typed breaches.
 
-    Spend counts settled usage plus in-flight reservations at their estimate. A sweep with no calls
-    reports zero spend and passes; a sweep with an overshoot fails.
+    Spend counts settled usage plus in-flight reservations at their estimate. A sweep with no calls (or
+    ``sweep=None``) reports zero spend and passes; an overshoot, or a budget that refused every prompt, fails.
     """
-    if sweep is None:
-        if partition is None:
-            raise ValueError("budget_report needs a sweep or a partition")
-        sweep = ledger.latest_sweep(partition)
     rep = BudgetReport(sweep=sweep, total_limit=budget.max_total_tokens)
     if sweep is None:
         return rep
-    for rnd, s in sorted(ledger.spend(sweep).items()):
-        per_round = rnd >= 1
+    spend = ledger.usage.spend(sweep)
+    rep.breaches = breaches(budget, spend)
+    for r in ledger.usage.spend_by_round(sweep):
+        per_round = r.round >= 1
         rep.rounds.append(RoundSpend(
-            round=rnd, input=s["input"], output=s["output"],
+            round=r.round, input=r.input, output=r.output,
             input_limit=budget.max_input_tokens_per_round if per_round else None,
             output_limit=budget.max_output_tokens_per_round if per_round else None,
-            in_flight=s["in_flight"], refused=s["refused"], calls=s["calls"],
+            in_flight=r.in_flight, refused=r.refused, calls=r.calls, breaches=round_breaches(rep.breaches, r.round),
         ))
-        rep.total += s["total"]
-    rep.refusals = ledger.refusals(sweep)
-    rep.overshoot = ledger.overshoot(sweep)
+    rep.total = spend.total
+    rep.refusals = ledger.usage.refusals(sweep)
+    rep.overshoot = spend.overshoot
     return rep
 
 

@@ -55,7 +55,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Rule, Space, TritonFamily, register
+from kernels.dtypes import TRITON_PTR
 from kernels.latency import HBM_US, L2_HIT_US, SUSTAINED
 from kernels.softmax import SOFTMAX_FILE, online_softmax_step
 
@@ -177,7 +178,6 @@ def attn_fwd_kernel(
         tl.store(lse_ptr + h * stride_lh + tq0 + offs_m, lse, mask=row_ok)
 
 
-TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
 HEAD_DIMS = (64, 128, 192)  # d_qk
 V_HEAD_DIMS = (64, 128)
 ROPE_DIM = 64  # d_qk = 192 is 128 + 64
@@ -322,7 +322,7 @@ def visible_pairs(n_q: int, n_k: int, left: int, right: int) -> int:
     return upper - lower + n_q
 
 
-class AttentionFamily(Family):
+class AttentionFamily(TritonFamily):
     helper_files = (SOFTMAX_FILE,)  # _attn_blocks calls softmax.online_softmax_step
     launch_wrappers = ("attention",)  # the entry point run() calls
     interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
@@ -519,17 +519,6 @@ class AttentionFamily(Family):
         t_memory = traffic / (lim.hbm_gbps * 1e9)
         spill_penalty = 1.0 + min(1.0, stats.spill_bytes / 256.0)
         return (max(t_compute, t_memory) * spill_penalty + 4e-6) * 1e3
-
-    def profile_fields(self, shape, config, measurement, hw, params):
-        peak = hw.limits.peak_tflops
-        tiles = sum(math.ceil(n / config["BLOCK_M"]) for n in seq_lengths(shape, params))
-        return {
-            "tflops": measurement.tflops,
-            "frac_of_peak": measurement.tflops / peak if peak else 0.0,
-            "masked_fraction": self.masked_fraction(shape, params),
-            "programs": tiles * shape["h_q"],
-            "window": list(window_size(params)),
-        }
 
 
 def _aligned_rows(t: torch.Tensor) -> bool:

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import CompileUnit, Family, Rule, Space, register
+from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, register
 from kernels.dtypes import TRITON_PTR
 from kernels.latency import tile_gemm_ms
 from kernels.tiles import TILES_FILE, grouped_pid
@@ -90,7 +90,7 @@ SPACE = Space(
 )
 
 
-class GemmFamily(Family):
+class GemmFamily(TritonFamily):
     helper_files = (TILES_FILE,)  # gemm_kernel calls tiles.grouped_pid
     launch_wrappers = ("matmul",)  # the entry point run() calls
     interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
@@ -152,10 +152,6 @@ class GemmFamily(Family):
         mma_eff = min(1.0, (bm * bn) / (128 * 128)) ** 0.35 * min(1.0, bk / 64) ** 0.25
         return tile_gemm_ms(shape["M"], shape["N"], shape["K"], bm, bn, bk, config["GROUP_M"], config["num_stages"],
                             stats, hw.limits, dtype_bytes, dtype_bytes, hw.limits.peak_tflops, mma_eff)
-
-    def profile_fields(self, shape, config, measurement, hw, params):
-        peak = hw.limits.peak_tflops
-        return {"tflops": measurement.tflops, "frac_of_peak": measurement.tflops / peak if peak else 0.0}
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, config: dict[str, int]) -> torch.Tensor:

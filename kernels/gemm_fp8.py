@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kregress.core.family import check_positive_number, check_seqlens_param, CompileUnit, Rule, Space, TritonFamily, register
 from kernels.latency import tile_gemm_ms
 from kernels.tiles import TILES_FILE, grouped_pid
 
@@ -298,7 +298,7 @@ def _randn(rows: int, cols: int, g: torch.Generator, device: str) -> torch.Tenso
     return torch.randn(rows, cols, generator=g).to(device)
 
 
-class Fp8FamilyBase(Family):
+class Fp8FamilyBase(TritonFamily):
     """What the dense and grouped FP8 families share: e4m3 inputs, K a multiple of the scale block,
     the fp8_peak_tflops check, and the tile-order helper file in the source hash."""
 
@@ -309,6 +309,9 @@ class Fp8FamilyBase(Family):
         if shape["K"] % SCALE_BLOCK:
             return f"K={shape['K']} violates {K_RULE}"
         return None
+
+    def peak_tflops(self, hw, params):
+        return _fp8_peak(params, hw.limits)
 
     def check_param_values(self, params):
         if "fp8_peak_tflops" in params:
@@ -359,10 +362,6 @@ class GemmFp8Family(Fp8FamilyBase):
         bandwidth; the scale loads' latency; clocks and power limits.
         """
         return _model_ms(shape["M"], shape["N"], shape["K"], 1, config, stats, hw, params)
-
-    def profile_fields(self, shape, config, measurement, hw, params):
-        peak = _fp8_peak(params, hw.limits)
-        return {"tflops": measurement.tflops, "fp8_peak_tflops": peak, "frac_of_fp8_peak": measurement.tflops / peak}
 
 
 def _unit(config: dict[str, int], layout: int) -> CompileUnit:
@@ -520,12 +519,6 @@ class GroupedGemmFp8Family(Fp8FamilyBase):
                              valid_rows=sum(sizes))
         total = sum(_aligned(s) for s in sizes)
         return _model_ms(max(total, 1), shape["N"], shape["K"], 1, config, stats, hw, params, valid_rows=sum(sizes))
-
-    def profile_fields(self, shape, config, measurement, hw, params):
-        peak = _fp8_peak(params, hw.limits)
-        sizes = group_sizes(shape, params)
-        return {"tflops": measurement.tflops, "fp8_peak_tflops": peak, "frac_of_fp8_peak": measurement.tflops / peak,
-                "layout": _layout(params), "valid_rows": sum(sizes), "empty_groups": sum(1 for s in sizes if s == 0)}
 
 
 import sys as _sys  # noqa: E402

@@ -16,10 +16,9 @@ from typing import Any
 import torch
 import triton
 
-from kregress.core.records import CompileStats, Correctness, Measurement
-from kregress.core.family import Family
 from kernels.dtypes import DTYPE_BYTES, TORCH_DTYPES  # noqa: F401  (re-exported for callers)
-
+from kregress.core.family import Family
+from kregress.core.records import CompileStats, Correctness, Measurement
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, show: int = 5) -> dict[str, Any]:
@@ -161,7 +160,7 @@ def cuda_measurements(family: Family, config: dict, shapes: list[dict], dtype: s
     out = []
     for shape in shapes:
         inputs = family.make_inputs(shape, TORCH_DTYPES[dtype], "cuda", seed, params)
-        fn = lambda: family.run(inputs, config, params)  # noqa: E731
+        fn = lambda inputs=inputs: family.run(inputs, config, params)  # noqa: E731
         start = device_identity()
         if family.use_cudagraph():
             samples = do_bench_cudagraph(fn, rep=rep_ms, return_mode="all")
@@ -172,7 +171,7 @@ def cuda_measurements(family: Family, config: dict, shapes: list[dict], dtype: s
     return out
 
 
-# --- device identity, clock locking and same-batch timing (issue 12) ------------------------------
+# --- device identity, clock locking and same-batch timing ----------------------------------------
 
 IDENTITY_FIELDS = ("gpu_name", "gpu_uuid", "host", "driver", "sm_clock_mhz", "mem_clock_mhz")
 
@@ -279,7 +278,7 @@ def batch_measurements(family: Family, baseline: dict, configs: dict[str, dict],
         slot_ms = max(1, int(round(rep_ms / rounds)))
         for si, shape in enumerate(shapes):
             inputs = family.make_inputs(shape, TORCH_DTYPES[dtype], "cuda", seed, params)
-            fns = {k: (lambda c=c: family.run(inputs, c, params)) for k, c in all_cfgs.items()}
+            fns = {k: (lambda c=c, inputs=inputs: family.run(inputs, c, params)) for k, c in all_cfgs.items()}
             for fn in fns.values():  # warm every config once so the first slot times no compile
                 fn()
             torch.cuda.synchronize()

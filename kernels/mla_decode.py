@@ -17,8 +17,11 @@ Math and why:
   The same [BLOCK_N, 512] latent tile is then the V operand: it is loaded once per step and used twice.
 - Online softmax in base 2: scores are pre-multiplied by scale * log2(e) so exp2 is used; the running
   max m and sum l are per row; lse = (m + log2 l) * ln 2 at the end.
-- Causal over s_q (speculative/MTP decode): query i of s_q sees keys 0 .. seqlen - s_q + i. With
-  s_q = 1 that is the whole cache.
+- Always causal over s_q (speculative/MTP decode): query i of s_q sees keys 0 .. seqlen - s_q + i,
+  i.e. the s_q queries are the last s_q tokens of the cache. There is no non-causal mode. FlashMLA's
+  ``flash_mla_with_kvcache`` defaults to ``causal=False`` (every query sees the whole cache): compare
+  this family with FlashMLA called with ``causal=True``, as DeepSeek's MTP decode calls it. With
+  s_q = 1 the two are the same (the one query sees the whole cache).
 - Paging: BLOCK_N divides page_size, so a BLOCK_N tile never straddles a page and one block-table
   lookup per tile gives its page. Page offsets are int64 (a 132 x 32k-token cache has > 2^31
   elements). Tokens past the sequence end are masked at the load (other=0): the unused tail of the
@@ -63,8 +66,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Family, Rule, Space, register
+from kernels.dtypes import TRITON_PTR
 from kernels.softmax import SOFTMAX_FILE, online_softmax_step
+from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, check_bool_param, check_positive_number, check_seqlens_param, register
 
 D_LATENT = 512
 D_ROPE = 64
@@ -189,7 +193,6 @@ def mla_combine_kernel(
     tl.store(lse_ptr + b.to(tl.int64) * stride_lb + h_idx * stride_lh + s_idx, lse, mask=row_ok)
 
 
-TRITON_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
 PAGE_SIZES = (16, 32, 64, 128, 256)
 SEQLEN_PATTERNS = ("spread", "uniform")
 PARAM_KEYS = ("softmax_scale", "page_size", "seqlens", "check_lse", "kv_dtype")
@@ -292,7 +295,7 @@ def _visible_keys(seqlen: int, s_q: int, s: int) -> int:
     return max(0, min(seqlen, seqlen - s_q + s + 1))
 
 
-class MlaDecodeFamily(Family):
+class MlaDecodeFamily(TritonFamily):
     helper_files = (SOFTMAX_FILE,)  # mla_decode_kernel calls softmax.online_softmax_step
     launch_wrappers = ("mla_decode",)  # the entry point run() calls
     interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
@@ -475,20 +478,6 @@ class MlaDecodeFamily(Family):
         spill_penalty = 1.0 + min(1.0, stats.spill_bytes / 256.0)
         launches = 1 if splits == 1 else 2
         return (max(t_memory, t_compute, t_critical) * spill_penalty + 3e-6 * launches) * 1e3
-
-    def profile_fields(self, shape, config, measurement, hw, params):
-        peak = hw.limits.hbm_gbps
-        lens = cache_seqlens(shape, params)
-        page = _page_size(params)
-        rows = shape["s_q"] * shape["h_q"]
-        return {
-            "gbps": measurement.gbps,
-            "frac_of_hbm_peak": measurement.gbps / peak if peak else 0.0,
-            "num_splits": config["num_splits"],
-            "pages_touched": sum(math.ceil(n / page) for n in lens),
-            "kv_tokens": sum(lens),
-            "programs": math.ceil(rows / config["BLOCK_H"]) * shape["batch"] * config["num_splits"],
-        }
 
     def use_cudagraph(self):
         return True

@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kregress.core.family import Family, Space, check_param_keys, register
+from kregress.core.family import RecordedFamily, Space, check_param_keys, register
 from kregress.core.recorded import (
     ENV_DIR,
     ReplayError,
@@ -81,9 +81,8 @@ class _LazySpace(Space):
         return self._resolved().rules
 
 
-class ReplayFamily(Family):
+class ReplayFamily(RecordedFamily):
     dtypes = ("fp32",)
-    recorded = True
     _bound: ReplayTable | None = None  # set on the families for_params returns
 
     def table(self, params: dict | None = None) -> ReplayTable:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kregress.core.family import Family, Space, check_bool_param, register
+from kregress.core.family import ExternalFamily, Space, check_bool_param, register
 
 BACKEND_NAMES = ("math", "flash", "efficient", "cudnn")
 PARAM_KEYS = ("causal",)
@@ -51,9 +51,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: dict[str, in
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-class TorchSdpaFamily(Family):
-    external = True
-
+class TorchSdpaFamily(ExternalFamily):
     param_keys = PARAM_KEYS
 
     def check_param_values(self, params):
@@ -90,9 +88,6 @@ class TorchSdpaFamily(Family):
 
     def compile_units(self, config, dtype, params):
         return []  # an external kernel: nothing for the Triton AOT compile
-
-    def profile_fields(self, shape, config, measurement, hw, params):
-        return {"sdpa_backend": BACKEND_NAMES[config["backend"]], "tflops": measurement.tflops}
 
 
 SPACE = Space(params={"backend": tuple(range(len(BACKEND_NAMES)))})

@@ -7,7 +7,8 @@ object per line on stdin; the worker answers one line on stdout that starts with
 anything else a library prints is ignored.
 
 Run with TRITON_INTERPRET=1 for the interpreter backend (Triton reads it when kernels are decorated,
-so it must be set before ``kernels.*`` is imported, hence a process of its own).
+so it must be set before ``kernels.*`` is imported, hence a process of its own); importing the
+``kernels`` package installs the interpreter's fixes (kernels/interpreter.py) in that process.
 """
 
 from __future__ import annotations
@@ -20,35 +21,6 @@ import traceback
 PREFIX = "@@kregress "
 
 
-def _patch_interpreter_bf16_dot() -> None:
-    """Triton 3.9's interpreter stores bf16 as uint16 and its ``create_dot`` multiplies those raw
-    bit patterns (fp8 operands are converted, bf16 are not), which yields garbage. Widen bf16
-    operands to fp32 first: a product of two bf16 values is exact in fp32, which is what the tensor
-    cores compute too. Only the interpreter (CPU) is touched; compiled kernels are unaffected."""
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter as interp
-
-    builder_cls = interp.InterpreterBuilder
-    original = builder_cls.create_dot
-    if getattr(original, "_kregress_bf16", False):
-        return
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.dtype.scalar == tl.bfloat16 or b.dtype.scalar == tl.bfloat16:
-            def widen(h):
-                if h.dtype.scalar == tl.bfloat16:
-                    return (h.data.astype(np.uint32) << 16).view(np.float32)
-                return h.data.astype(np.float32)
-
-            out = np.matmul(widen(a), widen(b), dtype=np.float32).astype(d.data.dtype) + d.data
-            return interp.TensorHandle(out, d.dtype.scalar)
-        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    create_dot._kregress_bf16 = True
-    builder_cls.create_dot = create_dot
-
-
 def _limits(d: dict):
     from kregress.core.spec import HardwareLimits
 
@@ -56,9 +28,10 @@ def _limits(d: dict):
 
 
 def handle(job: dict) -> dict:
-    from kregress.core.family import get_family
+    from kregress.core.bind import family_for
 
-    family = get_family(job["family"])
+    # the family rebuilt the way bind() built it in the parent: lookup name, then the spec's params
+    family = family_for(job["family"], job.get("params", {}))
     op = job["op"]
     if op == "compile":
         from kernels.compile import CompileError, compile_units
@@ -83,7 +56,7 @@ def handle(job: dict) -> dict:
         ms = cuda_measurements(family, job["config"], job["shapes"], job["dtype"], job.get("params", {}),
                                job["warmup_ms"], job["rep_ms"], job.get("seed", 0))
         return {"measurements": [m.model_dump() for m in ms]}
-    if op == "measure_batch":  # issue 12: the baseline re-timed in this process, interleaved with the variants
+    if op == "measure_batch":  # the baseline re-timed in this process, interleaved with the variants
         from kernels.measure import batch_measurements
 
         lock = job.get("lock_clocks")
@@ -98,12 +71,20 @@ def handle(job: dict) -> dict:
                 "space_check": family.space.check(job["config"], job.get("params", {}), _limits(job["limits"]))}
     if op == "ping":
         return {"pong": os.getpid()}
+    if op == "versions":  # what this process runs on, and which interpreter fixes it installed
+        import numpy
+        import torch
+        import triton
+
+        from kernels.interpreter import installed
+
+        return {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
+                "numpy": numpy.__version__, "interpret": os.environ.get("TRITON_INTERPRET") == "1",
+                "interpreter_fixes": installed()}
     return {"error": "runtime_error", "detail": f"unknown op {op!r}"}
 
 
 def main() -> None:
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        _patch_interpreter_bf16_dot()
     out = sys.stdout
     sys.stdout = sys.stderr  # library prints must not corrupt the protocol
     out.write(PREFIX + json.dumps({"ready": os.getpid()}) + "\n")

@@ -2,23 +2,25 @@
 
 The public API for family authors (stable; plugins are written against it)::
 
-    from kregress import Family, Space, Rule, CompileUnit
+    from kregress import TritonFamily, Space, Rule, CompileUnit
 
-    class MyFamily(Family): ...
+    class MyFamily(TritonFamily): ...  # or ExternalFamily, RecordedFamily
     FAMILY = MyFamily(name="my_gemm", space=Space(params={...}, rules=(Rule(...),)),
                       shape_keys=("M", "N", "K"), headline_metric="tflops")
 
 and the records a family's kernels are measured into (CompileStats, Correctness, Measurement,
-VariantResult, Verdict), the spec (TaskSpec, HardwareLimits, load_spec) and the registry
+VariantResult, Verdict), the spec (TaskSpec, HardwareLimits, load_spec, bind) and the registry
 (get_family, families, register). Importing ``kregress`` imports neither Dagster nor Triton.
 """
 
 # Names are imported on first use (PEP 562): `import kregress` stays cheap, so `kregress --help` (whose
 # modules import kregress.core.*) does not pay for pydantic models and the family registry at start-up.
 _EXPORTS = {
-    **dict.fromkeys(("BUILTIN", "ENTRY_POINT_GROUP", "CompileUnit", "Family", "Rule", "Space", "UnknownFamily",
-                     "check_param_keys", "check_positive_number", "families", "get_family", "register"),
+    **dict.fromkeys(("ENTRY_POINT_GROUP", "CompileUnit", "ExternalFamily", "Family", "KernelFamily", "RecordedFamily",
+                     "Rule", "Space", "TritonFamily", "UnknownFamily", "check_param_keys", "check_positive_number",
+                     "families", "get_family", "register"),
                     "kregress.core.family"),
+    **dict.fromkeys(("BoundSpec", "bind", "load_bound"), "kregress.core.bind"),
     **dict.fromkeys(("CompileStats", "Correctness", "Measurement", "Suggestion", "VariantResult", "Verdict",
                      "config_hash"), "kregress.core.records"),
     **dict.fromkeys(("Hardware", "HardwareLimits", "SpecError", "TaskSpec", "load_spec"), "kregress.core.spec"),

@@ -1,7 +1,9 @@
 """Benchmark backends: compile, check and time variants the same way, one interface, three classes.
 
-``BenchmarkBackend.evaluate(spec, family, suggestions, log) -> (rows, stats)`` is the one interface; a
-failure is a row with ``error`` set, never an exception that loses the round.
+``BenchmarkBackend.evaluate(bound, suggestions, log) -> (rows, stats)`` is the one interface (``bound``: the
+run's ``BoundSpec``, spec and family bound once); a failure is a row with ``error`` set, never an exception
+that loses the round. Backends dispatch on the family's kind: recorded families replay, Triton and
+external families go through the compiled backends (an external kernel has nothing to compile).
 
 - ``CudaBackend``: correctness on the GPU, then ``triton.testing.do_bench`` per shape in a child process
   (one at a time: the GPU is measured by one variant only, and the Dagster pool ``gpu`` serializes steps).
@@ -35,7 +37,8 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from kregress.core import paths
-from kregress.core.family import Family
+from kregress.core.bind import BoundSpec
+from kregress.core.family import ExternalFamily, Family, KernelFamily, RecordedFamily, TritonFamily
 from kregress.core.records import CompileStats, Correctness, Measurement, Suggestion, VariantResult, variant_hash
 from kregress.core.spec import TaskSpec
 from kernels.compile import cache_key
@@ -122,6 +125,8 @@ class BenchmarkBackend(dg.ConfigurableResource):
     workers: int = Field(default=0, description="Child processes for compile and interpreter work; 0 = one per CPU core (at most 4).")
     cache_dir: str = Field(default="", description="Compile/correctness cache; empty = $DAGSTER_HOME/cache.")
     timeout_s: float = Field(default=0.0, description="Per-variant limit in seconds; 0 = the spec's benchmark.timeout_s.")
+    patch_seed: int = Field(default=0, description="0: a fresh secret seed for the inputs of every patch judgement; "
+                                                   "else this seed, to reproduce one (never shown to the agent).")
 
     _pools: dict = PrivateAttr(default_factory=dict)
     _pools_lock: Any = PrivateAttr(default_factory=threading.Lock)  # checks start pools from compile threads
@@ -163,23 +168,24 @@ class BenchmarkBackend(dg.ConfigurableResource):
     def check_spec(self, spec: TaskSpec, family: Family) -> str | None:
         """None when this backend can run the spec, else what to do instead (one sentence)."""
         want = spec.benchmark.backend
-        if family.recorded:
+        if not isinstance(family, KernelFamily):
             return f"family {family.name} serves recorded runs: it runs on the replay backend, not {self.kind}"
         if want not in ("auto", self.kind):
             return (f"spec {spec.task_id} asks for benchmark.backend={want} but this host runs the {self.kind} backend; "
                     f"run it where {want} is available (kregress sweep --backend {want}) or set benchmark.backend: auto")
         return None
 
-    def evaluate(self, spec: TaskSpec, family: Family, suggestions: list[Suggestion],
+    def evaluate(self, bound: BoundSpec, suggestions: list[Suggestion],
                  log: Callable[[str], None] = print) -> tuple[list[VariantResult], EvaluationStats]:
-        """Compile, check and time every suggestion; failures come back as rows with ``error`` set."""
-        problem = self.check_spec(spec, family)
+        """Compile, check and time every suggestion of the bound spec; failures come back as rows with
+        ``error`` set."""
+        problem = self.check_spec(bound.spec, bound.family)
         if problem:
             raise BenchmarkError(problem)
         stats = EvaluationStats()
         t0 = time.perf_counter()
         try:
-            rows = self._evaluate(spec, family, suggestions, log, stats)
+            rows = self._evaluate(bound, suggestions, log, stats)
         finally:
             stats.wall_s = time.perf_counter() - t0
             stats.workers_spawned = sum(p.spawned for p in self._pools.values())
@@ -188,7 +194,7 @@ class BenchmarkBackend(dg.ConfigurableResource):
                 self.close()
         return rows, stats
 
-    def _evaluate(self, spec: TaskSpec, family: Family, suggestions: list[Suggestion],
+    def _evaluate(self, bound: BoundSpec, suggestions: list[Suggestion],
                   log: Callable[[str], None], stats: EvaluationStats) -> list[VariantResult]:
         raise NotImplementedError
 
@@ -198,15 +204,18 @@ class CompiledBackend(BenchmarkBackend):
 
     interpret: ClassVar[bool] = False
 
-    def _evaluate(self, spec, family, suggestions, log, stats):
+    def _evaluate(self, bound, suggestions, log, stats):
+        if any(s.patch for s in suggestions):
+            return self._evaluate_patches(bound, suggestions, log, stats)
+        spec, family = bound.spec, bound.family
         timeout = self.timeout_s or spec.benchmark.timeout_s
         root = self.cache_root()
-        src_hash = family.source_hash()
+        src_hash = bound.kernel_hash
         hw = spec.hardware
         rows = [base_row(s, self.kind) for s in suggestions]
         compiled: dict[int, CompileStats | None] = {}
         checks = _Checks(self, spec, family, suggestions, rows, src_hash, timeout, stats, log)
-        if not family.external:
+        if not isinstance(family, ExternalFamily):
             # Start this step's checking workers with its compiling ones: a worker's imports take seconds,
             # which then overlap the first compiles instead of following them. (The CLI starts them even
             # earlier, before it imports Dagster: resources.workers.reserve.)
@@ -225,7 +234,7 @@ class CompiledBackend(BenchmarkBackend):
             if problem:
                 rows[i].error, rows[i].error_detail = "invalid_config", problem
                 continue
-            if family.external:
+            if not isinstance(family, TritonFamily):
                 compiled[i] = None
                 continue
             key = cache_key(family.name, src_hash, s.config_hash, spec.dtype, hw.arch, spec.params)
@@ -273,10 +282,31 @@ class CompiledBackend(BenchmarkBackend):
                 rows[i].error = "nan_inf" if c.nan_inf else "numeric_mismatch"
                 rows[i].error_detail = c.mismatch_sample[:600]
 
-        # 3. latency on the shape matrix
-        timed = [i for i in ok if rows[i].error is None]
+        # 3. latency on the shape matrix, best forecast first
+        timed = forecast_order(rows, [i for i in ok if rows[i].error is None])
         if timed:
             self._time(spec, family, rows, compiled, timed, timeout, stats, log)
+        return rows
+
+    def _evaluate_patches(self, bound, suggestions, log, stats):
+        """Config-only variants as usual; patch variants through the gate (kernels/candidate.py): static
+        policy, sandboxed compile and correctness on secret inputs, precision, timing beside the baseline."""
+        from kernels.candidate import JudgeOptions, judge_patches
+
+        spec, family = bound.spec, bound.family
+        rows: list = [None] * len(suggestions)
+        plain = [i for i, s in enumerate(suggestions) if not s.patch]
+        if plain:
+            for i, row in zip(plain, self._evaluate(bound, [suggestions[i] for i in plain], log, stats)):
+                rows[i] = row
+        patched = [i for i, s in enumerate(suggestions) if s.patch]
+        opts = JudgeOptions.for_spec(spec, seed=self.patch_seed or None)
+        judged = judge_patches(spec, family, [suggestions[i] for i in patched], backend=self.kind,
+                               cache_root=self.cache_root(), timeout_s=self.timeout_s or spec.benchmark.timeout_s,
+                               log=log, options=opts)
+        for i, (row, report) in zip(patched, judged):
+            row.gate = report
+            rows[i] = row
         return rows
 
     def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
@@ -389,7 +419,7 @@ class InterpreterBackend(CompiledBackend):
     interpret: ClassVar[bool] = True
 
     def check_spec(self, spec: TaskSpec, family: Family) -> str | None:
-        if family.external:
+        if isinstance(family, ExternalFamily):
             return (f"family {family.name} wraps an external kernel (no Triton source to interpret, no AOT compile): "
                     "it needs the cuda backend on a GPU host (kregress sweep --backend cuda) or a recorded file "
                     "(kregress replay import); its reference and shapes are checked by `kregress family check`")
@@ -405,7 +435,7 @@ class InterpreterBackend(CompiledBackend):
 class CudaBackend(CompiledBackend):
     """Correctness on the GPU, then the variants timed in one batch with the baseline re-timed beside them.
 
-    Same-batch comparison (issue 12): one ``measure_batch`` job per evaluate, in one worker process on
+    Same-batch comparison: one ``measure_batch`` job per evaluate, in one worker process on
     one GPU, times baseline, v1, baseline, v2, ... (``batch_order``, ``batch_rounds``); every row keeps
     the baseline samples of its batch in ``batch_baseline`` and its verdict compares with those. With
     ``same_batch=False`` each variant is timed alone as before (do_bench per shape).
@@ -429,6 +459,27 @@ class CudaBackend(CompiledBackend):
         return [sm, mem]
 
     def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
+        """Time the round's variants best-forecast first. With ``benchmark.max_gpu_seconds_per_round`` each variant is
+        its own batch (the baseline re-timed beside it) and the round stops once the cap is spent: the variants
+        left get no timing and say why."""
+        order = forecast_order(rows, timed)
+        cap = spec.benchmark.max_gpu_seconds_per_round
+        groups = [order] if not cap else [[i] for i in order]
+        spent = 0.0
+        for g, group in enumerate(groups):
+            if cap and spent >= cap:
+                left = [i for grp in groups[g:] for i in grp]
+                for i in left:
+                    rows[i].error_detail = (f"not timed: the round's GPU time cap (benchmark.max_gpu_seconds_per_round={cap:g}) "
+                                            f"was spent ({spent:.1f} s) on variants with a better forecast")
+                log(f"round stopped early: {spent:.1f} s of GPU timing reached benchmark.max_gpu_seconds_per_round={cap:g}; "
+                    f"{len(left)} variant(s) not timed: {', '.join(rows[i].variant_id for i in left)}")
+                return
+            before = sum(stats.measure_seconds)
+            self._time_group(spec, family, rows, group, timeout, stats, log)
+            spent += sum(stats.measure_seconds) - before
+
+    def _time_group(self, spec, family, rows, timed, timeout, stats, log) -> None:
         name = family.lookup or family.name
         if self.same_batch:
             import uuid
@@ -442,8 +493,7 @@ class CudaBackend(CompiledBackend):
                    "rounds": self.batch_rounds, "order": self.batch_order, "lock_clocks": lock}
             log(f"timing {len(timed)} variant(s) on the GPU in batch {batch_id}: baseline re-timed between every "
                 f"two ({self.batch_order}, {self.batch_rounds} rounds" + (f", clocks locked {self.lock_clocks} MHz)" if lock else ")"))
-            pool = self.pool("cuda", 1, interpret=False)
-            (res,) = pool.run([job], timeout * (len(timed) + 1))
+            (res,) = self._run_cuda([job], timeout * (len(timed) + 1))
             stats.measure_seconds.append(res.get("wall_s", 0.0))
             if "batch" in res:
                 base = [Measurement(**m) for m in res["batch"]["baseline"]]
@@ -460,14 +510,22 @@ class CudaBackend(CompiledBackend):
                   "shapes": spec.shape_matrix, "params": spec.params, "warmup_ms": spec.benchmark.warmup_ms,
                   "rep_ms": spec.benchmark.rep_ms} for i in timed]
         log(f"timing {len(mjobs)} variant(s) on the GPU, one at a time")
-        pool = self.pool("cuda", 1, interpret=False)
-        for i, res in zip(timed, pool.run(mjobs, timeout)):
+        for i, res in zip(timed, self._run_cuda(mjobs, timeout)):
             stats.measure_seconds.append(res.get("wall_s", 0.0))
             if "measurements" in res:
                 rows[i].measurements = [Measurement(**m) for m in res["measurements"]]
                 rows[i].evidence = "cuda"
             else:
                 rows[i].error, rows[i].error_detail = res["error"], res.get("detail", "")
+
+    def _run_cuda(self, jobs: list[dict], timeout: float) -> list[dict]:
+        """Run timing jobs in the step's one GPU worker process (in order; one GPU is measured by one job at a time)."""
+        return self.pool("cuda", 1, interpret=False).run(jobs, timeout)
+
+
+def forecast_order(rows: list[VariantResult], idx: list[int]) -> list[int]:
+    """``idx`` best forecast first (highest expected_speedup; no forecast last), proposal order among equals."""
+    return sorted(idx, key=lambda i: (rows[i].expected_speedup is None, -(rows[i].expected_speedup or 0.0), i))
 
 
 class ReplayBackend(BenchmarkBackend):
@@ -476,7 +534,7 @@ class ReplayBackend(BenchmarkBackend):
     kind: ClassVar[str] = "replay"
 
     def check_spec(self, spec: TaskSpec, family: Family) -> str | None:
-        if not family.recorded:
+        if not isinstance(family, RecordedFamily):
             return f"family {family.name} compiles Triton kernels: it runs on the cuda or interpreter backend, not replay"
         return None
 
@@ -489,12 +547,12 @@ class ReplayBackend(BenchmarkBackend):
             measurements += ms
         return measurements, None, ""
 
-    def _evaluate(self, spec, family, suggestions, log, stats):
+    def _evaluate(self, bound, suggestions, log, stats):
         import uuid
 
-        family = family.for_params(spec.params)  # the space of the recorded file the spec names
+        spec, family = bound.spec, bound.family  # bound to the recorded file the spec names
 
-        # Same-batch emulation (issue 12): each evaluate is one batch; the baseline's runs are drawn
+        # Same-batch emulation: each evaluate is one batch; the baseline's runs are drawn
         # again from the same recording for it, and every variant of the batch compares with those.
         batch_id = f"{spec.task_id}/r{suggestions[0].round if suggestions else 0}/{uuid.uuid4().hex[:8]}"
         base, base_err, _ = self._replay(spec, family, spec.baseline)
@@ -533,8 +591,8 @@ def compiled_backend(choice: str = "auto", **kwargs: Any) -> CompiledBackend:
 
 
 def backend_for(family: Family, bench: BenchmarkBackend, replay: BenchmarkBackend) -> BenchmarkBackend:
-    """The backend that serves ``family``: recorded families replay, the others compile."""
-    return replay if family.recorded else bench
+    """The backend that serves ``family``, by its kind: recorded families replay, the others compile."""
+    return replay if isinstance(family, RecordedFamily) else bench
 
 
 def _apply_compile(row: VariantResult, res: dict, compiled: dict, i: int, cache_hit: bool) -> None:

@@ -102,8 +102,8 @@ def dagster_home(tmp_path, monkeypatch):
 
 @pytest.fixture
 def srv():
-    """A scripted local OpenAI-compatible server (tests/fake_openai.py) on 127.0.0.1."""
-    from fake_openai import FakeOpenAI
+    """A scripted local OpenAI-compatible server (kregress/testing/fake_gateway.py) on 127.0.0.1."""
+    from kregress.testing.fake_gateway import FakeOpenAI
 
     with FakeOpenAI() as s:
         yield s

@@ -12,8 +12,9 @@ import torch
 from kernels.attention import key_lengths, reference_attention, seq_lengths, visible_pairs, window_size
 from kernels.compile import compile_units
 from kernels.measure import compare
-from kregress.core.records import Suggestion
+from kregress.core.bind import bind
 from kregress.core.family import families, get_family
+from kregress.core.records import Suggestion
 from kregress.core.spec import HardwareLimits, load_spec, parse_spec
 from resources.gpu import InterpreterBackend
 
@@ -208,13 +209,13 @@ def test_family_runs_through_the_benchmark_resource(tmp_path):
     bench = InterpreterBackend(cache_dir=str(tmp_path), workers=2)
     sugg = [Suggestion(variant_id="base", config=BASE, patch_summary="x", round=1),
             Suggestion(variant_id="bad", config=dict(BASE, num_warps=2), patch_summary="x", round=1)]
-    rows, _ = bench.evaluate(spec, ATTN, sugg, log=lambda m: None)
+    rows, _ = bench.evaluate(bind(spec), sugg, log=lambda m: None)
     ok, bad = rows
     assert ok.error is None and ok.correctness.ok and ok.evidence == "model", ok.error_detail
     m = ok.measurements[0]
     assert m.shape == "2x4096x128x128x128" and m.p50_ms > 0 and 0 < m.tflops < spec.hardware.limits.peak_tflops
-    fields = ATTN.profile_fields(spec.shape_matrix[0], BASE, m, spec.hardware, spec.params)
-    assert fields["masked_fraction"] > 0.99 and fields["programs"] == 2 * 32 * 128
+    assert ATTN.headline(m.tflops, m.gbps)[2] == "TFLOP/s"
+    assert 0 < ATTN.speed_of_light_ms(spec.shape_matrix[0], 2, spec.hardware, spec.params) < m.p50_ms
     assert bad.error == "invalid_config" and "acc_in_registers" in bad.error_detail
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 import shutil
+from datetime import datetime, timezone
 from pathlib import Path
 
 import dagster as dg

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from kregress.core import batching, stats
+from kregress.core.bind import load_bound
 from kregress.core.records import Measurement, VariantResult
 from kregress.core.spec import load_spec
 
@@ -193,21 +194,20 @@ def test_no_nvidia_smi_means_no_fields(monkeypatch, tmp_path):
 def test_replay_backend_emulates_a_same_batch_baseline():
     """The replay backend draws the baseline's runs again from the same recording for each evaluate
     (one batch) and every variant of that batch carries them; two evaluates are two batches."""
-    from kregress.core.family import get_family
     from kregress.core.records import Suggestion
     from resources.gpu import ReplayBackend
 
-    spec = load_spec("specs/replay_clblast_rtx3090.yaml")
-    fam = get_family(spec.kernel_family).for_params(spec.params)
+    bound = load_bound("specs/replay_clblast_rtx3090.yaml")
+    spec, fam = bound.spec, bound.family
     configs = list(itertools.islice(fam.space.enumerate(spec.params, spec.hardware.limits), 3))
     sugg = [Suggestion(variant_id=f"v{i}", config=c, patch_summary="", round=1) for i, c in enumerate(configs)]
     backend = ReplayBackend()
-    (rows, _), (again, _) = backend.evaluate(spec, fam, sugg, log=lambda m: None), \
-        backend.evaluate(spec, fam, sugg[:1], log=lambda m: None)
+    (rows, _), (again, _) = backend.evaluate(bound, sugg, log=lambda m: None), \
+        backend.evaluate(bound, sugg[:1], log=lambda m: None)
     batches = {r.measurements[0].batch for r in rows}
     assert len(batches) == 1 and all(r.batch_baseline and r.batch_baseline[0].batch in batches for r in rows)
     assert again[0].measurements[0].batch not in batches  # a new evaluate is a new batch
-    base_row = backend.evaluate(spec, fam, [Suggestion(variant_id="baseline", config=spec.baseline,
+    base_row = backend.evaluate(bound, [Suggestion(variant_id="baseline", config=spec.baseline,
                                                        patch_summary="", round=0)], log=lambda m: None)[0][0]
     assert rows[0].batch_baseline[0].samples_ms == base_row.measurements[0].samples_ms  # the same recording
 

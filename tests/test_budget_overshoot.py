@@ -8,10 +8,12 @@ later calls still allowed. Now a settlement above the reservation (an overshoot)
 from __future__ import annotations
 
 import pytest
-from fake_openai import Reply, make_gateway, overshoot_worker, run_spawned
+from gateway_helpers import make_gateway, overshoot_worker, run_spawned
 
 from kernel_assets.usage import budget_report
+from kregress.core.budget import BudgetScope
 from kregress.core.spec import Budget
+from kregress.testing.fake_gateway import Reply
 from resources.ledger import BudgetExceeded, Ledger
 from resources.taotoken import CallContext, estimate_messages_tokens
 
@@ -22,7 +24,7 @@ MSG = [{"role": "user", "content": "propose 2 variants"}]
 
 def test_four_parallel_sweeps_stop_after_the_first_overshoot(srv, tmp_path):
     db = str(tmp_path / "ledger.sqlite")
-    Ledger(db).rows()  # create the schema once
+    Ledger(db).usage.rows()  # create the schema once
     # every reply bills 4x what the gateway estimated for the prompt (the estimate is an upper bound for honest servers)
     srv.handler = lambda seen: Reply(content="[]", prompt_tokens=4 * estimate_messages_tokens(seen.body["messages"]), completion_tokens=10)
     results = run_spawned(overshoot_worker, [(srv.root, db, w) for w in range(4)])
@@ -33,15 +35,14 @@ def test_four_parallel_sweeps_stop_after_the_first_overshoot(srv, tmp_path):
         sweep = f"over-{wid}"
         assert (sent, refused) == (1, 14), (wid, sent, refused)  # the first call overshot; nothing after it was sent
         assert all(r.startswith("sweep blocked") for r in reasons)
-        rows = led.rows(sweep=sweep)
+        rows = led.usage.rows(sweep=sweep)
         assert len(rows) == 1  # one attempt reached the server for this sweep
-        over = led.overshoot(sweep)
+        over = led.usage.overshoot(sweep)
         assert over.calls == 1 and over.input == rows[0].prompt_tokens - rows[0].prompt_tokens // 4 and over.first_round == 1
-        spend = led.spend(sweep)
-        assert sum(s["total"] for s in spend.values()) == rows[0].total_tokens  # spend stopped at the overshooting call
-        rep = budget_report(led, budget, sweep=sweep)
+        assert led.usage.spend(sweep).total == rows[0].total_tokens  # spend stopped at the overshooting call
+        rep = budget_report(led, budget, sweep)
         assert rep.overshoot.calls == 1 and not rep.passed and "OVERSHOOT" in rep.markdown()
-        assert any("beyond their reservation" in r for r in led.exceeded(sweep, budget))
+        assert [b.kind for b in rep.breaches] == ["overshoot"] and rep.breaches[0].by == over.tokens
     assert len(srv.chat_requests()) == 4
 
 
@@ -49,28 +50,33 @@ def test_a_huge_reply_billed_as_huge_usage_blocks_further_calls(srv, ledger):
     g = make_gateway(srv, ledger, ENV, verify_model=False)
     budget = Budget(max_input_tokens_per_round=10_000, max_output_tokens_per_round=10_000, max_total_tokens=100_000)
     srv.push(content="x" * 5_000_000, completion_tokens=1_300_000)  # a 5 MB reply, billed as 1.3 M tokens
-    res = g.chat("suggest", MSG, max_tokens=1000, budget=budget, ctx=CallContext(sweep="big", round=1))
+    res = g.chat("suggest", MSG, max_tokens=1000, budget=budget, ctx=CallContext(scope=BudgetScope("big"), round=1))
     assert res.truncated and res.completion_tokens == 1_300_000  # recorded as billed
     for rnd, role in ((1, "suggest"), (2, "suggest"), (0, "report")):
         with pytest.raises(BudgetExceeded, match="sweep blocked"):
-            g.chat(role, [{"role": "user", "content": f"round {rnd}"}], max_tokens=100, budget=budget, ctx=CallContext(sweep="big", round=rnd))
+            g.chat(role, [{"role": "user", "content": f"round {rnd}"}], max_tokens=100, budget=budget,
+                   ctx=CallContext(scope=BudgetScope("big"), round=rnd))
     assert len(srv.chat_requests()) == 1
-    over = ledger.overshoot("big")
+    over = ledger.usage.overshoot("big")
     assert over.output == 1_300_000 - 1000 and over.calls == 1
-    assert ledger.exceeded("big", budget)  # the CLI's question: did this sweep exceed its budget?
-    assert not ledger.exceeded("never-ran", budget)
+    # the CLI's question, through the same rule: did this sweep exceed its budget, which limit, by how much?
+    assert [(b.kind, b.limit, b.by) for b in budget_report(ledger, budget, "big").breaches] == [
+        ("round", "max_output_tokens_per_round", 1_300_000 - 10_000),
+        ("sweep", "max_total_tokens", res.prompt_tokens + 1_300_000 - 100_000),
+        ("overshoot", "reservation", over.tokens)]
+    assert budget_report(ledger, budget, "never-ran").breaches == []
 
 
 def test_max_tokens_is_lowered_to_what_the_round_has_left(srv, ledger):
     g = make_gateway(srv, ledger, ENV, min_output_tokens=100)
     budget = Budget(max_input_tokens_per_round=10_000, max_output_tokens_per_round=500, max_total_tokens=100_000)
-    ctx = CallContext(sweep="s", round=1)
+    ctx = CallContext(scope=BudgetScope("s"), round=1)
     srv.push(content="[]", completion_tokens=300)
     g.chat("suggest", MSG, max_tokens=400, budget=budget, ctx=ctx)
     srv.push(content="[]", completion_tokens=150)
     res = g.chat("suggest", [{"role": "user", "content": "again"}], max_tokens=400, budget=budget, ctx=ctx)
     assert srv.chat_requests()[1].body["max_tokens"] == 200 == res.max_tokens  # 500 - 300 left in the round
-    with pytest.raises(BudgetExceeded, match=r"round 1 output: 450 used \+ 100 \(max_tokens at least\)"):
+    with pytest.raises(BudgetExceeded, match=r"round 1 output: 450 used \+ 100 requested > max_output_tokens_per_round 500 \(by 50\)"):
         g.chat("suggest", [{"role": "user", "content": "a third"}], max_tokens=400, budget=budget, ctx=ctx)
 
 
@@ -78,9 +84,9 @@ def test_max_tokens_is_lowered_to_what_the_sweep_has_left(srv, ledger):
     g = make_gateway(srv, ledger, ENV, min_output_tokens=50)
     budget = Budget(max_input_tokens_per_round=10_000, max_output_tokens_per_round=10_000, max_total_tokens=400)
     srv.push(content="[]", prompt_tokens=5, completion_tokens=200)
-    g.chat("suggest", MSG, max_tokens=300, budget=budget, ctx=CallContext(sweep="t", round=1))
+    g.chat("suggest", MSG, max_tokens=300, budget=budget, ctx=CallContext(scope=BudgetScope("t"), round=1))
     report = [{"role": "user", "content": "write the summary"}]
-    g.chat("report", report, max_tokens=300, budget=budget, ctx=CallContext(sweep="t", round=0))
+    g.chat("report", report, max_tokens=300, budget=budget, ctx=CallContext(scope=BudgetScope("t"), round=0))
     sent = srv.chat_requests()[1].body["max_tokens"]
     assert sent == 400 - 205 - estimate_messages_tokens(report)  # never more than the sweep has left
-    assert ledger.spend("t")[0]["total"] <= sent + estimate_messages_tokens(report)
+    assert sum(ledger.usage.spend("t").round_use(0)) <= sent + estimate_messages_tokens(report)

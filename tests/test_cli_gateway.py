@@ -1,5 +1,5 @@
 """Gateway failures and budgets as the terminal shows them (`kregress sweep`, strategy llm, the real openai SDK
-against the local scripted server tests/fake_openai.py on 127.0.0.1).
+against the local scripted server kregress/testing/fake_gateway.py on 127.0.0.1).
 
 - a 401 on every key of the suggest role: one line with the error's class and fix, exit 1;
 - a model id the server does not list: one line, exit 1;
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_openai import FakeOpenAI, Reply
 
 from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
 from kernel_assets.cli import EXIT_BUDGET, EXIT_FAILED, main
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {"TAOTOKEN_KEY_SUGGEST": "sk" "-CLIGW-suggest-11112222333344445555,sk" "-CLIGW-suggest-66667777888899990000",
@@ -83,7 +83,9 @@ def test_401_on_every_key_is_one_line_with_class_and_fix(gateway, spec_file, cap
     line = _one_failed_line(err)
     assert "[credentials]" in line and "Fix: " in line, line
     summary = [ln for ln in err.splitlines() if ln.startswith("kregress: sweep cli_gateway FAILED")]
-    assert summary and "[credentials]" in summary[0]
+    assert summary and "failed steps: round_1_suggestions" in summary[0]
+    # one line per error: the classified line is printed once (not by the gateway, the policy and the summary again)
+    assert sum("all 2 keys of role suggest were rejected" in ln for ln in err.splitlines()) == 1, err[-3000:]
     for v in KEYS.values():
         for k in v.split(","):
             assert k not in err

@@ -26,6 +26,12 @@ def _args(spec_file: Path, home: Path, **kw) -> argparse.Namespace:
     return argparse.Namespace(**{**base, **kw})
 
 
+def _family_files() -> dict[str, str]:
+    from kregress.core.family import get_family
+
+    return {str(f): cli._file_sha(f) for f in get_family("gemm").source_files()}
+
+
 @pytest.fixture
 def recorded(tmp_path, monkeypatch):
     monkeypatch.delenv("TAOTOKEN_MODEL_ID", raising=False)
@@ -40,7 +46,7 @@ def recorded(tmp_path, monkeypatch):
     spec = load_spec(spec_file)
     cli._record_sweep(home, "gemm_smoke", {
         "run_id": "run-0001", "ts": 1.0, "task_id": "gemm_smoke", "report": str(report),
-        "fingerprint": cli.sweep_fingerprint(spec, _args(spec_file, home)),
+        "fingerprint": cli.sweep_fingerprint(spec, _family_files(), _args(spec_file, home)),
         "verdicts": "verdicts: PASS 1, REGRESS 0, NEEDS_REVIEW 0 (1 variants; best r1-local-01; stopped: no)"})
     return home, spec_file, report
 
@@ -49,11 +55,13 @@ PROBE = """
 import json, sys
 from kernel_assets.cli import main
 rc = main(sys.argv[1:])
-print(json.dumps({"rc": rc, "heavy": sorted(m for m in ("dagster", "torch", "triton") if m in sys.modules)}))
+print(json.dumps({"rc": rc, "heavy": sorted(m for m in ("dagster", "torch", "triton", "kernels") if m in sys.modules)}))
 """
 
 
 def test_unchanged_spec_is_answered_without_importing_dagster_torch_or_triton(recorded):
+    """One fingerprint path: the spec is schema-checked (no family import) and the family's files, as the
+    last binding listed them, are hashed again; nothing heavy is imported."""
     home, spec_file, report = recorded
     p = subprocess.run([sys.executable, "-c", PROBE, "sweep", str(spec_file), "--dagster-home", str(home)], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
@@ -63,13 +71,12 @@ def test_unchanged_spec_is_answered_without_importing_dagster_torch_or_triton(re
     assert f"report: {report}" in p.stdout and "verdicts: PASS 1" in p.stdout
 
 
-def test_a_comment_edit_still_counts_as_unchanged_after_validation(recorded):
+def test_a_comment_edit_counts_as_unchanged(recorded):
     home, spec_file, _ = recorded
     spec_file.write_text("# a comment changes the bytes, not the content\n" + spec_file.read_text())
     args = _args(spec_file, home)
-    assert cli._quick_unchanged(home, args) is None  # the quick check cannot tell
-    spec = load_spec(spec_file)
-    assert cli._unchanged(home, spec.task_id, cli.sweep_fingerprint(spec, args))["run_id"] == "run-0001"
+    assert cli._unchanged(home, load_spec(spec_file), args)["run_id"] == "run-0001"
+    assert cli._unchanged(home, load_spec(spec_file), _args(spec_file, home, force=True)) is None
 
 
 @pytest.mark.parametrize("change", ["seed", "strategy_override", "backend_override", "model", "code", "no_report"])
@@ -90,21 +97,18 @@ def test_anything_that_can_change_the_outcome_runs_again(recorded, monkeypatch, 
         monkeypatch.setattr(cli, "_code_hash", lambda: "0123456789abcdef")
     elif change == "no_report":
         report.unlink()
-    args = _args(spec_file, home, **kw)
-    assert cli._quick_unchanged(home, args) is None
-    spec = load_spec(spec_file)
-    assert cli._unchanged(home, spec.task_id, cli.sweep_fingerprint(spec, args)) is None
+    assert cli._unchanged(home, load_spec(spec_file), _args(spec_file, home, **kw)) is None
 
 
-def test_a_kernel_edit_runs_again(recorded, tmp_path, monkeypatch):
+def test_a_kernel_edit_runs_again(recorded, tmp_path):
     """The family's source files are part of the record: an edited kernel file is not unchanged."""
     home, spec_file, _ = recorded
     rec_file = home / "kregress_cli" / "last_sweep" / "gemm_smoke.json"
     rec = json.loads(rec_file.read_text())
     kernel_copy = tmp_path / "gemm.py"
     kernel_copy.write_text("# the recorded kernel file\n")
-    rec["fingerprint"]["quick"]["family_files"] = {str(kernel_copy): cli._file_sha(kernel_copy)}
+    rec["fingerprint"]["family_files"] = {str(kernel_copy): cli._file_sha(kernel_copy)}
     rec_file.write_text(json.dumps(rec))
-    assert cli._quick_unchanged(home, _args(spec_file, home)) is not None
+    assert cli._unchanged(home, load_spec(spec_file), _args(spec_file, home)) is not None
     kernel_copy.write_text("# edited\n")
-    assert cli._quick_unchanged(home, _args(spec_file, home)) is None
+    assert cli._unchanged(home, load_spec(spec_file), _args(spec_file, home)) is None

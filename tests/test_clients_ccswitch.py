@@ -13,15 +13,15 @@ import json
 import shutil
 import sqlite3
 import subprocess
-import tomllib
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import tomllib
 
-from kregress.clients.ccswitch import export_deeplink, export_merge_sql, export_sql
-from kregress.clients.export import ExportError, ExportOptions
-from kregress.clients.lint import lint_file, lint_text
+from kernel_assets.clients.ccswitch import export_deeplink, export_merge_sql, export_sql
+from kernel_assets.clients.export import ExportError, ExportOptions
+from kernel_assets.clients.lint import lint_file, lint_text
 
 KEY = "sk" "-CCSCANARY-review-0123456789abcdef"
 ENV = {"TAOTOKEN_KEY_REVIEW": KEY, "TAOTOKEN_MODEL_ID": "kregress-test-model", "TAOTOKEN_BASE_URL": "https://taotoken.net/api"}

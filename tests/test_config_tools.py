@@ -14,18 +14,18 @@ import os
 import stat
 import subprocess
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, Reply
+import tomllib
 
 from kernel_assets.cli import main as kregress
-from kregress.clients.ccswitch import export_json, export_sql
-from kregress.clients.cli import run_lint
-from kregress.clients.doctor import run_doctor
-from kregress.clients.export import ExportError, ExportOptions, api_key_helper, export_claude_code, export_codex
-from kregress.clients.lint import lint_text
+from kernel_assets.clients.ccswitch import export_json, export_sql
+from kernel_assets.clients.cli import run_lint
+from kernel_assets.clients.doctor import run_doctor
+from kernel_assets.clients.export import ExportError, ExportOptions, api_key_helper, export_claude_code, export_codex
+from kernel_assets.clients.lint import lint_text
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 KEY = "sk" "-CFGCANARY-review-0123456789abcdef"
 KEY2 = "sk" "-CFGCANARY-second-fedcba9876543210"

@@ -34,12 +34,12 @@ from dagster._core.instance.config import (
 from dagster._core.instance.ref import InstanceRef
 
 from kernel_assets import executors
-from kregress.core.names import GPU_POOL
 from kernel_assets.executors import (
     benchmark_op_tags,
     executor_from_env,
     k8s_executor_config,
 )
+from kregress.core.names import GPU_POOL
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 PG_ENV = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD", "DAGSTER_PG_DB")

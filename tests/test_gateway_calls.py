@@ -9,8 +9,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from fake_openai import FakeClock, make_gateway
+from gateway_helpers import make_gateway
 
+from kregress.testing.fake_gateway import FakeClock
 from resources.ledger import CACHE_ALIAS
 from resources.taotoken import (
     ContentError,
@@ -45,11 +46,32 @@ def test_success_records_usage_and_settles(srv, ledger):
     sent = chats[0].body
     assert sent["model"] == "kregress-test-model" and sent["max_tokens"] == 1536 and "stream" not in sent
     assert chats[0].path == "/api/v1/chat/completions"  # root .../api -> SDK base .../api/v1
-    rows = ledger.rows()
+    rows = ledger.usage.rows()
     assert len(rows) == 1
     r = rows[0]
     assert (r.status, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.attempt, r.key_alias) == ("ok", 123, 45, 168, 1, alias(K1))
-    assert ledger.spend("default")[0]["total"] == 168  # the reservation was settled with the reported usage
+    assert ledger.usage.spend("default").total == 168  # the reservation was settled with the reported usage
+
+
+def test_each_attempt_is_on_record_before_the_server_sees_it(srv, ledger):
+    """While the server holds a request, the ledger already has that attempt (status sent) and its reservation in
+    flight: a process killed right then leaves both, for the next call to settle."""
+    from kregress.testing.fake_gateway import Reply
+
+    env = {"TAOTOKEN_KEY_SUGGEST": f"{K1},{K2}"}
+    g = make_gateway(srv, ledger, env)
+    seen_by_server = []
+
+    def handler(req):
+        seen_by_server.append(([(r.status, r.attempt) for r in ledger.usage.rows()], len(ledger.usage.in_flight())))
+        if len(seen_by_server) == 1:
+            return Reply(status=429, headers={"Retry-After": "0"})
+        return Reply(content="[]")
+
+    srv.handler = handler
+    g.chat("suggest", MSG)
+    assert seen_by_server == [([("sent", 1)], 1), ([("error", 1), ("sent", 2)], 1)]
+    assert [(r.status, r.attempt) for r in ledger.usage.rows()] == [("error", 1), ("ok", 2)] and ledger.usage.in_flight() == []
 
 
 def test_default_timeouts_and_sdk_retries_off(srv, ledger):
@@ -73,7 +95,7 @@ def test_429_retry_after_fails_over_to_other_key(srv, ledger):
     assert clock.sleeps == []  # another key was free: no waiting
     assert g.keys.cooldown_remaining(alias(first), clock()) == pytest.approx(7.0)  # Retry-After honoured as cooldown
     assert g.keys.cooldown_remaining(alias(second), clock()) == 0
-    rows = ledger.rows()
+    rows = ledger.usage.rows()
     assert [(r.attempt, r.status, r.error_class, r.key_alias) for r in rows] == [
         (1, "error", "rate_limited:429", alias(first)),
         (2, "ok", "", alias(second)),
@@ -88,7 +110,7 @@ def test_429_single_key_waits_retry_after(srv, ledger):
     srv.push(content="[]")
     g.chat("suggest", MSG)
     assert clock.sleeps == [pytest.approx(3.0)]
-    assert len(srv.chat_requests()) == 2 and len(ledger.rows()) == 2
+    assert len(srv.chat_requests()) == 2 and len(ledger.usage.rows()) == 2
 
 
 def test_503_twice_then_success_backs_off_exponentially(srv, ledger):
@@ -103,7 +125,7 @@ def test_503_twice_then_success_backs_off_exponentially(srv, ledger):
     expected = [2.0 * (0.5 + 0.5 * rng.random()), 4.0 * (0.5 + 0.5 * rng.random())]
     assert clock.sleeps == pytest.approx(expected)
     assert 1.0 <= clock.sleeps[0] <= 2.0 and 2.0 <= clock.sleeps[1] <= 4.0
-    rows = ledger.rows()
+    rows = ledger.usage.rows()
     assert [(r.attempt, r.error_class) for r in rows] == [(1, "server_error:503"), (2, "server_error:503"), (3, "")]
     assert sum(r.total_tokens for r in rows) == 11
 
@@ -125,7 +147,7 @@ def test_read_timeout_is_retried(srv, ledger):
     srv.push(content="[]")
     res = g.chat("suggest", MSG)
     assert res.attempts == 2
-    rows = ledger.rows()
+    rows = ledger.usage.rows()
     assert [(r.status, r.error_class) for r in rows] == [("error", "timeout"), ("ok", "")]
     assert rows[0].latency_ms >= 450
     assert len(clock.sleeps) == 1 and 0.5 <= clock.sleeps[0] <= 1.0
@@ -137,7 +159,7 @@ def test_dropped_connection_is_retried_on_the_other_key(srv, ledger):
     srv.push(drop=True)
     srv.push(content="[]")
     res = g.chat("suggest", MSG)
-    rows = ledger.rows()
+    rows = ledger.usage.rows()
     assert [r.error_class for r in rows] == ["connection", ""]
     assert rows[0].key_alias != rows[1].key_alias and res.attempts == 2
     assert clock.sleeps == []
@@ -151,9 +173,9 @@ def test_retries_exhausted_releases_the_reservation(srv, ledger):
     with pytest.raises(RetriesExhausted) as ei:
         g.chat("suggest", MSG)
     assert "gave up after 3 attempt(s)" in str(ei.value) and "max_attempts 3 reached" in str(ei.value) and "Fix:" in str(ei.value)
-    assert len(srv.chat_requests()) == 3 and len(ledger.rows()) == 3
+    assert len(srv.chat_requests()) == 3 and len(ledger.usage.rows()) == 3
     assert len(clock.sleeps) == 2
-    assert ledger.spend("default")[0]["total"] == 0  # nothing reported, nothing charged
+    assert ledger.usage.spend("default").total == 0  # nothing reported, nothing charged
 
 
 def test_retry_after_beyond_limit_is_not_waited(srv, ledger):
@@ -162,7 +184,7 @@ def test_retry_after_beyond_limit_is_not_waited(srv, ledger):
     srv.push(status=429, headers={"Retry-After": "3600"})
     with pytest.raises(RetriesExhausted, match=r"the next wait, 3600.0s for suggest#\w+, passes the retry horizon of 60s"):
         g.chat("suggest", MSG)
-    assert clock.sleeps == [] and len(ledger.rows()) == 1
+    assert clock.sleeps == [] and len(ledger.usage.rows()) == 1
 
 
 @pytest.mark.parametrize(
@@ -194,7 +216,7 @@ def test_client_errors_are_classified_and_never_retried(srv, ledger, status, bod
         assert n in text, (n, text)
     assert ei.value.status == status
     assert len(srv.chat_requests()) == 1 and clock.sleeps == []  # no retry, no failover
-    rows = ledger.rows()
+    rows = ledger.usage.rows()
     assert len(rows) == 1 and rows[0].status == "error" and rows[0].error_class == f"{exc.category}:{status}"
     assert ei.value.__cause__ is None and ei.value.__context__ is None  # the SDK exception (with its request) is not attached
 
@@ -221,7 +243,7 @@ def test_no_key_for_role_fails_before_any_request(srv, ledger):
     assert text.startswith("[credentials] no TAOTOKEN key for role suggest")
     assert "TAOTOKEN_KEY_SUGGEST is not set" in text and "export TAOTOKEN_KEY_SUGGEST=" in text
     assert "OPENAI_API_KEY is set, but that is another tool's variable" in text
-    assert srv.requests == [] and ledger.rows() == []
+    assert srv.requests == [] and ledger.usage.rows() == []
 
 
 def test_empty_key_variable_is_reported_as_empty(srv, ledger):
@@ -243,7 +265,7 @@ def test_unknown_model_is_caught_by_the_model_list(srv, ledger):
         g.chat("suggest", MSG)
     text = str(ei.value)
     assert "'gpt-guess' is not served" in text and "kregress-test-model" in text and "never guesses" in text
-    assert srv.chat_requests() == [] and ledger.rows() == []
+    assert srv.chat_requests() == [] and ledger.usage.rows() == []
 
 
 def test_html_homepage_answer_is_a_request_error(srv, ledger):
@@ -251,7 +273,7 @@ def test_html_homepage_answer_is_a_request_error(srv, ledger):
     srv.push(status=200, body="<html><title>Welcome</title></html>")
     with pytest.raises(RequestError, match="not a chat completion"):
         g.chat("suggest", MSG)
-    assert len(ledger.rows()) == 1
+    assert len(ledger.usage.rows()) == 1
 
 
 def test_cache_hit_is_a_ledger_row_without_tokens(srv, ledger):
@@ -261,7 +283,7 @@ def test_cache_hit_is_a_ledger_row_without_tokens(srv, ledger):
     b = g.chat("suggest", MSG)  # a re-run: same model, messages and parameters
     assert len(srv.chat_requests()) == 1
     assert b.cache_hit and b.text == a.text and b.total_tokens == 0 and b.key_alias == CACHE_ALIAS
-    rows = ledger.rows()
+    rows = ledger.usage.rows()
     assert [(r.cache_hit, r.total_tokens) for r in rows] == [(False, 55), (True, 0)]
     # a new gateway (a resumed run in another process) hits the same cache
     g2 = make_gateway(srv, ledger, {"TAOTOKEN_API_KEY": K1}, verify_model=False)
@@ -279,7 +301,7 @@ def test_missing_usage_is_estimated_and_flagged(srv, ledger):
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "[1, 2, 3]"}, "finish_reason": "stop"}]})
     res = g.chat("suggest", MSG)
     assert res.usage_estimated and res.prompt_tokens == res.estimated_prompt_tokens > 0 and res.completion_tokens > 0
-    assert ledger.rows()[0].error_class == "usage_estimated"
+    assert ledger.usage.rows()[0].error_class == "usage_estimated"
 
 
 def test_response_size_is_capped(srv, ledger):
@@ -294,5 +316,5 @@ def test_call_context_lands_in_the_ledger(srv, ledger):
 
     g = make_gateway(srv, ledger, {"TAOTOKEN_API_KEY": K1})
     g.chat("suggest", MSG, ctx=CallContext(run_id="run-1", partition="gemm-a", round=2, task="round_2_suggestions"))
-    r = ledger.rows()[0]
+    r = ledger.usage.rows()[0]
     assert (r.run_id, r.partition, r.round, r.task, r.model) == ("run-1", "gemm-a", 2, "round_2_suggestions", "kregress-test-model")

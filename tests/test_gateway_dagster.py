@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
-from fake_openai import FakeOpenAI, Reply
 
 from kregress.core.endpoints import gateway_error_line
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 from resources.ledger import LedgerResource
 from resources.taotoken import TaotokenResource
 

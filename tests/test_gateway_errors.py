@@ -7,9 +7,10 @@ mentioning "model" to "model id ... is not served" (a max_tokens error got the m
 from __future__ import annotations
 
 import pytest
-from fake_openai import FakeClock, make_gateway
+from gateway_helpers import make_gateway
 
 from kregress.core.endpoints import gateway_error_line
+from kregress.testing.fake_gateway import FakeClock
 from resources.taotoken import (
     ContentError,
     CredentialsError,
@@ -103,7 +104,7 @@ def test_through_the_sdk_no_retry_and_the_row_names_the_class(srv, ledger, statu
     with pytest.raises(cls) as ei:
         g.chat("suggest", [{"role": "user", "content": "hi"}])
     assert fix.replace("'m-1'", "'kregress-test-model'") in ei.value.fix and len(srv.chat_requests()) == 1 and clock.sleeps == []
-    assert [r.error_class for r in ledger.rows()] == [f"{cls.category}:{status}"]
+    assert [r.error_class for r in ledger.usage.rows()] == [f"{cls.category}:{status}"]
 
 
 def test_quota_429_is_not_retried_as_a_rate_limit(srv, ledger):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from fake_openai import FakeClock, Reply, cooldown_worker, make_gateway, run_spawned
+from gateway_helpers import cooldown_worker, make_gateway, run_spawned
 
+from kregress.testing.fake_gateway import FakeClock, Reply
 from resources.ledger import Ledger
 from resources.taotoken import CredentialsError, RetriesExhausted, TaotokenResource, fingerprint
 
@@ -27,7 +28,7 @@ def test_401_on_one_key_fails_over_to_the_other(srv, ledger):
         if seen.token == K1 else Reply(content="[]")
     res = g.chat("suggest", MSG)
     assert res.key_alias == alias(K2) and clock.sleeps == []
-    assert [(r.key_alias, r.error_class) for r in ledger.rows()] == [(alias(K1), "credentials:401"), (alias(K2), "")]
+    assert [(r.key_alias, r.error_class) for r in ledger.usage.rows()] == [(alias(K1), "credentials:401"), (alias(K2), "")]
     # the rejected key stays out for this gateway: the next call goes straight to the good key
     g.chat("suggest", [{"role": "user", "content": "again"}])
     assert [s.token for s in srv.chat_requests()] == [K1, K2, K2]
@@ -67,7 +68,7 @@ def test_an_outage_longer_than_five_attempts_is_ridden_out_within_the_horizon(sr
     took = time.monotonic() - t0
     assert res.attempts == 9 and len(srv.chat_requests()) == 9
     assert 8 * 0.2 <= took < 5.0  # waited out every Retry-After, within the horizon
-    assert [r.error_class for r in ledger.rows()][-1] == "" and len(ledger.rows()) == 9
+    assert [r.error_class for r in ledger.usage.rows()][-1] == "" and len(ledger.usage.rows()) == 9
 
 
 def test_an_outage_longer_than_the_horizon_gives_up_with_one_line(srv, tmp_path):
@@ -82,7 +83,7 @@ def test_an_outage_longer_than_the_horizon_gives_up_with_one_line(srv, tmp_path)
     line = ei.value.one_line()
     assert line.startswith("[transient] suggest: gave up after") and "passes the retry horizon of 1s" in line
     assert "last: server_error (HTTP 503)" in line and "raise retry_horizon_s" in line and ei.value.kind == "server_error"
-    assert len(srv.chat_requests()) == len(ledger.rows()) >= 4  # both keys, several Retry-After periods
+    assert len(srv.chat_requests()) == len(ledger.usage.rows()) >= 4  # both keys, several Retry-After periods
 
 
 def _second_run(srv, db: str, keys: str) -> str:

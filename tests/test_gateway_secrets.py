@@ -17,12 +17,13 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from fake_openai import FakeOpenAI, make_gateway
+from gateway_helpers import make_gateway
 from test_llm_agent import VERDICTS, item, make_ctx, make_spec
 
 from kernel_assets.agent.llm import HybridPolicy, LLMPolicy, write_narrative
 from kernel_assets.cli_usage import register
 from kernel_assets.tokens import build_token_assets
+from kregress.testing.fake_gateway import FakeOpenAI
 from resources.ledger import LedgerResource
 from resources.taotoken import CredentialsError, GatewayError, TaotokenResource
 
@@ -97,8 +98,8 @@ def test_no_key_anywhere_after_a_sweep(tmp_path, monkeypatch, caplog, capsys):
     assert n1[1].startswith("fallback: credentials error") and n2[1].startswith("llm:report#")
 
     # exports, the CLI and the Dagster assets (run storage under DAGSTER_HOME)
-    ledger.export_jsonl(home / "usage.jsonl")
-    ledger.export_usage_csv(home / "usage.csv")
+    ledger.usage.export_jsonl(home / "usage.jsonl")
+    ledger.usage.export_usage_csv(home / "usage.csv")
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     out = io.StringIO()
@@ -129,6 +130,6 @@ def test_no_key_anywhere_after_a_sweep(tmp_path, monkeypatch, caplog, capsys):
         for n in NEEDLES:
             assert n.encode() not in data, f"{n[:12]}... found in {p.relative_to(home)}"
     # the ledger did record the attempts, under aliases
-    aliases = {r.key_alias for r in ledger.rows()}
+    aliases = {r.key_alias for r in ledger.usage.rows()}
     assert any(a.startswith("suggest#") for a in aliases) and any(a.startswith("report#") for a in aliases)
     assert all(Path(p).exists() for p in [home / "usage.jsonl", home / "table.csv"])

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kernels.compile import CompileError, compile_units
-from kregress.core.records import Suggestion
+from kregress.core.bind import bind
 from kregress.core.family import get_family
+from kregress.core.records import Suggestion
 from kregress.core.spec import HardwareLimits, parse_spec
 from resources.gpu import InterpreterBackend
 from resources.workers import WorkerPool, worker_env
@@ -96,7 +97,8 @@ def test_failures_are_rows_and_the_round_goes_on(tmp_path):
         Suggestion(variant_id="bad", config=dict(BLOCK_M=48, BLOCK_N=64, BLOCK_K=32, GROUP_M=4, num_stages=2, num_warps=4),
                    patch_summary="x", round=1),
     ]
-    rows, stats = bench.evaluate(spec, GEMM, sugg, log=lambda m: None)
+    bound = bind(spec)
+    rows, stats = bench.evaluate(bound, sugg, log=lambda m: None)
     by_id = {r.variant_id: r for r in rows}
     assert by_id["ok"].error is None and by_id["ok"].correctness.ok and by_id["ok"].evidence == "model"
     assert by_id["ok"].measurements[0].p50_ms > 0 and by_id["ok"].compile.regs_per_thread > 0
@@ -104,7 +106,7 @@ def test_failures_are_rows_and_the_round_goes_on(tmp_path):
     assert by_id["bad"].error == "invalid_config" and "BLOCK_M=48" in by_id["bad"].error_detail
     assert stats.compiles == 2 and stats.compile_cache_hits == 0
 
-    rows2, stats2 = bench.evaluate(spec, GEMM, sugg, log=lambda m: None)
+    rows2, stats2 = bench.evaluate(bound, sugg, log=lambda m: None)
     assert stats2.compiles == 0 and stats2.compile_cache_hits == 2 and stats2.correctness_runs == 0
     assert [r.error for r in rows2] == [r.error for r in rows]
     assert rows2[0].compile.regs_per_thread == rows[0].compile.regs_per_thread and rows2[0].compile.cache_hit

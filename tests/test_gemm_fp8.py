@@ -15,9 +15,9 @@ import torch
 import yaml
 
 from kernels.compile import compile_units
-from kernels.gemm_fp8 import (K_RULE, dequantize_a, dequantize_b, fp8_gemm_nt, group_sizes, per_block_cast_to_fp8,
-                              per_token_cast_to_fp8)
+from kernels.gemm_fp8 import K_RULE, dequantize_a, dequantize_b, fp8_gemm_nt, group_sizes, per_block_cast_to_fp8, per_token_cast_to_fp8
 from kernels.measure import compare
+from kregress.core.bind import bind
 from kregress.core.family import families, get_family
 from kregress.core.spec import HardwareLimits, SpecError, load_spec, parse_spec
 
@@ -102,6 +102,10 @@ def test_quantization_helpers_round_trip_within_e4m3_precision():
     assert ((dequantize_b(qw, sw) - w.double()).abs() <= w.double().abs() * 2 ** -4 + 1e-3).all()
 
 
+def bind_dict(data: dict):
+    return bind(parse_spec(data, "x.yaml"))
+
+
 def test_k_not_a_multiple_of_128_is_refused_with_the_rules_text():
     assert "K % 128 == 0" in K_RULE and "scaling granularity" in K_RULE
     assert DENSE.check_shape({"M": 64, "N": 128, "K": 200}) == f"K=200 violates {K_RULE}"
@@ -110,7 +114,7 @@ def test_k_not_a_multiple_of_128_is_refused_with_the_rules_text():
     raw = yaml.safe_load((REPO / "specs" / "gemm_fp8_h100.yaml").read_text())
     raw["correctness_shapes"] = [{"M": 64, "N": 64, "K": 130}]
     with pytest.raises(SpecError, match=r"field 'correctness_shapes.0'.*K=130 violates K % 128 == 0"):
-        parse_spec(raw, "gemm_fp8_h100.yaml")
+        bind(parse_spec(raw, "gemm_fp8_h100.yaml"))
     with pytest.raises(ValueError, match="per_token_cast_to_fp8: x must be"):
         per_token_cast_to_fp8(torch.zeros(4, 100))
 
@@ -156,20 +160,20 @@ def test_params_flops_and_fp8_peak():
     assert max(group_sizes(shape, {"layout": "masked", "group_sizes": "spread"})) <= 100
     assert "layout='paged' is not allowed" in GROUPED.check_params({"layout": "paged"})
     assert "unknown param(s) window" in DENSE.check_params({"window": 1})
-    with pytest.raises(ValueError):
-        parse_spec({"task_id": "x", "kernel_family": "gemm_fp8", "dtype": "bf16", "shape_matrix": [{"M": 1, "N": 1, "K": 128}],
+    with pytest.raises(ValueError, match="family gemm_fp8 takes fp8_e4m3"):
+        bind_dict({"task_id": "x", "kernel_family": "gemm_fp8", "dtype": "bf16", "shape_matrix": [{"M": 1, "N": 1, "K": 128}],
                     "correctness_shapes": [{"M": 1, "N": 1, "K": 128}],
-                    "baseline": dict(SMALL)}, "x.yaml")
+                   "baseline": dict(SMALL)})
     spec = load_spec(REPO / "specs" / "gemm_fp8_h100.yaml")
     assert len(spec.shape_matrix) == 18 and {s["M"] for s in spec.shape_matrix} == {64, 128, 4096}
 
-    class M:  # the fields profile_fields reads from a measurement
-        tflops = 989.0
-
-    f = DENSE.profile_fields(spec.shape_matrix[0], spec.baseline, M(), spec.hardware, {})
-    assert f["fp8_peak_tflops"] == 2 * spec.hardware.limits.peak_tflops and f["frac_of_fp8_peak"] == pytest.approx(0.5)
-    assert DENSE.profile_fields(spec.shape_matrix[0], spec.baseline, M(), spec.hardware,
-                                {"fp8_peak_tflops": 989.0})["frac_of_fp8_peak"] == pytest.approx(1.0)
+    # the compute roof is the FP8 peak (2x the bf16 one unless the spec's params say otherwise)
+    assert DENSE.peak_tflops(spec.hardware, {}) == 2 * spec.hardware.limits.peak_tflops
+    assert DENSE.peak(spec.hardware, {"fp8_peak_tflops": 989.0}) == pytest.approx(989.0)
+    shape = spec.shape_matrix[-1]
+    sol = DENSE.speed_of_light_ms(shape, 1, spec.hardware, {})
+    assert sol == pytest.approx(max(DENSE.flops(shape, {}) / (2 * spec.hardware.limits.peak_tflops * 1e12),
+                                    DENSE.bytes_moved(shape, 1, {}) / (spec.hardware.limits.hbm_gbps * 1e9)) * 1e3)
 
 
 def test_sm90_fp8_tile_compiles_with_wgmma_and_stages_cost_shared_memory():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from kregress.core.bind import bind
 from kregress.core.records import Suggestion
-from kregress.core.family import get_family
 from kregress.core.spec import parse_spec
 from resources.gpu import CudaBackend
 
@@ -25,11 +25,10 @@ def test_cuda_backend_measures_and_matches_aot_stats(tmp_path):
     import triton
 
     bench = CudaBackend(cache_dir=str(tmp_path))
-    fam = get_family("gemm")
     good = Suggestion(variant_id="b", config=SPEC.baseline, patch_summary="baseline", round=0)
     oom = Suggestion(variant_id="oom", config=dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_stages=4, num_warps=8),
                      patch_summary="too much smem", round=1)
-    rows, _ = bench.evaluate(SPEC, fam, [good, oom], log=print)
+    rows, _ = bench.evaluate(bind(SPEC), [good, oom], log=print)
     row = rows[0]
     assert row.error is None and row.correctness.ok and row.evidence == "cuda"
     m = row.measurements[0]
@@ -50,13 +49,13 @@ def test_cuda_backend_measures_and_matches_aot_stats(tmp_path):
 
 def test_external_kernel_family_timed_like_a_triton_variant(tmp_path):
     """torch_sdpa (PyTorch's fused attention kernels) on the cuda backend: no compile stats, real timings."""
-    from kregress.core.spec import load_spec
     from pathlib import Path
 
-    spec = load_spec(Path(__file__).resolve().parents[1] / "specs" / "torch_sdpa_h100.yaml")
-    fam = get_family("torch_sdpa")
+    from kregress.core.bind import load_bound
+
+    bound = load_bound(Path(__file__).resolve().parents[1] / "specs" / "torch_sdpa_h100.yaml")
     sugg = [Suggestion(variant_id=f"b{i}", config={"backend": i}, patch_summary="sdpa backend", round=1) for i in range(4)]
-    rows, stats = CudaBackend(cache_dir=str(tmp_path)).evaluate(spec, fam, sugg, log=print)
+    rows, stats = CudaBackend(cache_dir=str(tmp_path)).evaluate(bound, sugg, log=print)
     assert stats.compiles == 0 and all(r.compile is None for r in rows)
     ran = [r for r in rows if r.error is None]
     assert ran and all(r.evidence == "cuda" and r.correctness.ok and r.measurements[0].p50_ms > 0 for r in ran)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from kernel_assets import history
 from kregress.core.records import Measurement, VariantResult, config_hash
 from kregress.core.spec import load_spec
-from pathlib import Path
 
 # A shipped spec that needs no recorded data folder (tests pass without ../shared).
 SPEC = load_spec(Path(__file__).resolve().parent.parent / "specs" / "gemm_smoke.yaml")

@@ -1,11 +1,14 @@
 """The import contract: layers only import downwards.
 
-    kregress.core  <-  kernels  <-  resources  <-  kernel_assets
-    kregress.core  <-  kregress.clients            (the coding-tool config tools)
+    kregress (core, the public API)  <-  kernels  <-  resources  <-  kernel_assets
+    kregress.core                    <-  kernel_assets.clients        (the coding-tool config tools)
 
-kregress.core imports neither Dagster nor Triton nor torch (type-checking-only imports aside), kernels
-never imports resources, kernel_assets or Dagster, resources never imports kernel_assets. Every import
-statement counts, including those inside functions: a lazy upward import is still an upward import.
+kregress (its top-level modules and core) imports neither Dagster nor Triton nor torch (type-checking-
+only imports aside), kernels never imports resources, kernel_assets or Dagster, resources never imports
+kernel_assets. Every import statement counts, including those inside functions: a lazy upward import is
+still an upward import. Runtime lookups count too: a module named in a string (a family's entry point,
+a ``module:attribute`` target, a tuple of plugin modules imported with importlib) obeys the same rules
+as an import statement in the module that names it.
 """
 
 from __future__ import annotations
@@ -21,11 +24,45 @@ REPO = Path(__file__).resolve().parents[1]
 
 # package -> top-level modules it must never import (prefix match on the dotted name)
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "kregress.core": ("dagster", "triton", "torch", "kernels", "resources", "kernel_assets", "kregress.clients"),
-    "kregress.clients": ("dagster", "triton", "torch", "kernels", "resources", "kernel_assets"),
-    "kernels": ("dagster", "resources", "kernel_assets", "kregress.clients"),
-    "resources": ("kernel_assets", "kregress.clients"),
+    "kregress": ("dagster", "triton", "torch", "kernels", "resources", "kernel_assets"),
+    # the coding-tool config tools stand on core alone: no Dagster, no kernels, nothing else of kernel_assets
+    "kernel_assets.clients": ("dagster", "triton", "torch", "kernels", "resources") + tuple(
+        f"kernel_assets.{p.stem}" for p in sorted((REPO / "kernel_assets").iterdir())
+        if p.stem not in ("clients", "__init__", "__pycache__") and (p.suffix == ".py" or p.is_dir())),
+    "kernels": ("dagster", "resources", "kernel_assets"),
+    "resources": ("kernel_assets",),
 }
+# The one sanctioned runtime lookup from a lower layer: core's family registry loads family modules by
+# name (entry points, import paths). Their targets must live in the kernel layer (or outside the project).
+REGISTRY = "kregress/core/family.py"
+PROJECT_PACKAGES = ("kregress", "kernels", "resources", "kernel_assets")
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def runtime_lookups(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted module) for every string that is exactly a module path of the project, optionally
+    with ``:attribute``: what importlib, an entry point or a plugin tuple would import at run time."""
+    import re
+
+    pattern = re.compile(rf"^((?:{'|'.join(PROJECT_PACKAGES)})(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?::[A-Za-z_.]+)?$")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docs = _docstring_nodes(tree)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            m = pattern.match(node.value)
+            if m:
+                out.append((node.lineno, m.group(1)))
+    return out
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -68,11 +105,35 @@ def violations(root: Path = REPO, rules: dict[str, tuple[str, ...]] = FORBIDDEN)
         for path in sorted(pkg_dir.rglob("*.py")):
             rel = path.relative_to(root).with_suffix("")
             module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-            for line, name in imports_of(path, module):
-                for b in banned:
-                    if name == b or name.startswith(b + "."):
-                        found.append(f"{path.relative_to(root)}:{line}: {package} imports {name} (layer rule: no {b})")
+            lookups = [] if path.relative_to(root).as_posix() == REGISTRY else runtime_lookups(path)
+            for how, items in (("imports", imports_of(path, module)), ("looks up", lookups)):
+                for line, name in items:
+                    for b in banned:
+                        if name == b or name.startswith(b + "."):
+                            found.append(f"{path.relative_to(root)}:{line}: {package} {how} {name} (layer rule: no {b})")
     return found
+
+
+def test_family_entry_points_live_in_the_kernel_layer():
+    """The built-ins register through kregress.families entry points; each target is a kernels module (the
+    registry in core loads them by name, so a target in resources or kernel_assets would be an upward import)."""
+    import tomllib
+
+    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["kregress.families"]
+    assert {"gemm", "gemm_fp8", "grouped_gemm_fp8", "mla_decode", "attention", "torch_sdpa", "replay"} <= set(eps)
+    bad = {name: target for name, target in eps.items() if not target.startswith("kernels.")}
+    assert not bad, bad
+
+
+def test_runtime_lookups_are_checked(tmp_path):
+    """A module named in a string (a plugin tuple, an importlib target) is held to the layer rules."""
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("")
+    (tmp_path / "kernels" / "sneaky.py").write_text(
+        '"""Docs may mention kernel_assets.cli freely."""\nimport importlib\n\n'
+        'def f():\n    return importlib.import_module("kernel_assets.cli")\n')
+    found = violations(tmp_path, {"kernels": FORBIDDEN["kernels"]})
+    assert found == ["kernels/sneaky.py:5: kernels looks up kernel_assets.cli (layer rule: no kernel_assets)"]
 
 
 def test_no_upward_imports():
@@ -90,9 +151,9 @@ def test_the_contract_catches_an_upward_import(tmp_path):
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n\ndef f():\n    import dagster\n")
     (tmp_path / "kernels/bad.py").write_text("from resources.gpu import CudaBackend\n")
     (tmp_path / "resources/ok.py").write_text("from . import ok\nfrom kernels import gemm\n")
-    found = violations(tmp_path, {k: v for k, v in FORBIDDEN.items() if k != "kregress.clients"})
+    found = violations(tmp_path, {k: v for k, v in FORBIDDEN.items() if k != "kernel_assets.clients"})
     assert found == [
-        "kregress/core/bad.py:6: kregress.core imports dagster (layer rule: no dagster)",
+        "kregress/core/bad.py:6: kregress imports dagster (layer rule: no dagster)",
         "kernels/bad.py:1: kernels imports resources.gpu (layer rule: no resources)",
     ]
 

@@ -13,31 +13,27 @@ from __future__ import annotations
 
 import atexit
 import csv
-import glob
 import itertools
 import json
 import multiprocessing as mp
 import os
-import pwd
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
 
-from kregress.core.records import UsageRecord
 from kernel_assets.usage import budget_report
+from kregress.core.budget import BudgetScope
+from kregress.core.records import UsageRecord
 from kregress.core.spec import Budget
+from kregress.testing.postgres import PG_PASSWORD, PG_USER, PgServer, pg_bin_dir
 from resources.ledger import (
     BudgetExceeded,
     Ledger,
     LedgerConfigError,
     LedgerConnectionError,
     LedgerResource,
+    RoundRow,
     is_postgres_url,
     ledger_from_url,
     mask_url,
@@ -45,7 +41,6 @@ from resources.ledger import (
     sqlite_path_from_url,
 )
 
-PG_USER, PG_PASSWORD = "kregress", "s3cret-Pw_9"
 REQUIRE = os.environ.get("KREGRESS_REQUIRE_POSTGRES", "") not in ("", "0")
 
 
@@ -55,108 +50,13 @@ def _unavailable(reason: str):
     pytest.skip(reason)
 
 
-# --- the throwaway server --------------------------------------------------------------------------
-
-
-def _pg_bin_dir() -> Path | None:
-    dirs = []
-    if shutil.which("pg_ctl"):
-        dirs.append(Path(shutil.which("pg_ctl")).resolve().parent)
-    dirs += sorted((Path(d) for d in glob.glob("/usr/lib/postgresql/*/bin")), key=lambda d: -int(d.parent.name) if d.parent.name.isdigit() else 0)
-    for d in dirs:
-        if all((d / b).is_file() for b in ("initdb", "pg_ctl", "postgres")):
-            return d
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PgServer:
-    def __init__(self, bindir: Path) -> None:
-        self.bindir = bindir
-        self.root = Path(tempfile.mkdtemp(prefix="kregress-pg-"))
-        self.data = self.root / "data"
-        self.log = self.root / "server.log"
-        self.port = 0
-        self.running = False
-        self.run_as: dict = {}
-        self.timings: dict[str, float] = {}
-        if os.geteuid() == 0:
-            for name in ("postgres", "nobody"):
-                try:
-                    pw = pwd.getpwnam(name)
-                except KeyError:
-                    continue
-                self.run_as = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
-                self.user = name
-                break
-            else:
-                raise RuntimeError("running as root and neither a 'postgres' nor a 'nobody' user exists (PostgreSQL refuses root)")
-            os.chown(self.root, self.run_as["user"], self.run_as["group"])
-        else:
-            self.user = pwd.getpwuid(os.geteuid()).pw_name
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-        self.env.update(LC_ALL="C", HOME=str(self.root))
-
-    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.bindir / args[0]), *args[1:]], env=self.env, cwd=self.root, capture_output=True,
-                              text=True, timeout=timeout, **self.run_as)
-
-    def start(self) -> None:
-        t0 = time.monotonic()
-        pwfile = self.root / "pw"
-        pwfile.write_text(PG_PASSWORD + "\n")
-        if self.run_as:
-            os.chown(pwfile, self.run_as["user"], self.run_as["group"])
-        r = self._run("initdb", "-D", str(self.data), "-U", PG_USER, f"--pwfile={pwfile}", "--auth-local=trust",
-                      "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C", "--no-sync")
-        if r.returncode:
-            raise RuntimeError(f"initdb failed as {self.user}: {(r.stderr or r.stdout).strip()[-800:]}")
-        self.timings["initdb_s"] = time.monotonic() - t0
-        for _ in range(3):  # a free port can be taken between the probe and the bind: try another
-            t1 = time.monotonic()
-            self.port = _free_port()
-            opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off "
-                    "-c full_page_writes=off -c max_connections=60 -c shared_buffers=32MB")
-            r = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", opts, "-w", "-t", "30", "start")
-            if r.returncode == 0:
-                self.running = True
-                self.timings["start_s"] = time.monotonic() - t1
-                return
-            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "stop")
-        log = self.log.read_text()[-800:] if self.log.exists() else ""
-        raise RuntimeError(f"pg_ctl start failed as {self.user}: {(r.stderr or r.stdout).strip()[-400:]} {log}")
-
-    def stop(self) -> None:
-        if self.running:
-            r = self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop", timeout=30)
-            self.running = r.returncode != 0
-            if self.running:  # pg_ctl could not stop it: end the postmaster we started, by its pid
-                pid_file = self.data / "postmaster.pid"
-                if pid_file.exists():
-                    try:
-                        os.kill(int(pid_file.read_text().split()[0]), 9)
-                        self.running = False
-                    except (ProcessLookupError, ValueError):
-                        self.running = False
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def url(self, db: str, *, password: str | None = PG_PASSWORD, scheme: str = "postgresql") -> str:
-        auth = PG_USER + (f":{password}" if password is not None else "")
-        return f"{scheme}://{auth}@127.0.0.1:{self.port}/{db}"
-
-
 @pytest.fixture(scope="module")
 def pg_server():
     try:
         import psycopg  # noqa: F401
     except ImportError:
         _unavailable("the psycopg driver is not installed (pip install 'psycopg[binary]>=3.2')")
-    bindir = _pg_bin_dir()
+    bindir = pg_bin_dir()
     if bindir is None:
         _unavailable("PostgreSQL server binaries (initdb, pg_ctl, postgres) not found on PATH or in /usr/lib/postgresql/*/bin")
     try:
@@ -225,7 +125,7 @@ def test_ledger_repr_and_errors_never_show_the_password():
     assert repr(led) == "Ledger('postgresql+psycopg://ledger:***@127.0.0.1:1/db')"
     assert "topsecret" not in repr(LedgerResource(url="postgresql://ledger:topsecret@h/db").get_ledger())
     with pytest.raises(LedgerConnectionError) as ei:
-        Ledger("postgresql://ledger:topsecret@127.0.0.1:1/db?connect_timeout=2").rows()  # port 1: nothing listens
+        Ledger("postgresql://ledger:topsecret@127.0.0.1:1/db?connect_timeout=2").usage.rows()  # port 1: nothing listens
     assert "topsecret" not in str(ei.value) and "ledger:***@127.0.0.1:1/db" in str(ei.value)
     with pytest.raises(LedgerConfigError, match="not a valid libpq URI"):
         Ledger("postgresql://h/db?nosuchoption=1")
@@ -250,45 +150,45 @@ def rec(**kw) -> UsageRecord:
 
 def fill(led: Ledger) -> None:
     """The same calls as tests/test_ledger.py's fixture, plus keys whose order depends on the collation."""
-    led.record(rec(), sweep="run1")
-    led.record(rec(key_alias="suggest#bbbb", status="error", error_class="rate_limited:429", prompt_tokens=0,
+    led.usage.record(rec(), sweep="run1")
+    led.usage.record(rec(key_alias="suggest#bbbb", status="error", error_class="rate_limited:429", prompt_tokens=0,
                    completion_tokens=0, total_tokens=0), sweep="run1")
-    led.record(rec(key_alias="suggest#bbbb", attempt=2, round=2, task="round_2_suggestions", model="m2"), sweep="run1")
-    led.record(rec(role="report", key_alias="report#cccc", round=0, task="verdict_report", prompt_tokens=300,
+    led.usage.record(rec(key_alias="suggest#bbbb", attempt=2, round=2, task="round_2_suggestions", model="m2"), sweep="run1")
+    led.usage.record(rec(role="report", key_alias="report#cccc", round=0, task="verdict_report", prompt_tokens=300,
                    completion_tokens=50, total_tokens=350), sweep="run1")
-    led.record(rec(key_alias="(cache)", cache_hit=True, prompt_tokens=0, completion_tokens=0, total_tokens=0, partition="p2",
+    led.usage.record(rec(key_alias="(cache)", cache_hit=True, prompt_tokens=0, completion_tokens=0, total_tokens=0, partition="p2",
                    run_id="run2", ts=1_733_150_100.5), sweep="run2")
-    led.record(rec(key_alias="B#upper", model="Zeta", partition="p3", task="ü-task"), sweep="run3")
-    led.record(rec(key_alias="a#lower", model="alpha", partition="p3", task="u-task"), sweep="run3")
+    led.usage.record(rec(key_alias="B#upper", model="Zeta", partition="p3", task="ü-task"), sweep="run3")
+    led.usage.record(rec(key_alias="a#lower", model="alpha", partition="p3", task="u-task"), sweep="run3")
 
 
 def test_rows_reconcile_and_exports(pg_db, tmp_path):
     _, url, _ = pg_db
     led = Ledger(url)
     fill(led)
-    rows = led.rows()
+    rows = led.usage.rows()
     assert len(rows) == 7 and rows[0] == rec() and rows[4].cache_hit is True and rows[1].error_class == "rate_limited:429"
     assert rows[0].ts == 1_733_150_000.123456  # float8, not float4
-    assert [r.key_alias for r in led.rows(partition="p1", round=1)] == ["suggest#aaaa", "suggest#bbbb"]
-    assert [r.key_alias for r in led.rows(cache_hit=True)] == ["(cache)"]
+    assert [r.key_alias for r in led.usage.rows(partition="p1", round=1)] == ["suggest#aaaa", "suggest#bbbb"]
+    assert [r.key_alias for r in led.usage.rows(cache_hit=True)] == ["(cache)"]
     with pytest.raises(ValueError, match="cannot filter on 'nope'"):
-        led.rows(nope=1)
-    assert led.reconcile(partition="p1") == [
+        led.usage.rows(nope=1)
+    assert led.usage.reconcile(partition="p1") == [
         {"role": "report", "key_alias": "report#cccc", "calls": 1, "ok": 1, "errors": 0, "cache_hits": 0, "input": 300, "output": 50, "total": 350},
         {"role": "suggest", "key_alias": "suggest#aaaa", "calls": 1, "ok": 1, "errors": 0, "cache_hits": 0, "input": 100, "output": 20, "total": 120},
         {"role": "suggest", "key_alias": "suggest#bbbb", "calls": 2, "ok": 1, "errors": 1, "cache_hits": 0, "input": 100, "output": 20, "total": 120},
     ]
-    assert [(r["round"], r["partition"], r["total"]) for r in led.reconcile(["round", "partition"], sweep="run1")] == \
+    assert [(r["round"], r["partition"], r["total"]) for r in led.usage.reconcile(["round", "partition"], sweep="run1")] == \
         [(0, "p1", 350), (1, "p1", 120), (2, "p1", 120)]
     with pytest.raises(ValueError, match="cannot group by secret"):
-        led.reconcile(["secret"])
-    assert led.export_jsonl(tmp_path / "u.jsonl", partition="p1") == 4
+        led.usage.reconcile(["secret"])
+    assert led.usage.export_jsonl(tmp_path / "u.jsonl", partition="p1") == 4
     lines = [json.loads(x) for x in (tmp_path / "u.jsonl").read_text().splitlines()]
     assert lines[0] == rec().model_dump()
-    led.export_usage_csv(tmp_path / "u.csv")
+    led.usage.export_usage_csv(tmp_path / "u.csv")
     with open(tmp_path / "u.csv") as f:
         assert [r["total_tokens"] for r in csv.DictReader(f)] == ["120", "0", "120", "350", "0", "120", "120"]
-    assert led.latest_sweep("p2") == "run2" and led.latest_sweep("nothing") is None
+    assert led.usage.latest_sweep("p2") == "run2" and led.usage.latest_sweep("nothing") is None
 
 
 def test_every_method_answers_exactly_like_sqlite(pg_db, tmp_path):
@@ -298,37 +198,37 @@ def test_every_method_answers_exactly_like_sqlite(pg_db, tmp_path):
     for led in (Ledger(tmp_path / "l.sqlite"), Ledger(url)):
         fill(led)
         b = Budget(max_input_tokens_per_round=1000, max_output_tokens_per_round=500, max_total_tokens=1500)
-        r1 = led.reserve(sweep="s", round=1, est_input=600, est_output=300, budget=b, partition="p1", role="suggest")
-        led.settle(r1, 400, 100)
-        led.settle(r1, 9, 9)  # a second settle changes nothing
-        r2 = led.reserve(sweep="s", round=2, est_input=100, est_output=100, budget=b, partition="p1")
-        led.settle(r2, 0, 0)
-        led.reserve(sweep="s", round=2, est_input=50, est_output=50, budget=b, partition="p1")  # stays in flight
+        r1 = led.usage.reserve(BudgetScope("s", "p1"), round=1, est_input=600, est_output=300, budget=b, role="suggest")
+        led.usage.settle(r1, 400, 100)
+        led.usage.settle(r1, 9, 9)  # a second settle changes nothing
+        r2 = led.usage.reserve(BudgetScope("s", "p1"), round=2, est_input=100, est_output=100, budget=b)
+        led.usage.settle(r2, 0, 0)
+        led.usage.reserve(BudgetScope("s", "p1"), round=2, est_input=50, est_output=50, budget=b)  # stays in flight
         errs = []
         for kw in (dict(round=3, est_input=1001, est_output=1), dict(round=3, est_input=1, est_output=501),
                    dict(round=0, est_input=850, est_output=100), dict(round=3, est_input=900, est_output=100, record_refusal=False)):
             with pytest.raises(BudgetExceeded) as ei:
-                led.reserve(sweep="s", budget=b, partition="p1", role="report", **kw)
+                led.usage.reserve(BudgetScope("s", "p1"), budget=b, role="report", **kw)
             errs.append((ei.value.reason, ei.value.scope, ei.value.round))
-        led.cache_put("h1", model="m", role="suggest", content="[]", prompt_tokens=3, completion_tokens=4)
-        led.cache_put("h1", model="m", role="suggest", content='[{"variant_id": "v1"}]', finish_reason="stop", request_id="r")
-        cached = led.cache_get("h1")
+        led.cache.put("h1", model="m", role="suggest", content="[]", prompt_tokens=3, completion_tokens=4)
+        led.cache.put("h1", model="m", role="suggest", content='[{"variant_id": "v1"}]', finish_reason="stop", request_id="r")
+        cached = led.cache.get("h1")
         assert isinstance(cached.pop("ts"), float)
-        rep = budget_report(led, b, partition="p1")
+        rep = budget_report(led, b, led.usage.latest_sweep("p1"))
         answers.append({
-            "rows": [r.model_dump() for r in led.rows()],
-            "reconcile": [led.reconcile(g) for g in (["role", "key_alias"], ["model"], ["task"], ["key_alias", "round"], ["status", "run_id"])],
-            "filtered": led.reconcile(["model"], partition="p3", round=1),
-            "spend": led.spend("s"), "refusals": led.refusals("s"), "errors": errs,
-            "latest": [led.latest_sweep(p) for p in ("p1", "p2", "p3", "none")],
-            "cache": cached, "missing": led.cache_get("nope"),
+            "rows": [r.model_dump() for r in led.usage.rows()],
+            "reconcile": [led.usage.reconcile(g) for g in (["role", "key_alias"], ["model"], ["task"], ["key_alias", "round"], ["status", "run_id"])],
+            "filtered": led.usage.reconcile(["model"], partition="p3", round=1),
+            "spend": led.usage.spend("s"), "by_round": led.usage.spend_by_round("s"), "refusals": led.usage.refusals("s"), "errors": errs,
+            "latest": [led.usage.latest_sweep(p) for p in ("p1", "p2", "p3", "none")],
+            "cache": cached, "missing": led.cache.get("nope"),
             "report": (rep.sweep, rep.total, rep.passed, rep.table(), rep.markdown()),
         })
     sqlite_answers, pg_answers = answers
     for k in sqlite_answers:
         assert pg_answers[k] == sqlite_answers[k], k
     assert [r["model"] for r in pg_answers["reconcile"][1]] == ["Zeta", "alpha", "m1", "m2"]  # byte order, as in SQLite
-    assert pg_answers["spend"][2] == {"input": 50, "output": 50, "total": 100, "in_flight": 1, "refused": 0, "calls": 2}
+    assert pg_answers["by_round"][2] == RoundRow(2, 50, 50, in_flight=1, refused=0, calls=2)
     assert len(pg_answers["refusals"]) == 3 and pg_answers["cache"]["content"] == '[{"variant_id": "v1"}]'
     if not linguistic:
         print("note: this server could not create an ICU en-US database; ordering was compared under the default collation")
@@ -340,22 +240,22 @@ def test_password_from_pgpassword_and_scheme_variants(pg_db, monkeypatch):
     monkeypatch.delenv("PGPASSWORD", raising=False)
     monkeypatch.setenv("PGPASSFILE", "/nonexistent")
     with pytest.raises(LedgerConnectionError, match="password") as ei:
-        Ledger(server.url(db, password=None)).rows()
+        Ledger(server.url(db, password=None)).usage.rows()
     with pytest.raises(LedgerConnectionError) as ei:
-        Ledger(server.url(db, password="wrong-Pw-42")).rows()
+        Ledger(server.url(db, password="wrong-Pw-42")).usage.rows()
     assert "wrong-Pw-42" not in str(ei.value) and f"{PG_USER}:***@127.0.0.1:{server.port}/{db}" in str(ei.value)
     monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
     led = Ledger(server.url(db, password=None))
-    led.record(rec(), sweep="x")
+    led.usage.record(rec(), sweep="x")
     psy = ledger_from_url(server.url(db, scheme="postgresql+psycopg"))
-    assert psy.rows() == [rec()]
-    assert LedgerResource(url=server.url(db, password=None, scheme="postgres")).get_ledger().rows() == [rec()]
+    assert psy.usage.rows() == [rec()]
+    assert LedgerResource(url=server.url(db, password=None, scheme="postgres")).get_ledger().usage.rows() == [rec()]
 
 
 def _reserver(url: str, sweeps: int, out, start=None) -> None:
     try:
         led = Ledger(url)
-        led.rows()  # connect before the race starts
+        led.usage.rows()  # connect before the race starts
         if start is not None:
             start.wait(60)  # every process starts racing at once
         budget = Budget(max_input_tokens_per_round=10**9, max_output_tokens_per_round=10**9, max_total_tokens=50)
@@ -363,7 +263,7 @@ def _reserver(url: str, sweeps: int, out, start=None) -> None:
         for s in range(sweeps):  # each sweep's last tokens are a fresh race between the processes
             for _ in range(7):
                 try:
-                    led.reserve(sweep=f"tight-{s}", round=1, est_input=7, est_output=3, budget=budget, record_refusal=False)
+                    led.usage.reserve(BudgetScope(f"tight-{s}"), round=1, est_input=7, est_output=3, budget=budget, record_refusal=False)
                     got += 1
                 except BudgetExceeded:
                     pass
@@ -378,7 +278,7 @@ def test_processes_racing_for_one_budget_never_overshoot(pg_db):
 
     _, url, _ = pg_db
     parent = Ledger(url)
-    parent.record(rec(), sweep="before-fork")  # the parent's connection exists before the fork
+    parent.usage.record(rec(), sweep="before-fork")  # the parent's connection exists before the fork
     sweeps, nproc = 60, 6
     ctx = mp.get_context("fork")
     q = ctx.Queue()
@@ -397,12 +297,14 @@ def test_processes_racing_for_one_budget_never_overshoot(pg_db):
                                 "WHERE state = 'reserved' GROUP BY sweep").fetchall()
     assert len(per_sweep) == sweeps and all(total == 50 and n == 5 for _, total, n in per_sweep), per_sweep
     assert sum(1 for r in results if r) >= 2  # the processes really competed (not one process taking every sweep)
-    parent.record(rec(), sweep="after-fork")  # the children never touched the parent's connection
-    assert [r.ts for r in parent.rows()] == [rec().ts] * 2
+    parent.usage.record(rec(), sweep="after-fork")  # the children never touched the parent's connection
+    assert [r.ts for r in parent.usage.rows()] == [rec().ts] * 2
 
 
 def test_gateway_processes_share_one_postgres_budget(pg_db):
-    from fake_openai import FakeOpenAI, budget_race_worker, run_spawned
+    from gateway_helpers import budget_race_worker, run_spawned
+
+    from kregress.testing.fake_gateway import FakeOpenAI
 
     _, url, _ = pg_db
     total = 2_000
@@ -412,11 +314,11 @@ def test_gateway_processes_share_one_postgres_budget(pg_db):
         results = run_spawned(budget_race_worker, [(srv.root, url, w, total) for w in range(4)])
         assert all(isinstance(r, tuple) for r in results), results
         led = Ledger(url)
-        rows = led.rows()
+        rows = led.usage.rows()
         spent = sum(r.total_tokens for r in rows)
         assert spent <= total and sum(r[1] for r in results) == len(srv.chat_requests()) == len(rows) >= 10
         assert spent > total - 2 * 140
-        rep = budget_report(led, Budget(max_total_tokens=total), sweep="shared")
+        rep = budget_report(led, Budget(max_total_tokens=total), "shared")
         assert rep.total == spent and rep.passed
 
 
@@ -427,16 +329,21 @@ def test_token_assets_materialize_from_a_postgres_ledger(pg_db):
     from kregress.core.spec import TaskSpec
 
     _, url, _ = pg_db
-    led = Ledger(url)
-    r = led.reserve(sweep="run1", round=1, est_input=100, est_output=50, budget=None, partition="p1", role="suggest")
-    led.settle(r, 100, 20)
-    led.record(rec(), sweep="run1", reservation_id=r.id)
+
+    @dg.asset(name="verdict_report", partitions_def=dg.StaticPartitionsDefinition(["p1"]))
+    def fake_report(context):  # the sweep's calls, in its run's budget scope
+        led = Ledger(url)
+        scope = BudgetScope.for_run(context.run_id, context.partition_key)
+        r = led.usage.reserve(scope, round=1, est_input=100, est_output=50, budget=None, role="suggest")
+        led.usage.settle(r, 100, 20)
+        led.usage.record(rec(run_id=scope.run_id), sweep=scope.sweep, reservation_id=r.id)
+
     budget = Budget(max_input_tokens_per_round=90, max_output_tokens_per_round=90, max_total_tokens=90)
     spec = TaskSpec.model_construct(task_id="p1", kernel_family="gemm", shape_matrix=[{"M": 1}], correctness_shapes=[{"M": 1}],
                                     baseline={}, budget=budget)
-    defs = build_token_assets(dg.StaticPartitionsDefinition(["p1"]), lambda key: spec)
-    result = dg.materialize(defs, partition_key="p1", resources={"ledger": LedgerResource(url=url)}, raise_on_error=True)
+    defs = build_token_assets(dg.StaticPartitionsDefinition(["p1"]), lambda key: spec, deps=["verdict_report"])
+    result = dg.materialize([fake_report, *defs], partition_key="p1", resources={"ledger": LedgerResource(url=url)}, raise_on_error=True)
     meta = result.asset_materializations_for_node("token_usage")[0].metadata
-    assert meta["total_tokens"].value == 120 and meta["calls"].value == 1 and meta["sweep"].value == "run1"
+    assert meta["total_tokens"].value == 120 and meta["calls"].value == 1 and meta["sweep"].value == result.run_id
     (ev,) = result.get_asset_check_evaluations()
     assert ev.check_name == "token_budget" and ev.passed is False

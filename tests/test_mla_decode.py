@@ -15,8 +15,9 @@ import torch
 
 from kernels.compile import compile_units
 from kernels.measure import compare
-from kregress.core.records import Suggestion
+from kregress.core.bind import bind
 from kregress.core.family import families, get_family
+from kregress.core.records import Suggestion
 from kregress.core.spec import HardwareLimits, load_spec, parse_spec
 from resources.gpu import InterpreterBackend
 
@@ -240,13 +241,14 @@ def test_family_runs_through_the_benchmark_resource(tmp_path):
     bench = InterpreterBackend(cache_dir=str(tmp_path), workers=2)
     sugg = [Suggestion(variant_id="base", config=BASE, patch_summary="x", round=1),
             Suggestion(variant_id="bad", config=dict(BASE, BLOCK_N=128), patch_summary="x", round=1)]
-    rows, _ = bench.evaluate(spec, MLA, sugg, log=lambda m: None)
+    rows, _ = bench.evaluate(bind(spec), sugg, log=lambda m: None)
     ok, bad = rows
     assert ok.error is None and ok.correctness.ok and ok.evidence == "model", ok.error_detail
     m = ok.measurements[0]
     assert m.shape == "64x1x128x4096" and m.p50_ms > 0 and 0 < m.gbps < spec.hardware.limits.hbm_gbps
-    fields = MLA.profile_fields(spec.shape_matrix[0], BASE, m, spec.hardware, spec.params)
-    assert fields["num_splits"] == 2 and fields["pages_touched"] > 0 and 0 < fields["frac_of_hbm_peak"] < 1
+    assert MLA.headline(m.tflops, m.gbps) == ("gbps", m.gbps, "GB/s")  # memory-bound: GB/s, not TFLOP/s
+    assert MLA.peak(spec.hardware, spec.params) == spec.hardware.limits.hbm_gbps
+    assert 0 < MLA.speed_of_light_ms(spec.shape_matrix[0], 2, spec.hardware, spec.params) < m.p50_ms
     assert bad.error == "invalid_config" and "BLOCK_N=128 is not allowed" in bad.error_detail
 
 

@@ -1,4 +1,4 @@
-"""The `gpu` pool: two runs launched together never benchmark at the same time.
+"""The device pool: two runs launched together never benchmark on one device at the same time.
 
 Two processes materialize `baseline_metrics` (a real compile + interpreter check, a few seconds each)
 for two specs against one DAGSTER_HOME whose dagster.yaml gives pools a limit of 1. The step
@@ -67,4 +67,6 @@ def test_two_runs_never_benchmark_together(tmp_path, monkeypatch):
     (a0, a1), (b0, b1) = sorted(intervals)
     assert a1 - a0 > 1.0 and b1 - b0 > 1.0  # both really benchmarked something
     assert a1 <= b0, f"baseline steps overlapped: {intervals}"
-    assert instance.event_log_storage.get_concurrency_info("gpu").slot_count == 1
+    from kernel_assets.assets import BENCH_POOL  # the pool of this host's device: what both processes took
+
+    assert instance.event_log_storage.get_concurrency_info(BENCH_POOL).slot_count == 1

@@ -40,6 +40,13 @@ def _sweep(spec_file: Path, home: Path, kill_at: str = "", timeout: float = RESU
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _bench_pool() -> str:
+    """The device pool the sweep's benchmark steps took (its environment has no KREGRESS_* variables)."""
+    from kernel_assets.executors import placement
+
+    return placement({k: v for k, v in os.environ.items() if not k.startswith("KREGRESS_")}).pool
+
+
 def _instance(home: Path):
     os.environ["DAGSTER_HOME"] = str(home)
     return dg.DagsterInstance.get()
@@ -55,7 +62,7 @@ def killed_then_resumed(tmp_path_factory):
     old = os.environ.get("DAGSTER_HOME")
     instance = _instance(home)
     runs = instance.get_runs()
-    held = instance.event_log_storage.get_concurrency_info("gpu")
+    held = instance.event_log_storage.get_concurrency_info(_bench_pool())
     before = {"runs": runs, "held": [s.run_id for s in held.claimed_slots]}
     resumed = _sweep(spec_file, home)
     yield {"home": home, "spec_file": spec_file, "killed": killed, "resumed": resumed, "before": before}
@@ -85,7 +92,7 @@ def test_resume_frees_the_dead_run_and_finishes(killed_then_resumed):
     assert "report:" in res.stdout
     instance = _instance(k["home"])
     assert instance.get_run_by_id(dead).status == dg.DagsterRunStatus.FAILURE
-    assert instance.event_log_storage.get_concurrency_info("gpu").claimed_slots == []
+    assert instance.event_log_storage.get_concurrency_info(_bench_pool()).claimed_slots == []
 
 
 def test_resume_recompiles_nothing_that_finished(killed_then_resumed):

@@ -12,10 +12,11 @@ import pytest
 import yaml
 
 from kernel_assets.cli import main as cli_main
-from kregress.core.family import get_family
+from kregress.core.bind import load_bound
+from kregress.core.family import RecordedFamily, get_family
 from kregress.core.recorded import ENV_DIR, ReplayTable, replay_dir, shipped_path
 from kregress.core.records import Suggestion
-from kregress.core.spec import SpecError, load_spec
+from kregress.core.spec import SpecError
 from resources.gpu import ReplayBackend
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,13 +64,13 @@ def test_space_shapes_and_identity_follow_the_named_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path.parent)  # the spec's folder, not the current directory, resolves the name
     (tmp_path / "specs").mkdir()
     write(tmp_path / "specs" / "tiny.json.gz", tiny())
-    spec = load_spec(write_spec(tmp_path / "specs", spec_data("tiny.json.gz")))
+    bound = load_bound(write_spec(tmp_path / "specs", spec_data("tiny.json.gz")))
+    spec = bound.spec
     assert spec.params["cache_file"] == str((tmp_path / "specs" / "tiny.json.gz").resolve())
     unbound = get_family("replay")
     fam = unbound.for_params(spec.params)
-    assert fam is unbound.for_params(spec.params) and fam.recorded and fam.name == "replay"
+    assert fam is bound.family and isinstance(fam, RecordedFamily) and fam.name == "replay"
     assert dict(fam.space.params) == {"block_size_x": (32, 64, 128), "tile": (1, 2)}
-    assert unbound.space_for(spec.params).params == fam.space.params
     assert fam.shape_keys == ("x", "y", "z") and fam.shape_label(spec.shape_matrix[0]) == "64x32x2"
     assert "holds one problem only: {'x': 64, 'y': 32, 'z': 2}" in fam.check_shape({"x": 64, "y": 32, "z": 4})
     # the unbound family is the shipped GEMM file: other names, other shape
@@ -88,20 +89,20 @@ def test_space_shapes_and_identity_follow_the_named_file(tmp_path, monkeypatch):
 
 def test_a_spec_for_another_file_is_not_checked_against_the_default(tmp_path):
     write(tmp_path / "tiny.json.gz", tiny())
-    spec = load_spec(write_spec(tmp_path, spec_data("tiny.json.gz")))  # used to fail: "missing MWG, NWG, ..."
+    spec = load_bound(write_spec(tmp_path, spec_data("tiny.json.gz"))).spec  # used to fail: "missing MWG, NWG, ..."
     assert spec.baseline == {"block_size_x": 32, "tile": 1}
     with pytest.raises(SpecError) as err:
-        load_spec(write_spec(tmp_path, spec_data("tiny.json.gz", baseline={"block_size_x": 128, "tile": 1}), "b.yaml"))
+        load_bound(write_spec(tmp_path, spec_data("tiny.json.gz", baseline={"block_size_x": 128, "tile": 1}), "b.yaml"))
     assert "field 'baseline'" in str(err.value) and "recorded cache" in str(err.value)
     with pytest.raises(SpecError) as err:
-        load_spec(write_spec(tmp_path, spec_data("tiny.json.gz", shape={"x": 64, "y": 32}), "s.yaml"))
+        load_bound(write_spec(tmp_path, spec_data("tiny.json.gz", shape={"x": 64, "y": 32}), "s.yaml"))
     assert "field 'shape_matrix.0'" in str(err.value) and "x, y, z" in str(err.value)
 
 
 def test_recorded_failures_are_rows_with_their_error(tmp_path):
     write(tmp_path / "tiny.json.gz", tiny())
-    spec = load_spec(write_spec(tmp_path, spec_data("tiny.json.gz")))
-    rows, _ = ReplayBackend().evaluate(spec, get_family("replay").for_params(spec.params), [  # as the assets bind it
+    bound = load_bound(write_spec(tmp_path, spec_data("tiny.json.gz")))
+    rows, _ = ReplayBackend().evaluate(bound, [  # as the assets bind it
         sugg("ok", {"block_size_x": 64, "tile": 1}), sugg("run", {"block_size_x": 64, "tile": 2}),
         sugg("comp", {"block_size_x": 128, "tile": 2}), sugg("absent", {"block_size_x": 128, "tile": 1})],
         log=lambda m: None)
@@ -119,12 +120,11 @@ def test_recorded_failures_are_rows_with_their_error(tmp_path):
 def test_every_recorded_failure_of_a_real_file_comes_back_with_its_error(tmp_path):
     from kernel_assets.cli_replay import import_file
 
-    spec = load_spec(import_file(CONV, tmp_path / "conv.yaml"))
+    bound = load_bound(import_file(CONV, tmp_path / "conv.yaml"))
     table = ReplayTable.load(CONV)
     failures = table.failures()
     assert len(failures) == 161
-    rows, _ = ReplayBackend().evaluate(spec, get_family("replay").for_params(spec.params),
-                                       [sugg(f"f{i}", r.config) for i, r in enumerate(failures)], log=lambda m: None)
+    rows, _ = ReplayBackend().evaluate(bound, [sugg(f"f{i}", r.config) for i, r in enumerate(failures)], log=lambda m: None)
     want = {"RuntimeFailedConfig": "runtime_error", "CompilationFailedConfig": "compile_failed"}
     assert [r.error for r in rows] == [want[f.failure] for f in failures]
     assert sum(r.error == "compile_failed" for r in rows) == 6 and sum(r.error == "runtime_error" for r in rows) == 155
@@ -160,11 +160,11 @@ def test_params_are_checked(tmp_path):
     assert "must be a file name or path" in fam.check_params({"cache_file": 3})
     assert fam.check_params({}) is None and fam.for_params({}).table().path == shipped_path()
     data = copy.deepcopy(spec_data(shipped_path().name, {"x": 4096, "y": 4096}, ReplayTable.load().median().config))
-    assert load_spec(write_spec(tmp_path, data)).params["cache_file"] == shipped_path().name  # found in data/replay
+    assert load_bound(write_spec(tmp_path, data)).spec.params["cache_file"] == shipped_path().name  # found in data/replay
 
 
 def test_conformance_kit_passes_on_the_default_spec_and_another_file(tmp_path):
-    from kregress.conformance import run_checks
+    from kernel_assets.conformance import run_checks
 
     write(tmp_path / "tiny.json.gz", tiny())
     for spec in (DEFAULT_SPEC, write_spec(tmp_path, spec_data("tiny.json.gz"))):

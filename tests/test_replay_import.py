@@ -15,6 +15,7 @@ import yaml
 
 from kernel_assets.cli import main
 from kernel_assets.cli_replay import import_file, task_id_for
+from kregress.core.bind import load_bound
 from kregress.core.recorded import ENV_DIR, ReplayTable, replay_dir, shipped_path
 from kregress.core.spec import load_spec
 
@@ -95,7 +96,8 @@ def test_cache_file_is_relative_to_the_spec_when_beside_it(tmp_path, monkeypatch
     assert yaml.safe_load(spec.read_text())["params"]["cache_file"] == "data/Mine v2.json"
     assert yaml.safe_load(spec.read_text())["task_id"] == "mine_v2"
     monkeypatch.chdir(tmp_path)
-    assert load_spec(spec).params["cache_file"] == str(src.resolve())
+    assert load_spec(spec).params["cache_file"] == "data/Mine v2.json"  # the schema keeps the text
+    assert load_bound(spec).spec.params["cache_file"] == str(src.resolve())  # the binding resolves it
     far = import_file(src, tmp_path / "elsewhere" / "mine.yaml")
     assert yaml.safe_load(far.read_text())["params"]["cache_file"] == str(src.resolve())
 

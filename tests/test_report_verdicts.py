@@ -8,12 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kernel_assets import report, sweep
+from kernel_assets import report
 from kernel_assets.sweep import RoundState, verdict_for
-from kregress.core.family import get_family
-from kregress.core.records import CompileStats, Correctness, Measurement, VariantResult
-from kregress.core.spec import load_spec
 from kernels.measure import measurement_from_samples
+from kregress.core.bind import bind
+from kregress.core.family import get_family
+from kregress.core.records import CompileStats, Correctness, VariantResult
+from kregress.core.spec import load_spec
 
 SPEC = load_spec("specs/gemm_smoke.yaml")
 FAM = get_family("gemm")
@@ -54,7 +55,7 @@ def _measured(rng, centers, batch="b1", n=32, sigma=0.005):
 
 def _state(history):
     return RoundState(round=1, history=history, objective={}, best_id=history[0].variant_id, best_value=None,
-                      stopped="max_rounds reached (1)", spec=SPEC)
+                      stopped="max_rounds reached (1)", bound=bind(SPEC))
 
 
 @pytest.fixture()
@@ -85,10 +86,10 @@ def test_causes_summary_and_estimated_best_with_ties(model_history, tmp_path):
     assert verdicts["r1-a"].verdict == "NEEDS_REVIEW" and verdicts["r1-a"].cause is None
     res = report.write_report(tmp_path, SPEC, "specs/gemm_smoke.yaml", _state(model_history), verdicts, [])
     assert res["causes"] == {"slower": 0, "wrong": 1, "infeasible": 2, "rejected": 0}
-    assert res["summary_line"] == "PASS 0 / REGRESS 3 (slower 0, wrong 1, infeasible 2, rejected 0) / NEEDS_REVIEW 2"
+    assert res["summary_line"] == "PASS 0 / REGRESS 3 (slower 0, wrong 1, infeasible 2) / NEEDS_REVIEW 2"
     assert res["best"]["kind"] == "estimated best" and res["best"]["ties"] == ["r1-a", "r1-b"]
     md = (tmp_path / "report.md").read_text()
-    assert "REGRESS 3 (slower 0, wrong 1, infeasible 2, rejected 0)" in md
+    assert "REGRESS 3 (slower 0, wrong 1, infeasible 2)" in md
     assert "Estimated best (model evidence, not a measurement): `r1-a`" in md
     assert "2 variants tie at this estimate: `r1-a`, `r1-b`; tie-break:" in md
     assert "## Per shape" in md and "## Tolerance" in md and "ref rounding abs" in md

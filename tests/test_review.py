@@ -15,7 +15,6 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from fake_openai import FakeOpenAI, Reply
 from review_helpers import HINTS_NEW, HINTS_OLD, REPO, git
 
 from kernel_assets.constants import SPECS_PARTITIONS
@@ -32,6 +31,7 @@ from kernel_assets.review import (
 )
 from kernel_assets.specs_resource import SpecStore
 from kregress.core.spec import load_spec
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 from resources.ledger import Ledger, LedgerResource
 from resources.taotoken import TaotokenResource
 
@@ -214,7 +214,7 @@ def test_asset_reviews_the_planted_diff_with_the_scripted_model(tmp_path, env, m
 
         report = (env / "reports" / "gemm_smoke" / "review.md").read_text()
         assert f"kernels/gemm.py:{mask_line}" in report and "outside the diff" in report
-        rows = Ledger(ledger_path).rows()
+        rows = Ledger(ledger_path).usage.rows()
         assert [(r.role, r.task, r.status) for r in rows] == [("review", ASSET_NAME, "ok")]
         first_head = git(repo, "rev-parse", "HEAD")
 

@@ -30,7 +30,9 @@ import sys
 import triton
 import triton.language as tl
 
-from kregress.core.family import CompileUnit, Family, Space
+import torch
+
+from kregress.core.family import CompileUnit, Space, TritonFamily
 
 
 @triton.jit
@@ -41,7 +43,35 @@ def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, x * 2, mask=mask)
 
 
-class ScaleFamily(Family):
+def scale(x, config):
+    y = torch.empty_like(x)
+    n = x.numel()
+    scale_kernel[(triton.cdiv(n, config["BLOCK"]),)](x, y, n, BLOCK=config["BLOCK"], num_warps=config["num_warps"])
+    return y
+
+
+class ScaleFamily(TritonFamily):
+    launch_wrappers = ("scale",)
+
+    def make_inputs(self, shape, dtype, device, seed, params):
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        return {"x": torch.randn(shape["n"], generator=g).to(dtype).to(device)}
+
+    def run(self, inputs, config, params):
+        return scale(inputs["x"], config)
+
+    def reference(self, inputs, params):
+        return 2 * inputs["x"].double()
+
+    def flops(self, shape, params):
+        return float(shape["n"])
+
+    def bytes_moved(self, shape, dtype_bytes, params):
+        return float(2 * dtype_bytes * shape["n"])
+
+    def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):
+        return self.bytes_moved(shape, dtype_bytes, params) / (hw.limits.hbm_gbps * 1e9) * 1e3 + 3e-3
+
     def compile_units(self, config, dtype, params):
         sig = {"x_ptr": "*fp16", "y_ptr": "*fp16", "n": "i32", "BLOCK": "constexpr"}
         return [CompileUnit(scale_kernel, sig, {"BLOCK": config["BLOCK"]}, config["num_warps"], config["num_stages"],

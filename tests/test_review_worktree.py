@@ -26,7 +26,7 @@ from review_helpers import HINTS_NEW, HINTS_OLD, REPO, commit_all, git, worktree
 from kernel_assets.review import run_review
 from kregress.core.spec import load_spec
 
-API_IMPORT = "from kregress.core.family import CompileUnit, Family, Rule, Space, register\n"
+API_IMPORT = "from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, register\n"
 LEGACY = "\n\ndef legacy_tile_rule(config, params, limits):\n    \"\"\"The old API: gone in c2.\"\"\"\n    return True\n"
 
 

@@ -157,11 +157,18 @@ def test_short_run_writes_the_json_schema(tmp_path, capsys):
     assert list(res) == ["toy.json.gz"] and sorted(res["toy.json.gz"]) == sorted(methods)
     for m, s in res["toy.json.gz"].items():
         assert s["seeds"] == 2 and 0 <= s["reached_1"] <= 2 and s["policy_s_per_round"] >= 0
+        assert s["policy_s_per_round_max"] >= s["policy_s_per_round"]
+        for k in ("evals_to_5_q", "evals_to_1_q"):
+            assert len(s[k]) == 3
         assert sorted(s["quality"], key=int) == ["50", "100", "200", "400"]
         qs = [s["quality"][b] for b in ("50", "100", "200", "400")]
         assert all(q >= 1.0 for q in qs) and qs == sorted(qs, reverse=True)  # best so far never worsens
         for k in ("evals_to_5", "evals_to_1"):
             assert s[k] is None or 1 <= s[k] <= 60
+    # the local policy's forecasts are scored against the measured speedups
+    assert 0.0 <= res["toy.json.gz"]["local"]["forecast_coverage_80"] <= 1.0
+    assert res["toy.json.gz"]["local"]["forecast_abs_log_err"] >= 0.0
+    assert "evals to 5%:" in text and "local forecasts:" in text
     # a rerun with the same runs file reuses every run and reports the same figures
     first = out.read_text()
     assert search.main(argv) == 0
@@ -206,3 +213,93 @@ def test_local_policy_climbs_a_space_where_single_moves_are_invalid():
     best = min(history, key=lambda r: r.measurements[0].p50_ms)
     assert best.variant_id != "baseline" and p.suggestions[0].parent != "baseline"
     assert best.measurements[0].p50_ms < latency(base) - 2
+
+
+# --- bench/synth_spaces.py: synthetic recorded spaces in Kernel Tuner's cache format
+_sspec = importlib.util.spec_from_file_location("synth_spaces_bench", Path(__file__).resolve().parents[1] / "bench" / "synth_spaces.py")
+synth = importlib.util.module_from_spec(_sspec)
+_sspec.loader.exec_module(synth)
+
+
+def _medians(doc):
+    return {k: float(np.median(r["times"])) for k, r in doc["cache"].items() if "times" in r}
+
+
+def test_synthetic_spaces_are_reproducible_and_read_like_recorded_files(tmp_path):
+    from kregress.core.recorded import ReplayTable
+
+    a = synth.write_space(tmp_path / "a", "threeway", "small", seed=3)
+    b = synth.write_space(tmp_path / "b", "threeway", "small", seed=3)
+    c = synth.write_space(tmp_path / "c", "threeway", "small", seed=4)
+    assert a.read_bytes() == b.read_bytes() != c.read_bytes()  # seeded: the same seed, the same bytes
+    table = ReplayTable.load(a)
+    assert len(table) == len(json.loads(gzip.decompress(a.read_bytes()))["cache"]) > 1000
+    assert table.runs_per_config == 32 and table.best().ok
+    # the small and medium sizes differ, and the generator keeps a file already there
+    assert len(synth.generate_space("lone", "medium", 0)["cache"]) > 3 * len(table)
+    assert synth.generate(tmp_path / "a", kinds=("threeway",), sizes=("small",), seed=3) == [a]
+
+
+def test_each_kind_plants_what_it_says():
+    def gap(doc):
+        v = sorted(_medians(doc).values())
+        return v[0], v
+
+    # lone: the optimum and a tight group of at most four; the rest at least ~1.1x (the basin) / 1.19x (plateau)
+    lone = synth.generate_space("lone", "small", 0)
+    best, v = gap(lone)
+    assert sum(x <= 1.03 * best for x in v) <= 4 and sum(x <= 1.08 * best for x in v) <= 4
+    med = _medians(lone)
+    keys = lone["tune_params_keys"]
+    opt = min(med, key=med.get).split(",")
+    far = [k for k, x in med.items() if sum(a != b for a, b in zip(k.split(","), opt)) >= 2]
+    assert min(med[k] for k in far) >= 1.15 * best  # away from the optimum's own basin: the plateau
+    # three-way: the cell holds the optimum; configs with two of its three values are no better than the plateau
+    import itertools
+
+    tw = synth.generate_space("threeway", "medium", 0)
+    med = _medians(tw)
+    rows = {tuple(k.split(",")): x for k, x in med.items()}
+    opt = min(rows, key=rows.get)
+    best = rows[opt]
+    planted = []
+    for trio in itertools.combinations(range(len(opt)), 3):
+        match = {k: sum(k[j] == opt[j] for j in trio) for k in rows}
+        outside = min(x for k, x in rows.items() if match[k] < 3)
+        if abs(outside / best - synth.PLATEAU) < 0.01:  # the best config outside the cell: the plateau, 1.19x
+            two = min(x for k, x in rows.items() if match[k] == 2)
+            planted.append((trio, two / best))
+    assert planted and all(two >= synth.PLATEAU * 0.99 for _, two in planted), planted
+    # edge: about a third fails; the optimum has a failing one-change neighbour
+    edge = synth.generate_space("edge", "medium", 0)
+    fails = {k for k, r in edge["cache"].items() if isinstance(r["time"], str)}
+    assert 0.2 < len(fails) / len(edge["cache"]) < 0.5
+    assert {r["time"] for k, r in edge["cache"].items() if k in fails} == {"RuntimeFailedConfig", "CompilationFailedConfig"}
+    med = _medians(edge)
+    opt = min(med, key=med.get).split(",")
+    assert any(sum(a != b for a, b in zip(k.split(","), opt)) == 1 for k in fails)
+    # flaky: ~15% fail, at about that rate for every value of every tunable (not where the parameters say)
+    flaky = synth.generate_space("flaky", "medium", 0)
+    rows = [(k.split(","), isinstance(r["time"], str)) for k, r in flaky["cache"].items()]
+    assert abs(sum(f for _, f in rows) / len(rows) - synth.FLAKY_RATE) < 0.03
+    for j, name in enumerate(flaky["tune_params_keys"]):
+        for val in flaky["tune_params"][name]:
+            sub = [f for k, f in rows if k[j] == str(val)]
+            if len(sub) >= 300:
+                assert abs(sum(sub) / len(sub) - synth.FLAKY_RATE) < 0.06, (name, val)
+    # noisy: ten runs each, widely spread
+    noisy = synth.generate_space("noisy", "small", 0)
+    spread = [np.std(np.log(r["times"])) for r in noisy["cache"].values()]
+    assert all(len(r["times"]) == 10 for r in noisy["cache"].values()) and np.median(spread) > 0.08
+    assert keys and all(k in lone["tune_params"] for k in keys)
+
+
+def test_search_bench_runs_on_generated_synthetic_spaces(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    argv = ["--replay", str(synth.write_space(tmp_path / "spaces", "flaky", "small", 0)), "--synthetic",
+            str(tmp_path / "spaces"), "--synthetic-sizes", "small", "--seeds", "1", "--cap", "24", "--methods",
+            "local,random", "--workers", "1", "--json", str(out)]
+    assert search.main(argv) == 0
+    res = json.loads(out.read_text())
+    assert sorted(res) == sorted(synth.file_name(k, "small", 0) for k in synth.KINDS)
+    assert all(sorted(v) == ["local", "random"] for v in res.values())

@@ -35,9 +35,13 @@ def test_definitions_load_and_resolve():
     # lineage: each round feeds the next, the last profiles feed the report
     assert dg.AssetKey("round_1_profiles") in graph.get(dg.AssetKey("round_2_suggestions")).parent_keys
     assert dg.AssetKey("round_4_profiles") in graph.get(dg.AssetKey("verdict_report")).parent_keys
-    # benchmark steps take the `gpu` pool; planning steps do not
+    # benchmark steps take the pool of the device they time on (gpu/<host>/<device>); planning steps do not
+    from kernel_assets.assets import BENCH_POOL
+    from kregress.core.names import is_benchmark_pool
+
     pools = {n: job.graph.node_named(n).definition.pool for n in ("baseline_metrics", "round_1_variants", "round_1_suggestions")}
-    assert pools == {"baseline_metrics": "gpu", "round_1_variants": "gpu", "round_1_suggestions": None}
+    assert pools == {"baseline_metrics": BENCH_POOL, "round_1_variants": BENCH_POOL, "round_1_suggestions": None}
+    assert is_benchmark_pool(BENCH_POOL)
 
 
 def _materialize(home: Path):

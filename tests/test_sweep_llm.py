@@ -11,9 +11,10 @@ import dagster as dg
 import pandas as pd
 import pytest
 import yaml
-from fake_openai import FakeOpenAI, Reply
 
 from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT
+from kernel_assets.cli import EXIT_BUDGET
+from kregress.testing.fake_gateway import FakeOpenAI, Reply
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {
@@ -82,7 +83,7 @@ def test_llm_sweep_end_to_end_and_no_key_leaks(tmp_path, dagster_home, monkeypat
     from resources.ledger import LedgerResource
 
     ledger = LedgerResource().get_ledger()
-    rows = ledger.rows()
+    rows = ledger.usage.rows()
     chat_rows = [r for r in rows if r.role in ("suggest", "report")]
     assert len(chat_rows) == len(srv.chat_requests()) == 4  # one row per attempt: 429 + 2 suggest + 1 report
     assert [r.status for r in chat_rows].count("ok") == 3 and any("429" in r.error_class for r in chat_rows)
@@ -167,4 +168,7 @@ def test_llm_sweep_whose_budget_refuses_every_prompt_says_so(tmp_path, dagster_h
     text = out.out + out.err
     assert "round 1: the token budget refused the suggest prompt, nothing was sent (BudgetExceeded:" in text, text[-3000:]
     assert "max_input_tokens_per_round" in text and "proposed nothing new" not in text
-    assert rc == 0  # the budget held: nothing was overspent, the sweep stopped where it had to
+    # nothing was overspent, but a budget that refuses every prompt cannot run an llm sweep: exit 3, with the reason
+    assert rc == EXIT_BUDGET, text[-3000:]
+    over = [ln for ln in text.splitlines() if "token budget EXCEEDED" in ln]
+    assert len(over) == 1 and "the budget refused every suggest prompt (1 refused, none sent): round 1 input" in over[0]

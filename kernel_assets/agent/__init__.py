@@ -8,7 +8,8 @@ from kregress.core.names import STRATEGIES  # noqa: E402
 
 
 def policy_for(strategy: str, spec: Any, resources: Any):
-    """The policy object for a strategy name; resources is the Dagster resources of the step."""
+    """The policy object for a strategy name; ``resources`` holds the step's ``taotoken`` and ``ledger`` resources,
+    and optionally ``log`` (where the gateway's retries and failovers are said) and ``scope`` (the run's BudgetScope)."""
     from kernel_assets.agent.local import LocalPolicy
 
     if strategy == "local":
@@ -17,6 +18,6 @@ def policy_for(strategy: str, spec: Any, resources: Any):
         raise ValueError(f"search strategy {strategy!r} is unknown; allowed: {', '.join(STRATEGIES)}")
     from kernel_assets.agent.llm import HybridPolicy, LLMPolicy
 
-    gateway = resources.taotoken.get_gateway(resources.ledger.get_ledger())
-    llm = LLMPolicy(gateway)
+    gateway = resources.taotoken.get_gateway(resources.ledger.get_ledger(), log=getattr(resources, "log", None))
+    llm = LLMPolicy(gateway, scope=getattr(resources, "scope", None))
     return llm if strategy == "llm" else HybridPolicy(llm, LocalPolicy())

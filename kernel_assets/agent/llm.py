@@ -1,30 +1,44 @@
 """The llm agent policy (role "suggest"), the hybrid policy and the report narrative (role "report").
 
 The model's answer is untrusted data: it is size-limited, parsed with ``json.loads`` only (after
-tolerant extraction from code fences or surrounding prose), validated against the strict
-``Suggestion`` schema and the family's space, and never executed. Anything dropped is recorded with its
-reason (``DroppedSuggestion``), so the report and the next prompt can show it.
+tolerant extraction from code fences or surrounding prose), validated against the strict ``Suggestion``
+schema and the family's space, and never executed. The reply schema is compact (prompt.py): each proposal
+is ``{"id", "c": [values in the space's key order], "x": [speedup, low, high], "b", "s"}``; the long form
+(``variant_id``, ``config``, ``patch_summary``, ...) is read too. ``x`` is the proposal's forecast (baseline
+p50 / variant p50 with an 80% interval): it is stored on the Suggestion before the variant is measured and
+never changed.
+
+Anything dropped is recorded with its reason (``DroppedSuggestion``). A round whose answer gives nothing to
+measure says why in one line (``Unusable``: prose, not JSON, not an array, outside the space, duplicates,
+an empty choices list, ...) with the fix; a variant_id the model reuses costs no valid config (it is renamed).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from kernel_assets.agent.base import AgentContext, Policy, Proposal, validate_and_dedupe
+from kernel_assets.agent.base import AgentContext, Policy, Proposal, Unusable, dedupe
 from kernel_assets.agent.prompt import build_suggest_messages
+from kregress.core.budget import BudgetScope
 from kregress.core.records import DroppedSuggestion, Suggestion
 from kregress.core.spec import TaskSpec
 from resources.ledger import BudgetExceeded
 from resources.taotoken import CallContext, ContentError, CredentialsError, Gateway, GatewayError, RetriesExhausted
+from resources.taotoken.gateway import NO_CHOICES
 
 MAX_RESPONSE_CHARS = 32_000  # a JSON array of 64 proposals is well under 20k characters
 MAX_ITEMS = 64
-SUGGESTION_KEYS = ("variant_id", "config", "patch_summary", "expected_effect", "risk", "parent")
+LONG_KEYS = ("variant_id", "config", "patch_summary", "expected_effect", "risk", "parent", "expected_speedup",
+             "expected_speedup_low", "expected_speedup_high", "bottleneck", "patch")
+COMPACT_KEYS = ("id", "c", "x", "b", "s", "r", "p", "patch")  # p / patch: SEARCH/REPLACE blocks or a unified diff
+BOTTLENECKS = ("compute", "memory", "latency")
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
 
@@ -43,14 +57,20 @@ def extract_json(text: str) -> tuple[Any, str | None]:
     Tolerant about the wrapping (a ```json fence, or prose around a single array), strict about the
     content: it must parse as JSON.
     """
+    value, cause, why = _extract(text)
+    return value, why
+
+
+def _extract(text: str) -> tuple[Any, str | None, str | None]:
+    """(value, cause, why): cause is None, "empty", "prose" or "not_json"."""
     s = (text or "").strip()
     if not s:
-        return None, "empty response"
+        return None, "empty", "empty response"
     m = _FENCE.search(s)
     if m:
         s = m.group(1).strip()
     try:
-        return json.loads(s), None
+        return json.loads(s), None, None
     except json.JSONDecodeError as e:
         first_err = e
     # prose around the JSON: take the outermost [...] (or {...}) span
@@ -58,58 +78,147 @@ def extract_json(text: str) -> tuple[Any, str | None]:
         i, j = s.find(open_), s.rfind(close)
         if 0 <= i < j:
             try:
-                return json.loads(s[i : j + 1]), None
+                return json.loads(s[i : j + 1]), None, None
             except json.JSONDecodeError:
                 continue
     if not any(c in s for c in "[{"):
-        return None, "response is prose, not JSON"
-    return None, f"response is not valid JSON ({first_err.msg} at line {first_err.lineno} column {first_err.colno})"
+        return None, "prose", "response is prose, not JSON"
+    return None, "not_json", f"response is not valid JSON ({first_err.msg} at line {first_err.lineno} column {first_err.colno})"
+
+
+@dataclass
+class Parsed:
+    suggestions: list[Suggestion]
+    dropped: list[DroppedSuggestion] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    unusable: Unusable | None = None  # the reply as a whole could not be read
+    items: int = 0  # proposals the reply held
+
+
+def _forecast(x: Any) -> tuple[dict[str, float] | None, str]:
+    """The forecast fields from ``x`` ([speedup, low, high]), or (None, why it was not kept)."""
+    if x is None:
+        return None, "no forecast (x)"
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return None, f"forecast {x} has no 80% interval (x must be [speedup, low, high])"
+    if not (isinstance(x, list) and len(x) == 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)):
+        return None, f"forecast {_raw(x)[:60]} is not [speedup, low, high]"
+    e, lo, hi = (float(v) for v in x)
+    if not all(math.isfinite(v) and v > 0 for v in (e, lo, hi)):
+        return None, f"forecast {x} must be positive numbers"
+    if not lo <= e <= hi:
+        return None, f"forecast {x}: the interval must hold the estimate (low <= speedup <= high)"
+    return {"expected_speedup": e, "expected_speedup_low": lo, "expected_speedup_high": hi}, ""
+
+
+def _from_compact(item: dict[str, Any], keys: list[str]) -> tuple[dict[str, Any] | None, str, list[str]]:
+    """A compact proposal -> Suggestion fields, or (None, why, notes)."""
+    notes: list[str] = []
+    c = item.get("c")
+    if isinstance(c, list):
+        if len(c) != len(keys):
+            return None, f"c has {len(c)} values, the space has {len(keys)} tunables ({', '.join(keys)})", notes
+        config = dict(zip(keys, c))
+    elif isinstance(c, dict):
+        config = c
+    else:
+        return None, "no config values (c)", notes
+    fields: dict[str, Any] = {"variant_id": item.get("id"), "config": config, "patch_summary": item.get("s", "") or ""}
+    patch = item.get("p", item.get("patch"))  # the prompt names the key "patch"; "p" is its compact spelling
+    if patch is not None:
+        fields["patch"] = patch
+    if item.get("r") is not None:
+        fields["risk"] = item["r"]
+    if item.get("b") in BOTTLENECKS:
+        fields["bottleneck"] = item["b"]
+    elif item.get("b") is not None:
+        notes.append(f"bottleneck {_raw(item['b'])[:30]} ignored (compute, memory or latency)")
+    fc, why = _forecast(item.get("x"))
+    if fc:
+        fields.update(fc)
+    else:
+        notes.append(why)
+    return fields, "", notes
+
+
+def _from_long(item: dict[str, Any]) -> tuple[dict[str, Any] | None, str, list[str]]:
+    notes: list[str] = []
+    if not isinstance(item.get("config"), dict):
+        return None, "no config object", notes
+    fields = {k: item[k] for k in LONG_KEYS if k in item}
+    if "expected_speedup" in fields:
+        fc, why = _forecast([fields.get("expected_speedup"), fields.get("expected_speedup_low"), fields.get("expected_speedup_high")])
+        for k in ("expected_speedup", "expected_speedup_low", "expected_speedup_high"):
+            fields.pop(k, None)
+        if fc:
+            fields.update(fc)
+        else:
+            notes.append(why)
+    else:
+        notes.append("no forecast (expected_speedup)")
+    if fields.get("bottleneck") not in (None, *BOTTLENECKS):
+        notes.append(f"bottleneck {_raw(fields.pop('bottleneck'))[:30]} ignored (compute, memory or latency)")
+    return fields, "", notes
 
 
 def parse_suggestions(
-    text: str, ctx: AgentContext, *, source: str = "llm", max_chars: int = MAX_RESPONSE_CHARS, max_items: int = MAX_ITEMS
-) -> tuple[list[Suggestion], list[DroppedSuggestion], list[str]]:
-    """The model's text -> schema-valid Suggestions (source, round set), what was dropped and why, notes."""
-    dropped: list[DroppedSuggestion] = []
-    notes: list[str] = []
+    text: str, ctx: AgentContext, *, source: str = "llm", max_chars: int = MAX_RESPONSE_CHARS, max_items: int = MAX_ITEMS,
+    finish_reason: str = "",
+) -> Parsed:
+    """The model's text -> schema-valid Suggestions (source, round set), what was dropped and why, notes, and why
+    the reply as a whole was unusable when it was."""
+    out = Parsed([])
 
     def drop(raw: Any, reason: str) -> None:
-        dropped.append(DroppedSuggestion(round=ctx.round, source=source, raw=_raw(raw), reason=reason))
+        out.dropped.append(DroppedSuggestion(round=ctx.round, source=source, raw=_raw(raw), reason=reason))
 
     if len(text or "") > max_chars:
         drop(text[:400], f"response too large: {len(text)} characters > limit {max_chars}; nothing in it was used")
-        return [], dropped, [f"{source}: response over the size limit ({len(text)} > {max_chars} characters)"]
-    value, problem = extract_json(text)
-    if problem:
-        drop(text, problem)
-        return [], dropped, [f"{source}: {problem}"]
-    if isinstance(value, dict):
-        drop(value, "expected a JSON array of proposals, got an object")
-        return [], dropped, [f"{source}: expected a JSON array, got an object"]
+        out.unusable = Unusable("too_large", f"{len(text)} characters > {max_chars}")
+        return out
+    value, cause, why = _extract(text)
+    if cause:
+        drop(text, why or cause)
+        if cause == "not_json" and finish_reason == "length":
+            cause = "cut_short"
+        out.unusable = Unusable(cause, "" if cause in ("empty", "prose", "cut_short") else (why or ""))
+        return out
     if not isinstance(value, list):
-        drop(value, f"expected a JSON array of proposals, got {type(value).__name__}")
-        return [], dropped, [f"{source}: expected a JSON array, got {type(value).__name__}"]
+        kind = "an object" if isinstance(value, dict) else type(value).__name__
+        drop(value, f"expected a JSON array of proposals, got {kind}")
+        out.unusable = Unusable("not_array", f"got {kind}")
+        return out
     if not value:
-        notes.append(f"{source}: empty array (the model says the constraints cannot be met)")
+        out.unusable = Unusable("empty_array")
+        return out
     if len(value) > max_items:
-        notes.append(f"{source}: {len(value)} proposals, only the first {max_items} read")
+        out.notes.append(f"{source}: {len(value)} proposals, only the first {max_items} read")
         for item in value[max_items:]:
             drop(item, f"beyond the first {max_items} proposals")
         value = value[:max_items]
-    out: list[Suggestion] = []
+    out.items = len(value)
+    keys = list(ctx.family.space.params)
     for item in value:
         if not isinstance(item, dict):
             drop(item, f"proposal is a {type(item).__name__}, not an object")
             continue
-        vid = item.get("variant_id")
+        compact = "variant_id" not in item and "config" not in item
+        fields, problem, notes = _from_compact(item, keys) if compact else _from_long(item)
+        vid = (fields or {}).get("variant_id") or item.get("id") or item.get("variant_id")
         if not isinstance(vid, str) or not vid.strip():
-            drop(item, "no variant_id")
+            drop(item, "no variant id")
             continue
-        extra = sorted(k for k in item if k not in SUGGESTION_KEYS)
-        fields = {k: item[k] for k in SUGGESTION_KEYS if k in item}
-        if not isinstance(fields.get("config"), dict):
-            drop(item, "no config object")
+        if fields is None:
+            drop(item, problem)
             continue
+        if fields.get("patch") is not None:  # SEARCH/REPLACE blocks or a diff -> the unified diff the gate judges
+            from kernel_assets.judge import patch_from_reply
+
+            fields["patch"], why = patch_from_reply(fields["patch"], ctx)
+            if why:
+                drop(item, why)
+                continue
+        extra = sorted(k for k in item if k not in (COMPACT_KEYS if compact else LONG_KEYS))
         try:
             s = Suggestion.model_validate({**fields, "source": source, "round": ctx.round})
         except ValidationError as e:
@@ -117,9 +226,19 @@ def parse_suggestions(
             drop(item, f"schema: {errs}")
             continue
         if extra:
-            notes.append(f"{source}: {vid}: ignored unknown keys {', '.join(extra)[:120]}")
-        out.append(s)
-    return out, dropped, notes
+            notes.append(f"ignored unknown keys {', '.join(extra)[:120]}")
+        out.notes += [f"{source}: {vid}: {n}" for n in notes]
+        out.suggestions.append(s)
+    return out
+
+
+def _nothing_left(parsed: Parsed, outside: int, repeated: int, first_reason: str) -> Unusable:
+    """Why a reply that parsed gave nothing to measure."""
+    if not parsed.suggestions:
+        return Unusable("schema", f"{parsed.items} proposal(s); first: {first_reason}"[:200])
+    if outside >= repeated:
+        return Unusable("outside_space", f"{outside} of {parsed.items} proposal(s); first: {first_reason}"[:240])
+    return Unusable("duplicate", f"{repeated} of {parsed.items} proposal(s)")
 
 
 class LLMPolicy:
@@ -128,22 +247,25 @@ class LLMPolicy:
     Credentials and request errors (a missing key, a wrong base URL or model id) raise: every round would
     fail the same way and the user has to fix the configuration. A gateway that stays down through the
     round (``RetriesExhausted``: the call's whole retry horizon spent) also raises, so the sweep fails
-    instead of ending with "nothing new proposed". A budget refusal or unusable content end the round
-    with no proposals and a note saying why.
+    instead of ending with "nothing new proposed". A budget refusal ends the round with the typed breaches;
+    an answer with nothing to measure ends it with ``Proposal.unusable`` (the cause and its fix). None of
+    these is logged here: the caller prints each once.
     """
 
     name = "llm"
 
     def __init__(
-        self, gateway: Gateway, *, max_response_chars: int = MAX_RESPONSE_CHARS, temperature: float | None = None, sweep: str = ""
+        self, gateway: Gateway, *, max_response_chars: int = MAX_RESPONSE_CHARS, temperature: float | None = None,
+        scope: BudgetScope | None = None,
     ) -> None:
         self.gateway = gateway
         self.max_response_chars = max_response_chars
         self.temperature = temperature
-        self.sweep = sweep  # budget scope; empty: the run id of the context (one Dagster run = one sweep)
+        self.scope = scope  # the run's budget scope; None: the context's (one Dagster run = one sweep)
 
     def call_context(self, ctx: AgentContext) -> CallContext:
-        return CallContext(run_id=ctx.run_id, partition=ctx.partition, round=ctx.round, task=f"round_{ctx.round}_suggestions", sweep=self.sweep)
+        return CallContext(scope=self.scope or ctx.scope, run_id=ctx.run_id, partition=ctx.partition, round=ctx.round,
+                           task=f"round_{ctx.round}_suggestions")
 
     def propose(self, ctx: AgentContext) -> Proposal:
         top_k = ctx.spec.search.top_k
@@ -157,17 +279,20 @@ class LLMPolicy:
                 temperature=self.temperature,
             )
         except BudgetExceeded as e:
-            ctx.log.warning(f"llm round {ctx.round}: {e}")
-            return Proposal([], notes=[f"BudgetExceeded: {e.reason}"])
+            return Proposal([], notes=[f"BudgetExceeded: {e.reason}"], refused=list(e.breaches))
         except RetriesExhausted as e:
-            ctx.log.error(f"llm round {ctx.round}: the gateway stayed down through the round: {e}")
             raise RetriesExhausted(f"[transient] llm round {ctx.round}: no proposals, the gateway stayed down: {e.what}. Fix: {e.fix}",
                                    role=e.role, key_alias=e.key_alias, status=e.status, kind=e.kind) from None
         except ContentError as e:
-            ctx.log.warning(f"llm round {ctx.round}: {e}")
-            return Proposal([], notes=[f"llm: {e}"])
+            if e.kind == NO_CHOICES:
+                pt, ct = getattr(e, "billed", (0, 0))
+                unusable = Unusable("no_choices", f"{pt}+{ct} tokens billed, recorded in the ledger")
+            else:
+                unusable = Unusable("content", e.what[:300], e.fix)
+            return Proposal([], notes=[f"llm: {e}"], unusable=unusable, model=self.gateway.model)
         tokens = {"prompt": res.prompt_tokens, "completion": res.completion_tokens, "total": res.total_tokens}
-        parsed, dropped, notes = parse_suggestions(res.text, ctx, source="llm", max_chars=self.max_response_chars)
+        parsed = parse_suggestions(res.text, ctx, source="llm", max_chars=self.max_response_chars, finish_reason=res.finish_reason)
+        notes = list(parsed.notes)
         if res.truncated:
             notes.append("llm: response truncated by the gateway's size limit")
         if res.finish_reason == "length":
@@ -176,15 +301,20 @@ class LLMPolicy:
             notes.append(f"llm: prompt shrunk to {res.rows} of {top_k} history rows to fit the round budget")
         if res.cache_hit:
             notes.append("llm: response from the cache (no tokens spent)")
-        kept, rejected = validate_and_dedupe(ctx, parsed, "llm")
-        return Proposal(kept, dropped + rejected, notes, tokens)
+        d = dedupe(ctx, parsed.suggestions, "llm")
+        unusable = parsed.unusable
+        if unusable is None and not d.kept:
+            first = (parsed.dropped + d.dropped)[0].reason if (parsed.dropped or d.dropped) else ""
+            unusable = _nothing_left(parsed, d.outside, d.repeated, first)
+        return Proposal(d.kept, parsed.dropped + d.dropped, notes + d.notes, tokens, unusable=unusable, model=res.model)
 
 
 class HybridPolicy:
     """llm first; topped up by the local policy when fewer valid proposals come back than asked for.
 
     When the llm cannot be used at all (no key, bad configuration, the gateway down through the round, the
-    budget spent) the whole round is local, with a note saying so.
+    budget spent) or its answer gave nothing to measure, the whole round is local, and one line says why and
+    that the round goes on with local proposals.
     """
 
     name = "hybrid"
@@ -197,15 +327,26 @@ class HybridPolicy:
         try:
             first = self.llm.propose(ctx)
         except (GatewayError, BudgetExceeded) as e:
-            ctx.log.warning(f"hybrid round {ctx.round}: llm unavailable, continuing with local proposals: {e}")
-            first = Proposal([], notes=[f"llm unavailable ({getattr(e, 'category', 'budget')}): {str(e)[:300]}",
+            why = str(e)[:300]
+            ctx.log.warning(f"round {ctx.round}: the llm is unavailable ({why}); continuing with local proposals")
+            first = Proposal([], notes=[f"llm unavailable ({getattr(e, 'category', 'budget')}): {why}",
                                         f"round {ctx.round} continues with local proposals only"])
+        else:
+            if first.refused:
+                ctx.log.warning(f"round {ctx.round}: the token budget refused the llm prompt "
+                                f"({'; '.join(b.text for b in first.refused)}); continuing with local proposals")
+            elif first.unusable is not None:
+                u = first.unusable
+                ctx.log.warning(f"round {ctx.round}: no usable proposal from llm: {u.what}; continuing with local proposals. "
+                                f"Fix: {u.fix}")
         kept = list(first.suggestions)[: ctx.n]
         dropped = list(first.dropped)
         notes = list(first.notes)
+        if first.unusable is not None:
+            notes.append(f"llm: {first.unusable.what}; the round continues with local proposals")
         missing = ctx.n - len(kept)
         if missing <= 0:
-            return Proposal(kept, dropped, notes, dict(first.tokens))
+            return dataclasses.replace(first, suggestions=kept, dropped=dropped, notes=notes, tokens=dict(first.tokens))
         local = self.local.propose(dataclasses.replace(ctx, n=ctx.n))
         taken_hashes = {s.config_hash for s in kept}
         taken_ids = {s.variant_id for s in kept}
@@ -226,7 +367,9 @@ class HybridPolicy:
         dropped += list(local.dropped)
         notes += list(local.notes)
         notes.append(f"topped up with {added} local proposal(s): the llm gave {len(first.suggestions)} valid of {ctx.n} asked")
-        return Proposal(kept, dropped, notes, dict(first.tokens))
+        # the round's answer is usable when local filled it; a budget refusal is kept for the report
+        return Proposal(kept, dropped, notes, dict(first.tokens), refused=list(first.refused) if not kept else [],
+                        unusable=None if kept else first.unusable, model=first.model)
 
 
 # --- narrative (role "report") -----------------------------------------------------------------------
@@ -234,7 +377,7 @@ class HybridPolicy:
 NARRATIVE_SYSTEM_PROMPT = """\
 You write the summary paragraph of a GPU kernel performance-regression report for kernel engineers.
 Use only the facts in the verdict table you are given; do not invent numbers. Plain markdown prose,
-at most 200 words, no code, no tables. Say which variants passed, which regressed and why, which need
+at most 150 words, no code, no tables. Say which variants passed, which regressed and why, which need
 review and what evidence they rest on, and what to try next."""
 
 _VERDICT = re.compile(r"\b(PASS|REGRESS|NEEDS_REVIEW)\b")
@@ -256,7 +399,8 @@ def fallback_narrative(spec: TaskSpec, verdict_markdown: str, why: str) -> str:
     if counts["REGRESS"]:
         parts.append("Regressed variants failed correctness, a constraint or the latency guard; see their reasons in the table.")
     if counts["NEEDS_REVIEW"]:
-        parts.append("NEEDS_REVIEW rows rest on evidence that cannot decide a latency verdict (e.g. the analytic model); re-run them on a GPU or replay.")
+        parts.append("NEEDS_REVIEW rows rest on evidence that cannot decide a latency verdict (e.g. the analytic model); "
+                     "re-run them on a GPU or replay.")
     parts.append(f"This summary was written without a model ({why}); the verdict table is the authoritative result.")
     return " ".join(parts)
 
@@ -267,6 +411,7 @@ def write_narrative(
     verdict_markdown: str,
     *,
     ctx: CallContext | None = None,
+    scope: BudgetScope | None = None,
     run_id: str = "",
     partition: str = "",
     max_input_chars: int = 12_000,
@@ -276,8 +421,8 @@ def write_narrative(
 
     source is ``"llm:<key alias>:<model>"`` (or ``"llm:(cache):<model>"``), or ``"fallback: <why>"``: with no key for
     role report it returns a plain written summary and says so. Any gateway failure also falls back, so
-    the report is always written. Pass the sweep's ``run_id`` (or a full ``ctx``) so the call counts against
-    the same sweep budget (``max_total_tokens``) as the rounds.
+    the report is always written. Pass the run's budget ``scope`` (or its ``run_id``, or a full ``ctx``) so the
+    call counts against the same sweep budget (``max_total_tokens``) as the rounds.
     """
     if gateway is None or not gateway.has_key("report"):
         why = "no TAOTOKEN key for role report"
@@ -288,7 +433,7 @@ def write_narrative(
         f"Objective: {spec.objective.direction} {spec.objective.metric} ({spec.objective.aggregate} over {len(spec.shape_matrix)} shape(s)); "
         f"regression guard: not worse than {spec.regression_guard.not_worse_than_baseline_ratio}x baseline.\n\nVerdicts:\n{table}"
     )
-    call_ctx = ctx or CallContext(run_id=run_id, partition=partition or spec.task_id, round=0, task="verdict_report")
+    call_ctx = ctx or CallContext(scope=scope, run_id=run_id, partition=partition or spec.task_id, round=0, task="verdict_report")
     try:
         res = gateway.chat(
             "report",

@@ -10,7 +10,7 @@ per process and space) get the model-based search:
 * A model of the shape of the space: Bayesian linear regression of log(objective) on second-order
   features of each config's ordinal positions (one-hot main effects, ordinal trends, pairwise
   interactions; see ``Features``), fitted to every row that ran. Its Gaussian posterior is exact and
-  cheap (one Cholesky factor of a features x features matrix a round).
+  cheap (``Posterior``: a Cholesky factor in the smaller of features and rows).
 * A model of failures: the same features, regressed on "this row failed" (a recorded failure, a
   failed compile or run, or a constraint broken: registers, spills, shared memory). A failure
   teaches where the feasible region ends: candidates whose predicted failure chance is above
@@ -24,12 +24,38 @@ per process and space) get the model-based search:
   the unmeasured configs that change one tunable of the incumbent to ANY of its values, best first
   under a posterior draw. Steps along an ordered axis miss a far good value (on the convolution space
   block sizes 32/64/128/256 are fast and 144..240 three times slower, so the optimum at 256 sat eight
-  steps from an incumbent at 128: 20-seed median best/optimum at 400 evaluations 1.004 -> 1.000).
-* Before the model has a few points (round 1 from the baseline alone): half the round is the
-  incumbent's nearest valid configs by steps along the ordered values, half uniform random picks.
+  steps from an incumbent at 128).
+* The stagnation switch: a search that has found no better config for ``EXPLORE_AFTER`` rounds has
+  stopped learning from its model, whose confident posterior keeps proposing the same basin. A
+  pairwise model cannot see a combination of three values that pays only together (a recorded
+  convolution space: shared memory off, one row per block and four rows per thread, the next config
+  19% slower; each pair of those values looks like a loss), nor a lone optimum in a narrow basin of
+  its own. From then on each round also spends ``TRIPLE_SLOTS`` proposals on Thompson draws of a
+  wider model, the pairwise one plus one-hot blocks over the joint values of three tunables (unvisited
+  cells keep their prior spread, so draws try them; one good measurement in a cell makes the whole
+  cell look good), half of them within ``TRIPLE_RADIUS`` changes of the incumbent, half anywhere; and
+  ``RANDOM_SLOTS`` uniform random proposals (the global explorer, which no model can mislead), one more
+  for every ``RANDOM_GROWTH`` further rounds without a new best. Measured with bench/search.py and the
+  synthetic spaces of bench/synth_spaces.py (lone optimum, three-way interaction): without the switch
+  the 5-seed median best/optimum at 400 evaluations stays at the plateau, 1.189 and 1.195; with it,
+  1.000 on both (see the README's figures for 20 seeds).
+* Moves that cannot change the objective: when measured configs that differ only in one tunable have
+  given exactly the same objective, in at least ``EQUAL_MIN`` contexts and never a different one (a
+  model estimate blind to that tunable: pipeline depth, L2 grouping), its values are equivalent, and a
+  config equivalent to a measured one is not proposed (``value_classes``). Measurements are never
+  exactly equal, so on measured evidence this never fires.
+* Round 1 (the baseline alone): uniform random picks first (they cover the space), then a quarter of
+  the round as the baseline's nearest valid configs; random picks until the model has ``MODEL_MIN``
+  points.
+* Forecasts: every proposal carries ``expected_speedup`` (baseline objective / predicted objective, the
+  pairwise posterior mean of log objective) and an 80% interval (``Z80`` predictive sd: the posterior
+  spread of the mean plus the model's residual variance). Before the model has ``MODEL_MIN`` points
+  the forecast is the prior: no change, with an interval as wide as the spread of log(time) over
+  whole recorded spaces (``PRIOR_LOG_SD``). A forecast is computed once, when proposed.
 
 Larger spaces keep the plain path: one-step neighbours of the incumbent, then Optuna's TPE with a
-constraint function over registers, spills and shared memory, with rejection and an attempt cap.
+constraint function over registers, spills and shared memory, with rejection and an attempt cap; their
+forecasts come from a Bayesian main-effects model of the measured rows (``main_effects_forecast``).
 """
 
 from __future__ import annotations
@@ -176,6 +202,26 @@ NOISE_VAR = 0.05  # residual variance of standardised log(objective): measuremen
 FAIL_P_MAX = 0.5  # a candidate whose predicted chance of failing is above this is not proposed while others remain
 N_LOCAL = 2  # proposals per round that are the unmeasured valid configs nearest the incumbent
 STALE_ROUNDS = 3  # rounds without a new best after which the local picks become a line search (see below)
+FIRST_NEAR_DIV = 4  # round 1: n // this nearest neighbours of the baseline, the rest random
+MODEL_MIN = 4  # measured points before the model proposes (and forecasts); random picks and the prior until then
+# The stagnation switch (a search that has stopped finding better configs explores what its model cannot see):
+EXPLORE_AFTER = 3  # rounds without a new best after which part of each round explores
+TRIPLE_SLOTS = 2  # proposals per exploring round from Thompson draws of the model with three-way blocks
+RANDOM_SLOTS = 1  # uniform random proposals per exploring round, at first
+RANDOM_GROWTH = 3  # one more random proposal per this many further rounds without a new best
+TRIPLE_CELLS_MAX = 64  # three-way blocks over tunables whose joint values number at most this
+TRIPLE_BLOCKS_MAX = 24  # three-way blocks per round (a seeded random subset when there are more)
+TRIPLE_PRIOR_VAR = 0.1  # prior variance of one three-way cell (standardised log objective)
+TRIPLE_CANDIDATES_MAX = 4_000  # candidates the three-way model scores per round
+TRIPLE_RADIUS = 3  # the three-way model's picks change at most this many tunables of the incumbent
+EQUAL_RTOL = 1e-9  # two objectives this close are "exactly equal" (a model estimate, not a measurement)
+EQUAL_MIN = 2  # equal pairs (in different contexts) before two values of a tunable count as equivalent
+# Forecasts: an 80% interval is mean +- Z80 sd of log(variant / baseline). Before the model has MODEL_MIN
+# points the forecast is the prior: no change expected, sd PRIOR_LOG_SD. That is the spread of log(time)
+# over every config of the recorded spaces (0.10 dedispersion, 0.37 pnpoly, 0.45 convolution, 0.55 gemm),
+# rounded up: a baseline of median speed and a variant from anywhere in the space differ by about that.
+Z80 = 1.2816
+PRIOR_LOG_SD = 0.6
 
 
 class Features:
@@ -222,7 +268,32 @@ class Features:
         # Prior variances (standardised log objective): the main effects explain about one unit of
         # variance in all, the interactions about half a unit; a column's share falls with its group size.
         var = np.where(self.group == 0, 1.0 / n_act, np.where(self.group == 1, 0.5 / n_act, 0.5 / n_pair_blocks))
-        self.prior_prec = 1.0 / var
+        self.prior_var = var
+        self.levels = levels
+        self.active = active
+
+    def triples(self) -> list[tuple[int, int, int]]:
+        """Every three active tunables whose joint values number at most ``TRIPLE_CELLS_MAX``."""
+        lv = self.levels
+        return [t for t in itertools.combinations(self.active, 3) if lv[t[0]] * lv[t[1]] * lv[t[2]] <= TRIPLE_CELLS_MAX]
+
+    def with_triples(self, valid: ValidSet, triples: list[tuple[int, int, int]], var: float) -> "Features":
+        """These features plus one-hot blocks over the joint values of each of ``triples`` (prior
+        variance ``var`` per cell): the model of a three-way interaction the pairwise model cannot fit."""
+        out = object.__new__(Features)
+        out.__dict__.update(self.__dict__)
+        idx = valid.idx.astype(np.int32)
+        lv = self.levels
+        cols, off = [self.cat], self.n_cat
+        for i, j, k in triples:
+            cols.append((off + (idx[:, i] * lv[j] + idx[:, j]) * lv[k] + idx[:, k])[:, None])
+            off += lv[i] * lv[j] * lv[k]
+        extra = off - self.n_cat
+        out.cat = np.concatenate(cols, axis=1)
+        out.n_cat = off
+        out.width = off + self.cont.shape[1]
+        out.prior_var = np.concatenate([self.prior_var[:self.n_cat], np.full(extra, var), self.prior_var[self.n_cat:]])
+        return out
 
     def design(self, rows: np.ndarray) -> np.ndarray:
         X = np.zeros((len(rows), self.width))
@@ -248,23 +319,166 @@ def _features(valid: ValidSet) -> Features:
     return f
 
 
-def _posterior(X: np.ndarray, y: np.ndarray, prior_prec: np.ndarray, noise: float):
-    """Mean and Cholesky factor of the precision of the Gaussian posterior of a linear model."""
-    A = X.T @ X / noise
-    A[np.diag_indices_from(A)] += prior_prec
-    L = np.linalg.cholesky(A)
-    mean = np.linalg.solve(L.T, np.linalg.solve(L, X.T @ y / noise))
-    return mean, L
+class Posterior:
+    """The Gaussian posterior of a linear model y = X w + e, w ~ N(0, diag(prior_var)), e ~ N(0, noise).
+
+    Solved in the smaller of the two spaces: features (a Cholesky factor of X'X / noise + prior precision)
+    when there are at least as many rows as features, else rows (a Cholesky factor of
+    X diag(prior_var) X' + noise I, draws by Matheron's rule), so a wide model (pairwise and three-way
+    blocks, thousands of columns) on a few hundred rows costs rows^2 x features, not features^3."""
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, prior_var: np.ndarray, noise: float):
+        self.X, self.y, self.pv, self.noise = X, y, prior_var, noise
+        n, d = X.shape
+        self.primal = n >= d
+        if self.primal:
+            A = X.T @ X / noise
+            A[np.diag_indices_from(A)] += 1.0 / prior_var
+            self.L = np.linalg.cholesky(A)
+            self.mean = np.linalg.solve(self.L.T, np.linalg.solve(self.L, X.T @ y / noise))
+        else:
+            self.XP = X * prior_var  # X diag(prior_var)
+            K = self.XP @ X.T
+            K[np.diag_indices_from(K)] += noise
+            self.L = np.linalg.cholesky(K)
+            self.alpha = np.linalg.solve(self.L.T, np.linalg.solve(self.L, y))
+            self.mean = self.XP.T @ self.alpha
+
+    def draws(self, s: int, rng: np.random.Generator) -> np.ndarray:
+        """``s`` weight vectors drawn from the posterior (features x s)."""
+        d = len(self.pv)
+        if self.primal:
+            return self.mean[:, None] + np.linalg.solve(self.L.T, rng.standard_normal((d, s)))
+        w0 = np.sqrt(self.pv)[:, None] * rng.standard_normal((d, s))
+        e = math.sqrt(self.noise) * rng.standard_normal((len(self.y), s))
+        r = self.y[:, None] - self.X @ w0 - e
+        return w0 + self.XP.T @ np.linalg.solve(self.L.T, np.linalg.solve(self.L, r))
+
+    def variance(self, Xq: np.ndarray) -> np.ndarray:
+        """The posterior variance of X_q w for each row of ``Xq`` (the model's uncertainty, noise excluded)."""
+        if self.primal:
+            V = np.linalg.solve(self.L, Xq.T)
+            return np.sum(V * V, axis=0)
+        V = np.linalg.solve(self.L, self.XP @ Xq.T)
+        return np.maximum(np.sum(Xq * Xq * self.pv, axis=1) - np.sum(V * V, axis=0), 0.0)
+
+
+def value_classes(rows: np.ndarray, values: np.ndarray, levels: list[int]) -> list[np.ndarray] | None:
+    """Per tunable, a class id for each of its value positions: two values share a class when every
+    measured pair of configs that differ only in that tunable, between those two values, gave exactly the
+    same objective, and no pair between members of the class
+    gave a different one, where ``EQUAL_MIN`` such pairs at least were measured (one equal pair can be a
+    coincidence of a symmetric formula). None when no two values share a class.
+
+    A model estimate that ignores a tunable (a latency model blind to pipeline depth) gives exactly equal
+    objectives for its values; a measurement never does, so on measured evidence nothing is merged."""
+    out: list[np.ndarray] = []
+    merged = False
+    for j, n in enumerate(levels):
+        root = np.arange(n)
+        if n > 1 and len(rows) > 1:
+            others = np.delete(rows, j, axis=1)
+            groups: dict[bytes, list[int]] = {}
+            for r in range(len(rows)):
+                groups.setdefault(others[r].tobytes(), []).append(r)
+            equal: dict[tuple[int, int], int] = {}
+            differ: set[tuple[int, int]] = set()
+            for members in groups.values():
+                for a, b in itertools.combinations(members, 2):
+                    va, vb = int(rows[a, j]), int(rows[b, j])
+                    pair = (min(va, vb), max(va, vb))
+                    same = abs(values[a] - values[b]) <= EQUAL_RTOL * max(abs(values[a]), abs(values[b]))
+                    if same:
+                        equal[pair] = equal.get(pair, 0) + 1
+                    else:
+                        differ.add(pair)
+
+            def find(v: int) -> int:
+                while root[v] != v:
+                    v = int(root[v])
+                return v
+
+            for a, b in sorted(p for p, count in equal.items() if count >= EQUAL_MIN and p not in differ):
+                ra, rb = find(a), find(b)
+                if ra == rb:
+                    continue
+                members_a = [v for v in range(n) if find(v) == ra]
+                members_b = [v for v in range(n) if find(v) == rb]
+                if any((min(u, v), max(u, v)) in differ for u in members_a for v in members_b):
+                    continue
+                root[max(ra, rb)] = min(ra, rb)
+                merged = True
+            root = np.asarray([find(v) for v in range(n)])
+        out.append(root)
+    return out if merged else None
+
+
+def _speedup(log_ratio: float) -> float:
+    """baseline / variant from log(variant / baseline), kept inside what a float and the record hold."""
+    return float(math.exp(min(max(-log_ratio, -700.0), 700.0))) or 1e-300
+
+
+def baseline_value(ctx: AgentContext) -> float | None:
+    """The objective of the sweep's baseline (the round-0 row, else the row with the spec's baseline config)."""
+    rows = [r for r in ctx.history if r.round == 0] or [r for r in ctx.history if r.config == ctx.spec.baseline]
+    for r in rows:
+        v = ctx.objective.get(r.config_hash)
+        if v is not None and math.isfinite(v) and v > 0 and not r.error:
+            return float(v)
+    return None
+
+
+def main_effects_forecast(ctx: AgentContext, bad: set[str], picked: list[dict[str, int]]
+                          ) -> list[tuple[float, float] | None]:
+    """Forecasts for a space too large to enumerate: a Bayesian model of log(objective) with one
+    coefficient per (tunable, value), fitted to every measured row that ran; (mean, sd) of
+    log(variant / baseline) per pick, None before ``MODEL_MIN`` rows ran."""
+    base = baseline_value(ctx)
+    rows = [(r.config, ctx.objective[r.config_hash]) for r in ctx.history
+            if r.config_hash not in bad and ctx.objective.get(r.config_hash)]
+    if base is None or len(rows) < MODEL_MIN or not picked:
+        return [None] * len(picked)
+    params = dict(ctx.family.space.params)
+    col = {}
+    for k, vals in params.items():
+        for v in vals:
+            col[(k, v)] = len(col)
+
+    def design(cfgs: list[dict[str, int]]) -> np.ndarray:
+        X = np.zeros((len(cfgs), len(col)))
+        for i, c in enumerate(cfgs):
+            for k, v in c.items():
+                if (k, v) in col:
+                    X[i, col[(k, v)]] = 1.0
+        return X
+
+    y = np.log([v for _, v in rows])
+    mu, sd = float(y.mean()), float(y.std()) or 1.0
+    post = Posterior(design([c for c, _ in rows]), (y - mu) / sd, np.full(len(col), 1.0 / max(1, len(params))),
+                     NOISE_VAR)
+    Xq = design(picked)
+    mean = mu + sd * (Xq @ post.mean)
+    var = sd ** 2 * (post.variance(Xq) + NOISE_VAR)
+    return [(float(m - math.log(base)), float(math.sqrt(v))) for m, v in zip(mean, var)]
+
+
+def prior_forecast() -> tuple[float, float]:
+    """(mean, sd) of log(baseline / variant) before the model has data: centred on no change, spread
+    ``PRIOR_LOG_SD`` (see its comment)."""
+    return 0.0, PRIOR_LOG_SD
 
 
 class LocalPolicy:
-    """Thompson sampling on a second-order model of the measured history, with a failure model,
-    plus the incumbent's nearest neighbours (see the module docstring)."""
+    """Thompson sampling on a second-order model of the measured history, with a failure model, the
+    incumbent's nearest neighbours, and a switch to wider exploration when the search stops finding
+    better configs (see the module docstring). ``stagnation_switch=False`` keeps the search as it was
+    before the switch existed (pairwise model, nearest moves and line search only): for comparisons."""
 
     name = "local"
 
-    def __init__(self, seed: int | None = None):
+    def __init__(self, seed: int | None = None, *, stagnation_switch: bool = True):
         self.seed = seed
+        self.stagnation_switch = stagnation_switch
 
     def propose(self, ctx: AgentContext) -> Proposal:
         spec, fam = ctx.spec, ctx.family
@@ -273,21 +487,31 @@ class LocalPolicy:
         anchor = best.config if best else spec.baseline
         anchor_id = best.variant_id if best else "baseline"
         valid = valid_set(fam.space, spec.params, spec.hardware.limits)
+        notes: list[str] = []
         if valid is not None and len(valid):
             stale = ctx.round - 1 - (best.round if best else 0)  # finished rounds since the best was found
-            picked = self._propose_enumerated(ctx, valid, anchor, bad, base_seed, stale)
+            picked, forecasts = self._propose_enumerated(ctx, valid, anchor, bad, base_seed, stale, notes)
         else:
             picked = self._propose_sampled(ctx, anchor, base_seed * 1009 + ctx.round)
-        notes = []
+            forecasts = main_effects_forecast(ctx, bad, picked)
         if len(picked) < ctx.n:
             notes.append(f"local search found {len(picked)} new valid configs of {ctx.n} asked (space nearly exhausted)")
+        base_value = baseline_value(ctx)
         suggestions = []
-        for k, cfg in enumerate(picked, start=1):
+        for k, (cfg, fc) in enumerate(zip(picked, forecasts), start=1):
             summary, effect, risk = describe_change(anchor, cfg)
+            speed = {}
+            if base_value is not None:
+                mean, sd = fc if fc is not None else prior_forecast()
+                # the forecast is of log(variant objective) - log(baseline): speedup = exp(-that)
+                speed = dict(expected_speedup=_speedup(mean), expected_speedup_low=_speedup(mean + Z80 * sd),
+                             expected_speedup_high=_speedup(mean - Z80 * sd))
             suggestions.append(Suggestion(
                 variant_id=f"r{ctx.round}-local-{k:02d}", config=cfg, patch_summary=summary, expected_effect=effect,
-                risk=risk, parent=anchor_id, source="local", round=ctx.round,
+                risk=risk, parent=anchor_id, source="local", round=ctx.round, **speed,
             ))
+        if base_value is None:
+            notes.append("no forecast: the baseline has no objective value (it failed or was not measured)")
         kept, dropped = validate_and_dedupe(ctx, suggestions, "local")
         ctx.log.info(f"local policy: {len(kept)} proposals around {anchor_id} ({config_label(anchor)})")
         return Proposal(suggestions=kept, dropped=dropped, notes=notes)
@@ -307,11 +531,15 @@ class LocalPolicy:
         return best, bad
 
     def _propose_enumerated(self, ctx: AgentContext, valid: ValidSet, anchor: dict, bad: set[str],
-                            base_seed: int, stale: int = 0) -> list[dict[str, int]]:
+                            base_seed: int, stale: int = 0, notes: list[str] | None = None,
+                            ) -> tuple[list[dict[str, int]], list[tuple[float, float] | None]]:
+        """The round's picks (configs) and each one's forecast of log(variant / baseline objective) as
+        (mean, sd), None where the model has too few points (the caller uses the prior forecast)."""
+        notes = notes if notes is not None else []
         rng = np.random.default_rng([abs(int(base_seed)), int(ctx.round), 0x10CA1])
         tie_rng = random.Random(int(rng.integers(2**31)))
         taken = np.zeros(len(valid), dtype=bool)
-        ok_rows, ok_y, all_rows, fail = [], [], [], []
+        ok_rows, ok_y, ok_v, all_rows, fail = [], [], [], [], []
         for row in ctx.history:
             pos = valid.position(row.config)
             i = valid.row_of.get(pos) if pos is not None else None
@@ -327,6 +555,7 @@ class LocalPolicy:
             if value is not None and math.isfinite(value) and value > 0 and not row.error:
                 ok_rows.append(i)
                 ok_y.append(math.log(value))
+                ok_v.append(value)
         picked: list[int] = []
 
         def pick(i: int) -> None:
@@ -335,7 +564,24 @@ class LocalPolicy:
 
         n = ctx.n
         if taken.all():
-            return []
+            return [], []
+        # Moves that cannot change the objective: values of a tunable that have only ever given exactly the
+        # same objective (model evidence blind to them) make configs equivalent; one of each class is enough.
+        classes = value_classes(valid.idx[ok_rows], np.asarray(ok_v), [len(v) for v in valid.values]) if ok_rows else None
+        if classes is not None:
+            code = np.zeros(len(valid), dtype=np.int64)
+            for j, cls in enumerate(classes):
+                code = code * len(cls) + cls[valid.idx[:, j]]
+            same = np.isin(code, code[np.asarray(ok_rows)]) & ~taken
+            if same.any():
+                inert = [f"{k} {'/'.join(str(valid.values[j][v]) for v in range(len(cls)) if cls[v] == c)}"
+                         for j, (k, cls) in enumerate(zip(valid.keys, classes))
+                         for c in sorted(set(cls.tolist())) if (cls == c).sum() > 1]
+                notes.append(f"skipped {int(same.sum())} configs that differ from measured ones only in values that "
+                             f"have always given exactly the same objective ({'; '.join(inert)})")
+                taken |= same
+                if taken.all():
+                    return [], []
         feats = _features(valid)
         free = np.flatnonzero(~taken)
         if len(free) > CANDIDATES_MAX:
@@ -345,35 +591,33 @@ class LocalPolicy:
         if any(fail) and len(all_rows) >= 2:
             t = np.asarray(fail)
             base = float(t.mean())
-            Xa = feats.design(np.asarray(all_rows))
-            w, _ = _posterior(Xa, t - base, feats.prior_prec, 0.1)
-            fail_p = base + feats.predict(free, w[:, None])[:, 0]
+            fpost = Posterior(feats.design(np.asarray(all_rows)), t - base, feats.prior_var, 0.1)
+            fail_p = base + feats.predict(free, fpost.mean[:, None])[:, 0]
         feasible = fail_p <= FAIL_P_MAX
         anchor_pos = valid.position(anchor)
+        n_local = max(1, n // FIRST_NEAR_DIV) if len(ok_rows) <= 1 else min(N_LOCAL, n)
+        y_all = np.asarray(ok_y)
+        y_mu, y_sd = (float(y_all.mean()), float(y_all.std()) or 1.0) if len(y_all) else (0.0, 1.0)
+        post: list[Posterior] = []  # the pairwise model's posterior, fitted once, when first needed
+
+        def posterior() -> Posterior:
+            if not post:
+                post.append(Posterior(feats.design(np.asarray(ok_rows)), (y_all - y_mu) / y_sd, feats.prior_var,
+                                      NOISE_VAR))
+            return post[0]
+
         # 1. The incumbent's nearest unmeasured neighbours that do not look like failures. Once the
         # best has not moved for STALE_ROUNDS rounds: a line search instead, the unmeasured configs
         # that change ONE tunable of the incumbent to any of its values (a far value on an ordered axis
         # can be the good one: block sizes 32, 64, 128, 256 fast, those between slow), best first under
         # a posterior draw, predicted failures included (they are the incumbent's own line).
-        n_local = max(1, n // 2) if len(ok_rows) <= 1 else min(N_LOCAL, n)
-        post: list = []  # the model's posterior (mean, Cholesky factor), fitted once, when first needed
-
-        def posterior() -> tuple[np.ndarray, np.ndarray]:
-            if not post:
-                y = np.asarray(ok_y)
-                sd = float(y.std()) or 1.0
-                post.extend(_posterior(feats.design(np.asarray(ok_rows)), (y - y.mean()) / sd, feats.prior_prec,
-                                       NOISE_VAR))
-            return post[0], post[1]
-
         line = np.zeros(0, dtype=np.int64)
         if anchor_pos is not None and stale >= STALE_ROUNDS and len(ok_rows) >= 2:
             on_line = (valid.idx[free] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) == 1
             line = free[on_line & ~taken[free]]
         if len(line):
-            ml, Ll = posterior()
-            draw = ml + np.linalg.solve(Ll.T, rng.standard_normal(feats.width))
-            score = feats.predict(line, draw[:, None])[:, 0] + 1e-9 * rng.standard_normal(len(line))
+            draw = posterior().draws(1, rng)
+            score = feats.predict(line, draw)[:, 0] + 1e-9 * rng.standard_normal(len(line))
             for j in np.argsort(score)[:n_local]:
                 pick(int(line[j]))
         elif anchor_pos is not None:
@@ -382,29 +626,91 @@ class LocalPolicy:
             for i in valid.nearest(anchor_pos, mask, n_local, tie_rng):
                 pick(i)
         # 2. Until the model has a few points: space-filling random picks.
-        if len(ok_rows) < max(4, n // 2):
+        if len(ok_rows) < max(MODEL_MIN, n // 2):
             cand = free[feasible & ~taken[free]]
             if not len(cand):
                 cand = free[~taken[free]]
             k = min(n - len(picked), len(cand))
+            n_near = len(picked)
             for i in rng.choice(cand, k, replace=False) if k > 0 else []:
                 pick(i)
-            return [valid.config(i) for i in picked]
-        # 3. Thompson sampling: one posterior draw per remaining proposal, its best candidate.
-        mean, L = posterior()
+            picked[:] = picked[n_near:] + picked[:n_near]  # the random picks first: they cover the space
+            return self._with_forecasts(valid, feats, picked, post, len(ok_rows), y_mu, y_sd, ctx, ok_rows, ok_y)
+        # 3. Thompson sampling: one posterior draw per remaining proposal, its best candidate. A search that
+        # has stopped finding better configs (STALE_ROUNDS rounds) spends part of each round on exploration
+        # the pairwise model cannot do: draws from a model with three-way blocks (a combination of three
+        # values that pays only together, which the pairwise model has averaged away), and a diverse pick.
+        explore = self.stagnation_switch and stale >= EXPLORE_AFTER
         s = n - len(picked)
-        draws = mean[:, None] + np.linalg.solve(L.T, rng.standard_normal((feats.width, s)))
-        pred = feats.predict(free, draws)
-        pred += 1e-9 * rng.standard_normal(pred.shape)  # seeded tie break
-        pred[~feasible] += 1e6  # failures-to-be last, while anything else remains
-        for c in range(s):
-            col = pred[:, c].copy()
-            col[taken[free]] = np.inf
-            j = int(np.argmin(col))
-            if not math.isfinite(col[j]):
-                break
-            pick(free[j])
-        return [valid.config(i) for i in picked]
+        k_rand = min(s, RANDOM_SLOTS + (stale - EXPLORE_AFTER) // RANDOM_GROWTH) if explore else 0
+        k_tri = min(TRIPLE_SLOTS, s - k_rand) if explore and feats.triples() else 0
+        k_pair = s - k_rand - k_tri
+
+        def thompson(model: Features, mpost: Posterior, k: int, cand: np.ndarray) -> None:
+            if k <= 0 or not len(cand):
+                return
+            pred = model.predict(cand, mpost.draws(k, rng))
+            pred += 1e-9 * rng.standard_normal(pred.shape)  # seeded tie break
+            pred[~feasible_of(cand)] += 1e6  # failures-to-be last, while anything else remains
+            for c in range(k):
+                col = pred[:, c].copy()
+                col[taken[cand]] = np.inf
+                j = int(np.argmin(col))
+                if not math.isfinite(col[j]):
+                    break
+                pick(cand[j])
+
+        feas_all = np.ones(len(valid), dtype=bool)
+        feas_all[free] = feasible
+
+        def feasible_of(cand: np.ndarray) -> np.ndarray:
+            return feas_all[cand]
+
+        thompson(feats, posterior(), k_pair, free)
+        if k_tri:
+            trip = feats.triples()
+            if len(trip) > TRIPLE_BLOCKS_MAX:
+                trip = [trip[i] for i in sorted(rng.choice(len(trip), TRIPLE_BLOCKS_MAX, replace=False))]
+            ext = feats.with_triples(valid, trip, TRIPLE_PRIOR_VAR)
+            tpost = Posterior(ext.design(np.asarray(ok_rows)), (y_all - y_mu) / y_sd, ext.prior_var, NOISE_VAR)
+            # Half the draws (rounded up) pick within TRIPLE_RADIUS changes of the incumbent: an interaction
+            # that pays may be one the incumbent nearly has (the pairwise model priced each pair as a loss);
+            # the others anywhere: one seen once, far from the incumbent, is exploited where it was seen.
+            cand = free[~taken[free]]
+            k_near = (k_tri + 1) // 2 if anchor_pos is not None else 0
+            if k_near:
+                near = cand[(valid.idx[cand] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) <= TRIPLE_RADIUS]
+                if len(near) > TRIPLE_CANDIDATES_MAX:
+                    near = np.sort(rng.choice(near, TRIPLE_CANDIDATES_MAX, replace=False))
+                thompson(ext, tpost, k_near, near)
+            if len(cand) > TRIPLE_CANDIDATES_MAX:
+                cand = np.sort(rng.choice(cand, TRIPLE_CANDIDATES_MAX, replace=False))
+            thompson(ext, tpost, k_tri - k_near, cand)
+        if k_rand:
+            cand = free[feasible_of(free) & ~taken[free]]
+            if not len(cand):
+                cand = free[~taken[free]]
+            for i in rng.choice(cand, min(k_rand, len(cand)), replace=False) if len(cand) else []:
+                pick(int(i))
+        return self._with_forecasts(valid, feats, picked, post, len(ok_rows), y_mu, y_sd, ctx, ok_rows, ok_y)
+
+    @staticmethod
+    def _with_forecasts(valid, feats, picked, post, n_ok, y_mu, y_sd, ctx, ok_rows, ok_y):
+        """The picks as configs, each with the pairwise model's forecast of log(variant) - log(baseline):
+        the posterior mean, and the predictive sd (posterior spread of the mean plus the model's residual
+        variance ``NOISE_VAR``, in log units). None before the model has ``MODEL_MIN`` measured points."""
+        configs = [valid.config(i) for i in picked]
+        base = baseline_value(ctx)
+        if not picked or n_ok < MODEL_MIN or base is None:
+            return configs, [None] * len(picked)
+        if not post:
+            post.append(Posterior(feats.design(np.asarray(ok_rows)), (np.asarray(ok_y) - y_mu) / y_sd,
+                                  feats.prior_var, NOISE_VAR))
+        rows = np.asarray(picked)
+        mean = y_mu + y_sd * feats.predict(rows, post[0].mean[:, None])[:, 0]
+        var = y_sd ** 2 * (post[0].variance(feats.design(rows)) + NOISE_VAR)
+        lb = math.log(base)
+        return configs, [(float(m - lb), float(math.sqrt(v))) for m, v in zip(mean, var)]
 
     def _propose_sampled(self, ctx: AgentContext, anchor: dict, seed: int) -> list[dict[str, int]]:
         """Spaces too large to enumerate: one-step neighbours of the incumbent, then constrained TPE

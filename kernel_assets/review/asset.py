@@ -26,6 +26,8 @@ class ReviewConfig(dg.Config):
     compile: bool = Field(default=True, description="AOT-compile the baseline config with the base and the new source")
     max_slice_chars: int = Field(default=DEFAULT_SLICE_CHARS, ge=2000, description="diff characters per model call")
     remember: bool = Field(default=True, description="record the reviewed revision as the next review's base")
+    patch_variant: str = Field(default="", description="review the patch `kregress judge` judged under this variant id "
+                                                       "(reports/<task_id>/patches/) instead of the git diff")
 
 
 def _findings_table(findings: list[ReviewFinding]) -> dg.TableMetadataValue:
@@ -54,11 +56,8 @@ def build_review_assets() -> list:
     )
     def kernel_source_review(context: dg.AssetExecutionContext, config: ReviewConfig, specs: SpecStore,
                              taotoken: TaotokenResource, ledger: LedgerResource):
-        spec = specs.load(context.partition_key)
-        try:
-            spec_path = str(specs.path_for(spec.task_id))
-        except Exception:
-            spec_path = ""
+        spec = specs.load(context.partition_key)  # schema only: the kernel change under review may break the spec
+        spec_path = str(spec.source or "")
         gateway, why = None, ""
         if not config.use_model:
             why = "use_model is off"
@@ -75,7 +74,8 @@ def build_review_assets() -> list:
         try:
             result = run_review(spec, repo_dir=config.repo_dir, base_ref=config.base_ref, gateway=gateway, no_model_reason=why,
                                 run_id=context.run_id, partition=context.partition_key, spec_path=spec_path, compile=config.compile,
-                                max_slice_chars=config.max_slice_chars, remember=config.remember, log=context.log)
+                                max_slice_chars=config.max_slice_chars, remember=config.remember, log=context.log,
+                                patch_variant=config.patch_variant)
         except ReviewError as e:
             raise dg.Failure(description=str(e)) from None
         finally:

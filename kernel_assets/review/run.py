@@ -21,10 +21,10 @@ from kernel_assets.review.diff import (
 )
 from kernel_assets.review.offline import compile_deltas, compile_findings, coverage_by_item
 from kernel_assets.review.prompt import build_messages, offline_facts, parse_findings
-from kernel_assets.review.records import RISK_ORDER, ReviewResult, spec_checklist
+from kernel_assets.review.records import RISK_ORDER, ReviewError, ReviewResult, spec_checklist
 from kernel_assets.review.report import render_report
 from kregress.core import paths
-from kregress.core.family import get_family
+from kregress.core.family import RecordedFamily
 from resources.ledger import BudgetExceeded
 from resources.taotoken import CallContext, ContentError, CredentialsError, GatewayError, KeyPool, RequestError, RetriesExhausted
 
@@ -117,6 +117,7 @@ def run_review(
     remember: bool = True,
     home: Path | None = None,
     log: Any = None,
+    patch_variant: str = "",
 ) -> ReviewResult:
     """Review the kernel changes that matter to ``spec``; write the report; remember the reviewed revision.
 
@@ -124,20 +125,33 @@ def run_review(
     the checkout that holds them (``repo_dir``, else ``$KREGRESS_REVIEW_REPO``, else the file's own repository).
     ``gateway``: a ``resources.taotoken.Gateway`` (or None: offline, and ``no_model_reason`` says why).
     Raises ReviewError when git cannot give a diff (no git, not a repository, an unknown base ref).
+    ``patch_variant``: review the patch ``kregress judge`` judged under that variant id (its diff against
+    the working tree, with the judgement's verdict and compile statistics as facts) instead of a git diff.
     """
     say = (lambda m: log.info(m)) if log is not None else (lambda m: None)
     home = Path(home) if home is not None else paths.home()
     scrub = KeyPool.from_env().scrub
-    family = get_family(spec.kernel_family).for_params(spec.params or {})
+    from kregress.core.bind import BoundSpec, family_for
+
+    # A review looks at a change that may well break the spec (a tile size the new source no longer allows):
+    # the family is looked up, not validated against the spec; the compile comparison reports what broke.
+    if isinstance(spec, BoundSpec):
+        spec, family = spec.spec, spec.family
+    else:
+        family = family_for(spec.kernel_family, spec.params or {})
     src = family_sources(family, repo_dir or os.environ.get("KREGRESS_REVIEW_REPO", ""))
     repo, module_path = src.repo, src.module_path
 
     head_sha = resolve_ref(repo, "HEAD", "HEAD")
-    base_sha, base_label, notes = choose_base(repo, src.files, base_ref, home, spec.task_id, head_sha)
-    dirty = worktree_dirty(repo, src.dirs)
+    if patch_variant:
+        diffs, base_label, notes = judged_patch_diff(spec, family, repo, patch_variant, home)
+        base_sha, dirty, compile, remember = head_sha, worktree_dirty(repo, src.dirs), False, False
+    else:
+        base_sha, base_label, notes = choose_base(repo, src.files, base_ref, home, spec.task_id, head_sha)
+        dirty = worktree_dirty(repo, src.dirs)
+        diffs = kernel_diff(repo, base_sha, src.dirs)
     say(f"review {spec.task_id}: {repo} {base_label} ({base_sha[:10]}) -> working tree")
 
-    diffs = kernel_diff(repo, base_sha, src.dirs)
     mine = [d for d in diffs if d.path in src.files or d.old_path in src.files]
     elsewhere = [d.path for d in diffs if d not in mine]
     result = ReviewResult(task_id=spec.task_id, repo=str(repo), base_ref=base_label, base_sha=base_sha, head_sha=head_sha,
@@ -148,7 +162,7 @@ def run_review(
         result.reviewed_by = f"nothing to review: no change to {', '.join(src.files)} since {base_label}"
         result.notes.append(result.reviewed_by + (f" (other kernel files changed: {', '.join(elsewhere)})" if elsewhere else ""))
     else:
-        if compile and getattr(family, "recorded", False):
+        if compile and isinstance(family, RecordedFamily):
             result.notes.append(f"family {family.name} serves recorded runs: nothing to compile, no compile comparison")
         elif compile:
             say(f"review: AOT-compiling the baseline config with the base and the new source ({spec.hardware.arch})")
@@ -160,7 +174,7 @@ def run_review(
                                     "only the new side's compile statistics are shown")
             result.findings += compile_findings(result.compile, spec, module_path, f"kregress sweep {spec_path}" if spec_path else verify)
         result.coverage = coverage_by_item(repo, family.name, module_path)
-        facts = offline_facts(result.compile, result.coverage)
+        facts = offline_facts(result.compile, result.coverage) + (list(notes) if patch_variant else [])
         _ask_model(result, spec, family, mine, facts, gateway, no_model_reason, run_id, partition, max_slice_chars, scrub)
     result.findings.sort(key=lambda f: (RISK_ORDER[f.risk], f.file, f.line or 0))
     report = home / "reports" / spec.task_id / "review.md"
@@ -172,6 +186,36 @@ def run_review(
                                               "run_id": run_id, "base": base_sha, "model_reviewed": result.model_reviewed})
     say(f"review {spec.task_id}: {len(result.findings)} finding(s); {result.reviewed_by}")
     return result
+
+
+def judged_patch_diff(spec: Any, family: Any, repo: Path, variant_id: str, home: Path) -> tuple[list[FileDiff], str, list[str]]:
+    """(file diffs, base label, notes) of a patch ``kregress judge`` judged: its diff with paths relative to the
+    checkout, what the judgement found as notes. Raises ReviewError when there is no such judged patch."""
+    from kernel_assets.judge import load_judged_patch
+    from kernel_assets.review.diff import parse_unified_diff
+    from kregress.core.patch import editable_set
+
+    try:
+        text, row = load_judged_patch(spec.task_id, variant_id, home)
+    except ValueError as exc:
+        raise ReviewError(str(exc)) from None
+    root = editable_set(family).root
+    diffs = parse_unified_diff(text)
+    for d in diffs:  # patch paths are relative to the family package's root; the review's, to the checkout
+        for attr in ("path", "old_path"):
+            p = getattr(d, attr)
+            if p:
+                try:
+                    setattr(d, attr, (root / p).resolve().relative_to(repo).as_posix())
+                except ValueError:
+                    pass
+    facts = [f"judged patch {variant_id} (sha256 {str(row.get('patch_sha256'))[:12]}): {row.get('verdict')} "
+             f"{row.get('cause') or ''}: {' '.join(str(row.get('reasons') or '').split())[:300]}"]
+    if row.get("regs_per_thread") is not None and row["regs_per_thread"] == row["regs_per_thread"]:
+        facts.append(f"the judgement's AOT compile of the patched kernel ({spec.hardware.arch}): {int(row['regs_per_thread'])} "
+                     f"registers/thread, {int(row['spill_bytes'])} B spills, {int(row['smem_bytes'])} B shared memory, "
+                     f"occupancy {row['occupancy']:.2f}")
+    return diffs, f"judged patch {variant_id}", facts
 
 
 def _ask_model(result: ReviewResult, spec: Any, family: Any, mine: list[FileDiff], facts: list[str], gateway: Any,

@@ -8,10 +8,13 @@ are generated from the registry and never special-case a family.
 No Dagster and no Triton import here: a family module imports Triton itself; this module only
 reads the family's source files (AST) to hash what is compiled.
 
-Families come from three places, all looked up by ``get_family(name)``:
+A family is one of three kinds (``TritonFamily``, ``ExternalFamily``, ``RecordedFamily``), each an
+abstract base whose ``@abstractmethod``s are what its author must write.
 
-* built-ins (``BUILTIN``: name -> ``module:attribute``), shipped with kregress;
-* installed plugins: entry points in the group ``kregress.families`` (``name = "pkg.mod:FAMILY"``);
+Families are looked up by ``get_family(name)``:
+
+* installed families: entry points in the group ``kregress.families`` (``name = "pkg.mod:FAMILY"``),
+  the built-ins (declared in kregress's own pyproject.toml) and plugins alike;
 * an import path ``package.module:attribute`` written as the spec's ``kernel_family``.
 """
 
@@ -22,6 +25,7 @@ import hashlib
 import importlib
 import itertools
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
@@ -108,23 +112,33 @@ class CompileUnit:
 
 
 @dataclass
-class Family:
-    """Base class; a built-in family module subclasses it and calls ``register``; a plugin exposes an
+class Family(ABC):
+    """What every family has, whatever its kind: a name, a search space, shape keys and checks, the
+    params it takes, and its headline metric. On its own it describes a search space (what an agent
+    policy needs); a family that runs is one of the kinds below.
+
+    A family is one of three kinds, each an abstract base below; backends and the conformance kit
+    dispatch on the kind (``isinstance``), never on flags:
+
+    * ``TritonFamily``: Triton jit kernels compiled ahead of time, checked in the interpreter on a CPU
+      host, timed on a GPU;
+    * ``ExternalFamily``: a compiled extension or a torch op (no AOT compile), timed on a GPU;
+    * ``RecordedFamily``: a recorded search space that answers with its recorded runs (no kernel).
+
+    A built-in family module instantiates its class and calls ``register``; a plugin exposes an
     instance through its entry point (or an import path) and need not register."""
 
     name: str
     space: Space
     shape_keys: tuple[str, ...]
-    headline_metric: str  # "tflops" or "gbps"
+    headline_metric: str  # "tflops" or "gbps": what the report and the agent's prompt lead with
     module: Any = field(repr=False, default=None)
     # How get_family found it (its name, or the spec's package.module:attribute): what a child
     # process passes to get_family to load the same family.
     lookup: str = field(repr=False, default="")
 
+    kind: ClassVar[str] = ""  # "triton", "external" or "recorded": set by the kind bases
     dtypes = ("fp16", "bf16")  # input dtypes the family's kernels take
-    # True for families that serve recorded runs (replay): nothing to compile or check, the runs
-    # come from ``replay(config, shape, params) -> (measurements, error, detail)``.
-    recorded = False
 
     # --- shapes and knobs -------------------------------------------------------------------
     def check_shape(self, shape: dict[str, Any]) -> str | None:
@@ -167,64 +181,103 @@ class Family:
 
     def for_params(self, params: dict[str, Any]) -> "Family":
         """The family as a spec's ``params`` configure it (call after ``check_params`` passes). Most
-        families return themselves; one whose space, shapes or identity come from its params (replay:
-        the recorded file ``cache_file`` names) returns a family bound to them. Callers use
-        ``get_family(spec.kernel_family).for_params(spec.params)`` for space, check_shape, source_hash."""
+        families return themselves; one whose space, shapes or identity come from its params (a
+        recorded family: the file ``cache_file`` names) returns a family bound to them.
+        ``kregress.core.bind.bind`` calls it once per run; code downstream uses the bound family."""
         return self
 
-    def space_for(self, params: dict[str, Any]) -> Space:
-        """``for_params(params).space``: the search space under these params."""
-        return self.for_params(params).space
-
     def resolve_params(self, params: dict[str, Any], spec_dir: Path) -> dict[str, Any]:
-        """``params`` with paths relative to the spec's folder made absolute; ``load_spec`` calls it
-        before validation. Default: unchanged."""
+        """``params`` with paths relative to the spec's folder made absolute; ``bind`` calls it
+        before the family checks. Default: unchanged."""
         return params
 
     def shape_label(self, shape: dict[str, Any]) -> str:
         return "x".join(str(shape[k]) for k in self.shape_keys)
 
-    # --- what subclasses implement ---------------------------------------------------------
-    def make_inputs(self, shape: dict, dtype: torch.dtype, device: str, seed: int, params: dict) -> dict:
-        raise NotImplementedError
+    def peak_tflops(self, hw: Any, params: dict) -> float:
+        """The compute roof on ``hw`` (the spec's ``hardware``), TFLOP/s: the dense bf16/fp16 tensor-core
+        peak by default; a family of another precision (FP8) returns its own."""
+        return float(hw.limits.peak_tflops)
 
-    def run(self, inputs: dict, config: dict[str, int], params: dict) -> torch.Tensor:
-        """Launch the variant. The interpreter is chosen per process (TRITON_INTERPRET=1 before the
-        kernels are imported), never per call."""
-        raise NotImplementedError
+    def peak(self, hw: Any, params: dict) -> float:
+        """The headline metric's peak on ``hw``: TFLOP/s (``peak_tflops``) or HBM GB/s."""
+        return float(hw.limits.hbm_gbps) if self.headline_metric == "gbps" else self.peak_tflops(hw, params)
 
-    def reference(self, inputs: dict, params: dict) -> torch.Tensor:
-        raise NotImplementedError
+    def headline(self, tflops: float, gbps: float) -> tuple[str, float, str]:
+        """(name, value, unit) of the headline metric for a measurement: ``("gbps", 1234.5, "GB/s")``
+        for a memory-bound family, ``("tflops", 612.0, "TFLOP/s")`` otherwise."""
+        if self.headline_metric == "gbps":
+            return "gbps", gbps, "GB/s"
+        return "tflops", tflops, "TFLOP/s"
 
+    # --- identity ----------------------------------------------------------------------------
+    def source_files(self) -> list[Path]:
+        """Files whose content is the kernel: the family's module by default. The compile cache
+        key, the assets' code_version, the spec sensor and ``kregress review`` follow these files."""
+        f = getattr(self.module, "__file__", None)
+        return [Path(f).resolve()] if f else []
+
+    def source_hash(self) -> str:
+        """Hash of what runs, read from disk (so a long-lived process sees an edit): every byte of
+        ``source_files()``. ``TritonFamily`` narrows it to what is compiled."""
+        h = hashlib.sha256(self.name.encode())
+        for f in self.source_files():
+            h.update(str(f.name).encode())
+            try:
+                h.update(f.read_bytes())
+            except OSError:
+                h.update(b"missing")
+        return h.hexdigest()[:16]
+
+
+@dataclass
+class KernelFamily(Family):
+    """A family that runs a kernel: inputs, the launch, a float64 reference, a tolerance."""
+
+    @abstractmethod
     def flops(self, shape: dict, params: dict) -> float:
-        raise NotImplementedError
+        """Floating-point operations of one launch on ``shape`` (the TFLOP/s figure's numerator)."""
 
+    @abstractmethod
     def bytes_moved(self, shape: dict, dtype_bytes: int, params: dict) -> float:
-        raise NotImplementedError
+        """Compulsory bytes read and written by one launch (the GB/s figure's numerator)."""
 
-    def compile_units(self, config: dict[str, int], dtype: str, params: dict) -> list[CompileUnit]:
-        raise NotImplementedError
+    def speed_of_light_ms(self, shape: dict, dtype_bytes: int, hw: Any, params: dict) -> float:
+        """The fastest one launch on ``shape`` can possibly be on ``hw``: its FLOPs at the compute roof or
+        its compulsory bytes at HBM bandwidth, whichever takes longer. A measurement below it is not
+        physics: the gate calls such a variant implausible."""
+        t_compute = self.flops(shape, params) / (self.peak_tflops(hw, params) * 1e12)
+        t_memory = self.bytes_moved(shape, dtype_bytes, params) / (float(hw.limits.hbm_gbps) * 1e9)
+        return max(t_compute, t_memory) * 1e3
 
-    def model_latency_ms(self, shape: dict, config: dict, stats: Any, hw: Any, dtype_bytes: int, params: dict) -> float:
-        """Analytic latency estimate from real compile stats (evidence=model)."""
-        raise NotImplementedError
+    @abstractmethod
+    def make_inputs(self, shape: dict, dtype: "torch.dtype", device: str, seed: int, params: dict) -> dict:
+        """The inputs of one launch on ``shape``, deterministic given ``seed``."""
+
+    @abstractmethod
+    def run(self, inputs: dict, config: dict[str, int], params: dict) -> "torch.Tensor":
+        """Launch the variant ``config`` on ``inputs``; returns the output(s). The interpreter is chosen
+        per process (TRITON_INTERPRET=1 before the kernels are imported), never per call."""
+
+    @abstractmethod
+    def reference(self, inputs: dict, params: dict) -> "torch.Tensor":
+        """The float64 reference output(s) for ``inputs``."""
 
     def tolerance(self, shape: dict, dtype: str, base_tol: float, params: dict) -> tuple[float, float]:
         """(atol, rtol) against the float64 reference; grows with the reduction length."""
         return base_tol, base_tol
 
-    def profile_fields(self, shape: dict, config: dict, measurement: Any, hw: Any, params: dict) -> dict[str, Any]:
-        """Family-specific fields for the trimmed profile the agent sees."""
-        return {}
-
     def use_cudagraph(self) -> bool:
+        """True for families with short launches: the cuda backend times them with do_bench_cudagraph."""
         return False
 
-    # --- identity ----------------------------------------------------------------------------
-    # True for a family that wraps a compiled extension or a torch op instead of Triton jit functions:
-    # no AOT compile (no compile units), timed by the cuda backend like any other family, checked
-    # against its reference; on a CPU host it needs the cuda backend or a recorded file.
-    external = False
+
+@dataclass
+class TritonFamily(KernelFamily):
+    """Triton jit kernels: compiled ahead of time for the spec's arch (registers, spills, shared
+    memory are real on any host), checked in the interpreter on a CPU host, timed on a GPU."""
+
+    kind: ClassVar[str] = "triton"
 
     # The launch wrapper(s): module-level functions of the family's module that check shapes, allocate
     # and launch its jit kernels (the entry point ``run`` calls). With the jit functions (in the module
@@ -242,21 +295,25 @@ class Family:
     # helpers the kernels call: ``source_files()`` lists them after the module.
     helper_files: ClassVar[tuple[Path, ...]] = ()
 
+    @abstractmethod
+    def compile_units(self, config: dict[str, int], dtype: str, params: dict) -> list[CompileUnit]:
+        """The jit kernels of one variant with their signatures and constexprs, for the AOT compile."""
+
+    @abstractmethod
+    def model_latency_ms(self, shape: dict, config: dict, stats: Any, hw: Any, dtype_bytes: int, params: dict) -> float:
+        """Analytic latency estimate from the variant's real compile stats (evidence=model): what a
+        sweep on a CPU host reports, labelled as an estimate."""
+
     def source_files(self) -> list[Path]:
-        """Files whose content is the kernel: the family's module and its ``helper_files`` by default;
-        a plugin or an external kernel adds its own (.py helpers, .cu sources, a shipped .cubin or .so).
-        The compile cache key, the assets' code_version, the spec sensor and ``kregress review``
-        follow these files."""
-        f = getattr(self.module, "__file__", None)
-        return ([Path(f).resolve()] if f else []) + [Path(h).resolve() for h in self.helper_files]
+        """The family's module, then its ``helper_files``."""
+        return super().source_files() + [Path(h).resolve() for h in self.helper_files]
 
     def source_hash(self) -> str:
-        """Hash of what is compiled, read from disk (so a long-lived process sees an edit): in each
-        Python source file, the Triton jit functions (``@triton.jit``/``@jit``), the ``compile_units``
-        methods that choose signatures, constexprs and hints, and the module-level UPPER_CASE
-        constants the kernels read; other files (.cu, .cubin, .so) whole. A Python file with no jit
-        function (an external kernel's wrapper) counts whole. Comments, the module docstring, the
-        latency model and the reference change nothing, so editing them recompiles nothing."""
+        """Hash of what is compiled, read from disk: in each Python source file, the Triton jit
+        functions (``@triton.jit``/``@jit``), the ``compile_units`` methods that choose signatures,
+        constexprs and hints, and the module-level UPPER_CASE constants the kernels read; other files
+        (.cu, .cubin, .so) whole. Comments, the module docstring, the latency model and the reference
+        change nothing, so editing them recompiles nothing."""
         h = hashlib.sha256(self.name.encode())
         for f in self.source_files():
             h.update(str(f.name).encode())
@@ -269,10 +326,47 @@ class Family:
         return h.hexdigest()[:16]
 
 
-def _is_jit_decorator(node: ast.expr) -> bool:
+@dataclass
+class ExternalFamily(KernelFamily):
+    """A compiled extension or a torch op: no AOT compile (no compile stats), timed by the cuda backend
+    like a Triton variant and checked against its reference; on a CPU host a sweep needs the cuda
+    backend or a recorded file. ``source_files()`` lists what runs (.py wrapper, .cu, .so, .cubin)."""
+
+    kind: ClassVar[str] = "external"
+
+
+@dataclass
+class RecordedFamily(Family):
+    """A recorded search space (a Kernel Tuner cache file): every evaluation answers with the runs
+    recorded for that configuration; nothing is compiled or re-checked."""
+
+    kind: ClassVar[str] = "recorded"
+
+    @abstractmethod
+    def flops(self, shape: dict, params: dict) -> float:
+        """Floating-point operations of one launch on ``shape`` (the TFLOP/s figure's numerator)."""
+
+    @abstractmethod
+    def bytes_moved(self, shape: dict, dtype_bytes: int, params: dict) -> float:
+        """Compulsory bytes read and written by one launch (the GB/s figure's numerator)."""
+
+    @abstractmethod
+    def replay(self, config: dict[str, int], shape: dict, params: dict) -> tuple[list, str | None, str]:
+        """(measurements, error, detail) for one config: its recorded runs, or its recorded failure."""
+
+
+KINDS: dict[str, type[Family]] = {"triton": TritonFamily, "external": ExternalFamily, "recorded": RecordedFamily}
+
+
+def is_jit_decorator(node: ast.expr) -> bool:
+    """``@triton.jit``, ``@jit``, ``@triton.jit(...)``: what makes a function a Triton kernel."""
     target = node.func if isinstance(node, ast.Call) else node
     text = ast.unparse(target)
     return text == "jit" or text.endswith(".jit")
+
+
+def is_jit_def(node: ast.AST) -> bool:
+    return isinstance(node, ast.FunctionDef) and any(is_jit_decorator(d) for d in node.decorator_list)
 
 
 def compiled_parts(source: str) -> str:
@@ -285,7 +379,7 @@ def compiled_parts(source: str) -> str:
     has_jit = False
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
-            jit = any(_is_jit_decorator(d) for d in node.decorator_list)
+            jit = is_jit_def(node)
             has_jit |= jit
             if jit or node.name == "compile_units":
                 parts.append(ast.unparse(node))
@@ -342,38 +436,45 @@ def check_positive_number(name: str, v: Any, hint: str = "") -> str | None:
 
 # --- the registry ------------------------------------------------------------------------------
 
-# Built-in families: name -> "module:attribute". Plugins use the entry-point group instead.
-BUILTIN: dict[str, str] = {
-    "gemm": "kernels.gemm:FAMILY",
-    "mla_decode": "kernels.mla_decode:FAMILY",
-    "attention": "kernels.attention:FAMILY",
-    "replay": "kernels.replay_family:FAMILY",
-    "torch_sdpa": "kernels.torch_sdpa:FAMILY",
-    "gemm_fp8": "kernels.gemm_fp8:FAMILY",
-    "grouped_gemm_fp8": "kernels.gemm_fp8:GROUPED_FAMILY",
-}
+# The distribution whose entry points are the built-in families (pyproject.toml's
+# [project.entry-points."kregress.families"]): built-ins and plugins register the same way.
+BUILTIN_DIST = "kregress"
 
 FAMILIES: dict[str, Family] = {}
 
 
 class UnknownFamily(KeyError):
-    """A ``kernel_family`` that is neither built in, nor installed, nor an import path."""
+    """A ``kernel_family`` that is neither installed (built in or plugin) nor an import path."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
 
 def register(family: Family) -> Family:
-    """Add a family under its name (built-in modules call this at import; plugins need not)."""
+    """Add a family under its name (a family module may call this at import; the registry also loads
+    every entry point of the group ``kregress.families`` on demand)."""
+    if not isinstance(family, (TritonFamily, ExternalFamily, RecordedFamily)):
+        raise TypeError(f"family {family.name!r} is a {type(family).__name__}: subclass one of the kinds "
+                        "TritonFamily, ExternalFamily or RecordedFamily (kregress.core.family)")
     family.lookup = family.lookup or family.name
     FAMILIES[family.name] = family
     return family
 
 
-def _entry_points() -> dict[str, Any]:
+def entry_points_by_name() -> dict[str, Any]:
+    """name -> entry point of every installed family, the built-ins (distribution ``kregress``) included."""
     from importlib.metadata import entry_points
 
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def is_builtin(ep: Any) -> bool:
+    return ep.dist is not None and ep.dist.name == BUILTIN_DIST
+
+
+def family_names() -> list[str]:
+    """Every installed family's name (built-ins and plugins), for listings and "did you mean"."""
+    return sorted(set(entry_points_by_name()) | set(FAMILIES))
 
 
 def _load_target(target: str, what: str) -> Family:
@@ -391,40 +492,48 @@ def _load_target(target: str, what: str) -> Family:
         raise UnknownFamily(f"{what}: {target} is a Family class; point at an instance (e.g. FAMILY = {obj.__name__}(...))")
     if not isinstance(obj, Family):
         raise UnknownFamily(f"{what}: {target} is a {type(obj).__name__}, not a kregress Family instance")
+    if not isinstance(obj, (TritonFamily, ExternalFamily, RecordedFamily)):
+        raise UnknownFamily(f"{what}: {target} is a {type(obj).__name__}, which subclasses Family directly; "
+                            "subclass TritonFamily, ExternalFamily or RecordedFamily (kregress.core.family)")
     if obj.module is None:
         obj.module = mod
     return obj
 
 
 def get_family(name: str) -> Family:
-    """The family named ``name``: built-in, installed plugin (entry point), or ``package.module:attr``."""
+    """The family named ``name``: an installed family (entry point: built-in or plugin) or
+    ``package.module:attr``."""
     if name in FAMILIES:
         return FAMILIES[name]
-    if name in BUILTIN:
-        fam = _load_target(BUILTIN[name], f"built-in family {name!r}")
-    elif ":" in name:
+    if ":" in name:
         fam = _load_target(name, f"kernel_family {name!r}")
     else:
-        eps = _entry_points()
+        eps = entry_points_by_name()
         if name not in eps:
+            builtins = sorted(n for n, ep in eps.items() if is_builtin(ep))
+            plugins = sorted(n for n, ep in eps.items() if not is_builtin(ep))
             raise UnknownFamily(
-                f"unknown kernel family {name!r}; built in: {', '.join(sorted(BUILTIN))}; "
-                f"installed plugins: {', '.join(sorted(eps)) or 'none'}. A plugin registers itself under the "
+                f"unknown kernel family {name!r}; built in: {', '.join(builtins) or 'none (reinstall kregress: pip install -e .)'}; "
+                f"installed plugins: {', '.join(plugins) or 'none'}. A plugin registers itself under the "
                 f"entry-point group {ENTRY_POINT_GROUP!r} (pip install -e DIR; `kregress family new NAME --dir DIR` "
                 "scaffolds one), or name an import path package.module:attribute"
             )
-        fam = _load_target(eps[name].value, f"plugin family {name!r} (entry point {eps[name].value})")
+        ep = eps[name]
+        kind = "built-in" if is_builtin(ep) else "plugin"
+        fam = _load_target(ep.value, f"{kind} family {name!r} (entry point {ep.value})")
     fam.lookup = fam.lookup or name
     FAMILIES[name] = fam
     return fam
 
 
 def families() -> dict[str, Family]:
-    """Every built-in and installed family (import-path families appear once they are used)."""
-    for name in list(BUILTIN) + sorted(_entry_points()):
+    """Every installed family, built-ins first (import-path families appear once they are used). A
+    broken plugin is skipped here (``kregress family list`` says why); a broken built-in raises."""
+    eps = entry_points_by_name()
+    for name in sorted(eps, key=lambda n: (not is_builtin(eps[n]), n)):
         try:
             get_family(name)
         except UnknownFamily:
-            if name in BUILTIN:
+            if is_builtin(eps[name]):
                 raise
     return dict(FAMILIES)

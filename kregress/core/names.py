@@ -6,6 +6,7 @@ their causes, and the Dagster pool that serializes GPU work. Anything in two mod
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 # Search policies (spec ``search.strategy``, the launchpad override, ``kregress sweep --strategy``).
@@ -25,12 +26,45 @@ VerdictKind = Literal["PASS", "REGRESS", "NEEDS_REVIEW"]
 ROLES = ("suggest", "report", "review")
 Role = Literal["suggest", "report", "review"]
 
-# The instance-wide Dagster concurrency pool of benchmark steps (one GPU, one benchmark at a time).
+# Benchmark steps take one slot of the pool of the device they time on: ``gpu/<host>/<device>``, the
+# device being the GPU's UUID (or a configured name on a host without one). Every such pool gets one slot
+# (dagster.yaml ``concurrency.pools.default_limit: 1``), so two benchmarks never time on one GPU at once,
+# while benchmarks on two GPUs run side by side. ``GPU_POOL`` is the prefix every benchmark pool shares.
 GPU_POOL = "gpu"
+DEVICE_POOL_SEP = "/"
+
+
+def _pool_part(text: str) -> str:
+    """A pool name is any run of non-whitespace (Dagster's rule): whitespace becomes ``_``, ``/`` is kept
+    out of a part so the name splits back into (host, device)."""
+    out = re.sub(r"\s+", "_", str(text).strip()).replace(DEVICE_POOL_SEP, "_")
+    return out or "unknown"
+
+
+def device_pool(host: str, device: str) -> str:
+    """The pool of benchmark steps timing on ``device`` of ``host``: ``gpu/<host>/<device>``."""
+    return DEVICE_POOL_SEP.join((GPU_POOL, _pool_part(host), _pool_part(device)))
+
+
+def is_benchmark_pool(pool: str | None) -> bool:
+    """True for a pool made by ``device_pool`` (and for the old instance-wide ``gpu`` pool)."""
+    return bool(pool) and (pool == GPU_POOL or pool.startswith(GPU_POOL + DEVICE_POOL_SEP))
 
 def arch_capability(arch: str) -> int:
     """``sm_90`` / ``sm_90a`` -> 90: the compute capability Triton's GPUTarget takes."""
     return int(arch.removeprefix("sm_").rstrip("a"))
+
+
+# The resource set (kernel_assets/definitions.py): KREGRESS_ENV, or `kregress sweep --env`.
+ENV_VAR = "KREGRESS_ENV"
+RESOURCE_ENVS = ("local", "gpu")
+
+
+def resource_env(override: str | None = None) -> str:
+    """The resource set a process runs with: ``override`` (a CLI flag), else $KREGRESS_ENV, else local."""
+    import os
+
+    return override or os.environ.get(ENV_VAR) or "local"
 
 
 # Rounds the asset graph is built with (round_1 .. round_MAX). A spec may use fewer.

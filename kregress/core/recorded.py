@@ -41,9 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from kregress.core.records import Measurement
 from kregress.core.family import Rule, Space
 from kregress.core.paths import REPO_ROOT
+from kregress.core.records import Measurement
 
 ENV_DIR = "KREGRESS_REPLAY_DIR"
 DEFAULT_FILE = "gemm_clblast_RTX_3090.json.gz"  # the full benchmark file, in replay_dir()

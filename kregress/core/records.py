@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kregress.core.gate import GateReport
 from kregress.core.names import Evidence, Role, VerdictKind  # noqa: E402  (re-exported)
 
 Risk = Literal["low", "medium", "high"]
@@ -167,7 +168,7 @@ class Measurement(BaseModel):
     device: str
     torch_version: str
     triton_version: str
-    # device identity (issue 12): which GPU, on which host, at which clocks
+    # device identity: which GPU, on which host, at which clocks
     gpu_name: str = ""
     gpu_uuid: str = ""
     host: str = ""
@@ -215,6 +216,8 @@ class VariantResult(BaseModel):
     # the baseline re-timed in the same batch as this variant (same process, same GPU, interleaved);
     # its verdict compares with these, not with the baseline row timed in another step
     batch_baseline: list[Measurement] = Field(default_factory=list)
+    # what the gate found for a patch variant (None: config only); the verdict reads it
+    gate: GateReport | None = None
 
     @field_validator("error")
     @classmethod

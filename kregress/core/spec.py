@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from kregress.core.names import MAX_GRAPH_ROUNDS, Strategy, arch_capability
 
@@ -96,12 +96,26 @@ class Search(_Strict):
     min_improvement: float = Field(default=0.01, ge=0, le=1.0, description="relative p50 gain that counts")
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
     top_k: int = Field(default=5, ge=1, le=50, description="rows of history the agent sees")
+    patches: bool = Field(default=False, description="llm/hybrid may propose source patches (shown the editable source)")
 
 
 class Budget(_Strict):
     max_input_tokens_per_round: int = Field(default=20000, ge=0, le=MAX_TOKENS)
     max_output_tokens_per_round: int = Field(default=8000, ge=0, le=MAX_TOKENS)
     max_total_tokens: int = Field(default=100000, ge=0, le=MAX_TOKENS)
+
+
+class Patches(_Strict):
+    """The gate candidate patches go through (kregress.core.gate): size cap and gate factors."""
+
+    max_changed_lines: int = Field(default=60, ge=1, le=5000, description="added + removed lines a patch may have")
+    precision_factor: float = Field(default=4.0, gt=1.0, le=1000.0,
+                                    description="NEEDS_REVIEW precision: error this many times the baseline's own")
+    plausibility_factor: float = Field(default=2.0, gt=1.0, le=1000.0,
+                                       description="NEEDS_REVIEW implausible: this many times faster than the baseline")
+    seeds: int = Field(default=3, ge=3, le=32, description="secret input seeds per judgement")
+    max_source_chars: int = Field(default=12000, ge=1000, le=200000,
+                                  description="editable source shown to the llm policy (counted in the round's budget)")
 
 
 class Objective(_Strict):
@@ -115,6 +129,9 @@ class Benchmark(_Strict):
     warmup_ms: int = Field(default=25, gt=0, le=600_000)
     rep_ms: int = Field(default=100, gt=0, le=600_000)
     timeout_s: float = Field(default=300.0, gt=0, le=86400.0, description="per variant, child process killed after")
+    max_gpu_seconds_per_round: float | None = Field(
+        default=None, gt=0, le=86400.0,
+        description="cap on a round's GPU timing (cuda backend), variants timed best-forecast first; None: no cap")
 
 
 class TaskSpec(_Strict):
@@ -131,41 +148,30 @@ class TaskSpec(_Strict):
     search: Search = Search()
     budget: Budget = Budget()
     benchmark: Benchmark = Benchmark()
+    patches: Patches = Patches()
     baseline: dict[str, int]
     params: dict[str, Any] = Field(default_factory=dict, description="family-specific knobs")
 
-    @field_validator("kernel_family")
-    @classmethod
-    def _known_family(cls, v: str) -> str:
-        from kregress.core.family import UnknownFamily, get_family
+    # The file the spec was loaded from (None for a spec built in code): bind resolves the family's
+    # relative paths against its folder, and errors name it.
+    _source: Path | None = PrivateAttr(default=None)
 
-        try:  # built in, an installed plugin (entry point) or an import path package.module:attribute
-            get_family(v)
-        except UnknownFamily as exc:
-            raise ValueError(str(exc) + _did_you_mean(v, _family_names())) from None
-        return v
+    @property
+    def source(self) -> Path | None:
+        return self._source
 
-    @model_validator(mode="after")
-    def _family_checks(self, info: ValidationInfo) -> TaskSpec:
-        # parse_spec asks to defer these so that each problem is reported with its own field name.
-        if not (info.context or {}).get("defer_family_checks"):
-            problems = family_problems(self)
-            if problems:
-                raise ValueError("; ".join(f"{field}: {msg}" for field, _, msg in problems))
-        return self
+    def with_params(self, params: dict[str, Any]) -> "TaskSpec":
+        """A copy with ``params`` replaced (bind: paths resolved), from the same file."""
+        out = self.model_copy(update={"params": params})
+        out._source = self._source
+        return out
 
     def content_hash(self) -> str:
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _family_names() -> list[str]:
-    from kregress.core.family import BUILTIN
-
-    return sorted(BUILTIN)
-
-
-def _did_you_mean(value: Any, choices: list[str] | tuple[str, ...]) -> str:
+def did_you_mean(value: Any, choices: list[str] | tuple[str, ...]) -> str:
     if not isinstance(value, str) or not choices:
         return ""
     close = difflib.get_close_matches(value, [str(c) for c in choices], n=1, cutoff=0.6)
@@ -186,91 +192,6 @@ def shape_bound_problems(shape: Any) -> list[tuple[str | None, Any, str]]:
         return [(None, shape, f"the product of the dimensions ({math.prod(dims.values()):.3g}) is out of bounds; "
                               f"allowed: {BOUND_REASONS['shape']}")]
     return []
-
-
-def _baseline_hint(fam: Any, baseline: dict) -> str:
-    tunables = list(fam.space.params)
-    hints = [f"{k!r} -> did you mean {m[0]!r}?" for k in baseline if k not in tunables
-             for m in [difflib.get_close_matches(k, tunables, n=1, cutoff=0.6)] if m]
-    return f" ({'; '.join(hints)})" if hints else ""
-
-
-def family_problems(spec: TaskSpec | dict, skip: frozenset[str] = frozenset()) -> list[tuple[str, Any, str]]:
-    """(field, value, message) for every dtype, shape, baseline or params problem the family finds.
-
-    Takes a TaskSpec or the raw mapping (so family checks run beside schema errors); fields named in
-    ``skip`` (they already failed the schema) are not checked again. A family check that raises (say, a
-    recorded data folder that is missing) is reported as a problem of that field, never a traceback."""
-    from kregress.core.family import UnknownFamily, get_family
-
-    raw = spec.model_dump() if isinstance(spec, TaskSpec) else spec
-    out: list[tuple[str, Any, str]] = []
-    try:  # a recorded family allocates nothing: its one shape is the recording's (pnpoly: 2e7 points)
-        recorded = isinstance(raw.get("kernel_family"), str) and get_family(raw["kernel_family"]).recorded
-    except UnknownFamily:
-        recorded = False
-    for field in ("shape_matrix", "correctness_shapes"):  # family-independent bounds
-        shapes = raw.get(field)
-        if field not in skip and isinstance(shapes, list) and not recorded:
-            for i, shape in enumerate(shapes):
-                for dim, value, problem in shape_bound_problems(shape):
-                    out.append((f"{field}.{i}" + (f".{dim}" if dim else ""), value, problem))
-    name = raw.get("kernel_family")
-    if "kernel_family" in skip or not isinstance(name, str):
-        return out
-    try:
-        fam = get_family(name)
-    except UnknownFamily:
-        return out
-
-    def guarded(field: str, value: Any, check) -> None:
-        try:
-            problem = check()
-        except Exception as exc:  # noqa: BLE001 - a family check must never end in a traceback
-            problem = f"could not be checked: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-        if problem:
-            out.append((field, value, problem))
-
-    dtype = raw.get("dtype", "bf16")
-    if "dtype" not in skip and isinstance(dtype, str) and dtype not in fam.dtypes:
-        out.append(("dtype", dtype, f"family {fam.name} takes {', '.join(fam.dtypes)}"))
-    params = raw.get("params", {})
-    params = params if isinstance(params, dict) else {}
-    if "params" not in skip:
-        n = len(out)
-        guarded("params", params, lambda: fam.check_params(params))
-        if len(out) > n:  # space and shapes may follow the params (replay: the recorded file): said once
-            return out
-        try:
-            fam = fam.for_params(params)
-        except Exception as exc:  # noqa: BLE001 - never a traceback
-            out.append(("params", params, f"could not be checked: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
-            return out
-    bad_shape_fields = {".".join(f.split(".")[:2]) for f, _, _ in out}
-    for field in ("shape_matrix", "correctness_shapes"):
-        shapes = raw.get(field)
-        if field in skip or not isinstance(shapes, list):
-            continue
-        for i, shape in enumerate(shapes):
-            if f"{field}.{i}" not in bad_shape_fields:
-                guarded(f"{field}.{i}", shape, lambda s=shape: fam.check_shape(s))
-    baseline = raw.get("baseline")
-    if "baseline" not in skip and isinstance(baseline, dict):
-        limits = _limits_or_default(raw)
-        guarded("baseline", baseline,
-                lambda: (lambda p: p and p + _baseline_hint(fam, baseline))(fam.space.check(baseline, params, limits)))
-    return out
-
-
-def _limits_or_default(raw: dict) -> HardwareLimits:
-    hw = raw.get("hardware")
-    lim = hw.get("limits") if isinstance(hw, dict) else None
-    if isinstance(lim, HardwareLimits):
-        return lim
-    try:
-        return HardwareLimits.model_validate(lim or {})
-    except ValidationError:
-        return HardwareLimits()
 
 
 class SpecError(ValueError):
@@ -336,14 +257,14 @@ def _error_lines(path: str | Path, exc: ValidationError, model: type[BaseModel])
         if err["type"] == "extra_forbidden":
             parent_fields = _fields_at(model, loc[:-1])
             msg = f"unknown key; allowed keys here: {', '.join(parent_fields)}" if parent_fields else "unknown key"
-            msg += _did_you_mean(str(loc[-1]), parent_fields)
+            msg += did_you_mean(str(loc[-1]), parent_fields)
         else:
             msg = err["msg"].removeprefix("Value error, ")
             hint = _type_hint(err)
             if hint:
                 msg += f" ({hint})"
             if err["type"] == "literal_error":
-                msg += _did_you_mean(value, _literal_choices(model, loc))
+                msg += did_you_mean(value, _literal_choices(model, loc))
             msg += _bound_reason(loc, err)
         shown = json.dumps(value, default=str)[:120] if err["type"] != "missing" else "(missing)"
         allowed = _allowed_for(err)
@@ -384,20 +305,21 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(cur.model_fields) if isinstance(cur, type) and issubclass(cur, BaseModel) else []
 
 
-def parse_spec(data: Any, path: str | Path = "<spec>") -> TaskSpec:
+def parse_spec_data(data: Any, path: str | Path = "<spec>") -> tuple[TaskSpec | None, list[str], set[str]]:
+    """(spec or None, one line per schema problem, the top-level fields that failed): the schema check
+    alone. No family is imported; ``kregress.core.bind`` runs the family's checks."""
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: the file must hold a YAML mapping (task_id: ..., kernel_family: ...), got {type(data).__name__}")
-    lines: list[str] = []
-    spec = None
-    skip: set[str] = set()
+        return None, [f"{path}: the file must hold a YAML mapping (task_id: ..., kernel_family: ...), "
+                      f"got {type(data).__name__}"], set()
     try:
-        spec = TaskSpec.model_validate(data, context={"defer_family_checks": True})
+        return TaskSpec.model_validate(data), [], set()
     except ValidationError as exc:
-        lines += _error_lines(path, exc, TaskSpec)
-        skip = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
-        # a bad hardware.limits falls back to the defaults for the baseline rules: still report them
-    problems = family_problems(spec if spec is not None else data, frozenset(skip))
-    lines += [f"{path}: field '{field}': value {json.dumps(value, default=str)[:160]}: {msg}" for field, value, msg in problems]
+        return None, _error_lines(path, exc, TaskSpec), {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+
+
+def parse_spec(data: Any, path: str | Path = "<spec>") -> TaskSpec:
+    """A TaskSpec from a mapping, schema-checked (``SpecError`` lists every schema problem)."""
+    spec, lines, _ = parse_spec_data(data, path)
     if lines:
         raise SpecError("\n".join(lines))
     return spec
@@ -441,7 +363,9 @@ def read_yaml(text: str) -> tuple[Any, list[tuple[int, str]]]:
         loader.dispose()
 
 
-def load_spec(path: str | Path) -> TaskSpec:
+def read_spec_file(path: str | Path) -> tuple[Any, list[str]]:
+    """(the file's YAML data, one line per key given twice); ``SpecError`` when the file is missing,
+    unreadable or not YAML."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
@@ -453,20 +377,20 @@ def load_spec(path: str | Path) -> TaskSpec:
         data, duplicates = read_yaml(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    dup_lines = [f"{path}: line {line}: {msg}" for line, msg in duplicates]
-    if isinstance(data, dict) and isinstance(data.get("params"), dict) and isinstance(data.get("kernel_family"), str):
-        from kregress.core.family import UnknownFamily, get_family
+    return data, [f"{path}: line {line}: {msg}" for line, msg in duplicates]
 
-        try:  # paths in params are relative to the spec's folder (replay: cache_file)
-            data = {**data, "params": get_family(data["kernel_family"]).resolve_params(data["params"], path.parent)}
-        except UnknownFamily:
-            pass  # validation reports it with the field name
-    try:
-        spec = parse_spec(data, path)
-    except SpecError as exc:  # duplicated keys and every other problem, in one pass
-        raise SpecError("\n".join(dup_lines + [str(exc)])) from None
-    if dup_lines:
-        raise SpecError("\n".join(dup_lines))
+
+def load_spec(path: str | Path) -> TaskSpec:
+    """Read and schema-check a spec file. Imports no family (so no torch, no Triton): the family's own
+    checks run when the spec is bound (``kregress.core.bind.bind``). Duplicated keys and every schema
+    problem are reported together in one ``SpecError``."""
+    path = Path(path)
+    data, lines = read_spec_file(path)
+    spec, schema_lines, _ = parse_spec_data(data, path)
+    lines += schema_lines
+    if lines:
+        raise SpecError("\n".join(lines))
+    spec._source = path.resolve()
     return spec
 
 

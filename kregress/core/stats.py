@@ -10,7 +10,7 @@ it into a verdict against the guard (e.g. 1.03):
 * PASS          the interval lies entirely below the guard;
 * NEEDS_REVIEW  anything else, or too few samples (``min_samples`` per side and shape).
 
-That is the ``"shift"`` rule (default). The rule before issue 12, ``"interval"``, asked the whole
+That is the ``"shift"`` rule (default). The earlier rule, ``"interval"``, asked the whole
 interval to clear the guard (REGRESS only when low > guard); on noisy timings a +6% slowdown rarely
 does, so it missed real slowdowns (see below). ``verdict_by_shape`` applies the rule to every shape
 and to all of them together: a variant is REGRESS if any shape is, and the shape is named.
@@ -44,7 +44,7 @@ and guard 1.03, resample (32 draws a side) and split (random halves of the runs)
   cluster onto the place of another, so ranks alone cannot tell it from a change in how often each
   regime occurred: Hodges-Lehmann detected 89.8% (resample) / 65.1% (split) there, the asv-style rule
   54.0% / 15.6%, the plain p50 threshold 84.3% / 76.3% at 16.5% / 23.8% false alarms, the rule before
-  issue 12 30.7% / 17.7%. Lining up the cluster positions detects 100% / 96.9% at 0.0% false alarms.
+  the earlier rule 30.7% / 17.7%. Lining up the cluster positions detects 100% / 96.9% at 0.0% false alarms.
 * Where the timings are smooth the kernel likelihood at a fixed threshold is overconfident (on
   simulated lognormal noise of 6%, 16 samples a side, 300 A/A trials, forced past the gate: 8.7% false
   alarms against Hodges-Lehmann's 2.7%), hence the bandwidth gate; there the rule is the
@@ -396,7 +396,7 @@ def classify(
     * NEEDS_REVIEW otherwise (estimate above the guard but not significant, or an interval that
       reaches past the guard).
 
-    ``rule="interval"`` (the rule before issue 12): REGRESS only when the whole interval is above the
+    ``rule="interval"`` (the earlier rule): REGRESS only when the whole interval is above the
     guard (low > guard), PASS when it is entirely below it, NEEDS_REVIEW otherwise. It asks the
     interval to clear the guard, which on noisy timings a +6% slowdown rarely does.
 

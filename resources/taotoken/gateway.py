@@ -11,8 +11,11 @@ exponential backoff with jitter) and fail over to another key of the role; the c
 waits would pass ``retry_horizon_s`` (``RetriesExhausted``). A key the server rejects (401, 402, 403, a quota
 code) is taken out and the call fails over; ``CredentialsError`` comes only when every key of the role was
 rejected. Cooldowns are written to the ledger, so parallel runs skip a key another run just saw limited.
-Other 4xx raise ``RequestError`` / ``ContentError`` at once. Every attempt is one ledger row; responses are
-cached by request hash, so a re-run does not pay twice.
+Other 4xx raise ``RequestError`` / ``ContentError`` at once; so does a 200 whose ``choices`` list is empty (a
+provider or content failure), with the usage it reported recorded and charged. Every attempt is one ledger row,
+written before the request goes out and completed when the answer comes, so a process killed mid-call leaves
+its row; the first call of a gateway settles what dead processes on this host left in flight
+(``UsageStore.recover``). Responses are cached by request hash, so a re-run does not pay twice.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import openai
 
+from kregress.core.budget import BudgetScope
 from kregress.core.endpoints import (
     BASE_URL_ENV,
     DEFAULT_ROOT,
     MODEL_ENV,
+    ContentError,
     CredentialsError,
     GatewayError,
     RequestError,
@@ -38,29 +43,42 @@ from kregress.core.endpoints import (
 from kregress.core.names import ROLES
 from kregress.core.records import UsageRecord
 from kregress.core.spec import Budget
-from resources.ledger import CACHE_ALIAS, BudgetExceeded, Ledger, Reservation, new_owner
+from resources.ledger import CACHE_ALIAS, INTERRUPTED, BudgetExceeded, Ledger, Reservation, new_owner
 from resources.taotoken.errors import Where, classify, parse_error_body, retry_after
 from resources.taotoken.estimate import estimate_messages_tokens, estimate_tokens, request_hash
 from resources.taotoken.keys import CREDENTIALS, ApiKey, KeyPool
 from resources.taotoken.settings import GatewaySettings
 
 log_default = logging.getLogger("kregress.gateway")
+NO_CHOICES = "no_choices"  # ContentError.kind of a 200 answer whose choices list is empty
 MIN_DELAY_S = 0.1  # the shortest wait between attempts (a server answering "Retry-After: 0" forever still ends)
 
 
 @dataclass(frozen=True)
 class CallContext:
-    """Who is calling: what the ledger row and the budget scope are keyed by."""
+    """Who is calling: the budget scope the call counts against (its sweep, run and partition), the round and task.
 
-    run_id: str = ""
-    partition: str = ""
+    Pass the run's ``scope`` (made once where the run starts); without one, ``BudgetScope.for_run(run_id,
+    partition)`` is the scope, the same rule the run itself uses.
+    """
+
+    scope: BudgetScope | None = None
     round: int = 0  # 1..N for suggest rounds; 0 for the report / review calls (sweep budget only)
     task: str = ""  # e.g. "round_2_suggestions", "verdict_report"
-    sweep: str = ""  # budget scope; default: run_id, else partition
+    run_id: str = ""
+    partition: str = ""
+
+    def __post_init__(self) -> None:
+        if self.scope is None:
+            object.__setattr__(self, "scope", BudgetScope.for_run(self.run_id, self.partition))
+        else:
+            object.__setattr__(self, "run_id", self.run_id or self.scope.run_id)
+            object.__setattr__(self, "partition", self.partition or self.scope.partition)
 
     @property
-    def scope(self) -> str:
-        return self.sweep or self.run_id or self.partition or "default"
+    def sweep(self) -> str:
+        assert self.scope is not None
+        return self.scope.sweep
 
 
 @dataclass
@@ -98,6 +116,7 @@ class _Outcome:
     completion_tokens: int | None = None
     truncated: bool = False
     error: GatewayError | None = None
+    usage_reported: bool = False  # an error answer that still reported usage (e.g. an empty choices list)
 
 
 class Gateway:
@@ -127,6 +146,7 @@ class Gateway:
         self.owner = new_owner()  # tags the cooldowns this gateway shares through the ledger
         self._clients: dict[str, openai.OpenAI] = {}
         self._model_checked = False
+        self._recovered = False
 
     def __repr__(self) -> str:
         return f"Gateway(root={self.root!r}, model={self.model!r}, keys={self.keys!r}, ledger={self.ledger!r})"
@@ -165,7 +185,7 @@ class Gateway:
     # -- cooldowns shared through the ledger ---------------------------------------------------
     def _sync_cooldowns(self, role: str) -> None:
         """Take in the cooldowns other gateways (other runs, other processes) wrote for this role's keys."""
-        rows = self.ledger.cooldowns(self.keys.aliases(role))
+        rows = self.ledger.cooldowns.active(self.keys.aliases(role))
         now, now_wall = self.clock(), time.time()
         for alias, (until, reason, owner) in rows.items():
             if owner != self.owner:
@@ -173,7 +193,7 @@ class Gateway:
 
     def _cool(self, key: ApiKey, delay: float, reason: str) -> None:
         self.keys.cool(key, self.clock() + delay, reason)
-        self.ledger.cool_key(key.alias, time.time() + delay, reason=reason, owner=self.owner)
+        self.ledger.cooldowns.cool(key.alias, time.time() + delay, reason=reason, owner=self.owner)
 
     # -- the model id ------------------------------------------------------------------------
     def _check_model(self, role: str) -> None:
@@ -248,6 +268,22 @@ class Gateway:
 
     def _read_completion(self, completion: Any, request_id: str, role: str, key: ApiKey) -> _Outcome:
         choices = getattr(completion, "choices", None)
+        usage = getattr(completion, "usage", None) if not isinstance(completion, (str, bytes)) else None
+        if isinstance(choices, list) and not choices:
+            # A chat completion with nothing in it: the URL was right (the server answered in the API's shape), the
+            # provider produced no message (moderation, an upstream failure). What it billed is recorded.
+            pt = getattr(usage, "prompt_tokens", None) if usage else None
+            ct = getattr(usage, "completion_tokens", None) if usage else None
+            billed = f"; it reported {pt or 0}+{ct or 0} tokens, recorded in the ledger" if usage else ""
+            err = ContentError(
+                f"[content] POST {self.sdk_base}/chat/completions answered 200 with an empty choices list: model {self.model!r} "
+                f"returned no message (role {role}, key {key.alias}){billed}. Fix: the provider refused or failed this prompt; "
+                f"retry later, or set {MODEL_ENV} to another model served at {self.sdk_base}/models.",
+                role=role, key_alias=key.alias, status=200, kind=NO_CHOICES,
+            )
+            err.billed = (int(pt or 0), int(ct or 0))  # type: ignore[attr-defined]  # what the server reported for it
+            return _Outcome(False, "content", 200, request_id=request_id or str(getattr(completion, "id", "") or ""),
+                            prompt_tokens=pt, completion_tokens=ct, error=err, usage_reported=usage is not None)
         if isinstance(completion, (str, bytes)) or not choices:
             what = "an HTML/text page" if isinstance(completion, (str, bytes)) else "a JSON object with no choices"
             err = RequestError(
@@ -259,7 +295,6 @@ class Gateway:
         choice = choices[0]
         msg = getattr(choice, "message", None)
         text = (getattr(msg, "content", None) or "") if msg is not None else ""
-        usage = getattr(completion, "usage", None)
         limit = self.settings.max_response_chars
         return _Outcome(
             True, "ok", 200,
@@ -308,6 +343,7 @@ class Gateway:
         else:
             candidates = [None]
 
+        self._recover()
         reservation: Reservation | None = None
         for i, rows in enumerate(candidates):
             msgs = [dict(m) for m in (messages(rows) if callable(messages) else messages)]  # type: ignore[operator]
@@ -317,21 +353,20 @@ class Gateway:
             est = estimate_messages_tokens(msgs)
             h = request_hash(self.model, msgs, params)
             if cache_on:
-                hit = self.ledger.cache_get(h)
+                hit = self.ledger.cache.get(h)
                 if hit is not None:
                     return self._cache_hit(hit, role, ctx, rows, est, mt)
             try:
-                reservation = self.ledger.reserve(
-                    sweep=ctx.scope, round=ctx.round, est_input=est, est_output=mt, budget=budget, run_id=ctx.run_id,
-                    partition=ctx.partition, role=role, task=ctx.task, record_refusal=(i == len(candidates) - 1),
-                    min_output=min(mt, s.min_output_tokens),
+                reservation = self.ledger.usage.reserve(
+                    ctx.scope, round=ctx.round, est_input=est, est_output=mt, budget=budget, role=role, task=ctx.task,
+                    record_refusal=(i == len(candidates) - 1), min_output=min(mt, s.min_output_tokens),
                 )
                 break
             except BudgetExceeded as e:
-                if i == len(candidates) - 1 or e.reason.startswith("sweep blocked"):
+                if i == len(candidates) - 1 or e.blocked:
                     tried = f" (tried {candidates[0]}..{rows} history rows)" if callable(messages) and i else ""
-                    self._say("warning", f"{role}: no call made: {e.reason}{tried}")
-                    raise BudgetExceeded(e.reason + tried, scope=e.scope, round=e.round) from None
+                    self._say("debug", f"{role}: no call made: {e.reason}{tried}")
+                    raise BudgetExceeded(e.breaches, scope=e.scope, round=e.round, note=tried) from None
         assert reservation is not None
         if callable(messages) and rows != candidates[0]:
             self._say("info", f"{role}: prompt shrunk to {rows} history rows to fit the round budget")
@@ -339,32 +374,41 @@ class Gateway:
             self._say("info", f"{role}: max_tokens lowered from {mt} to {reservation.est_output}: what the budget has left")
             params = {**params, "max_tokens": reservation.est_output}
             h = request_hash(self.model, msgs, params)
-            hit = self.ledger.cache_get(h) if cache_on else None
+            hit = self.ledger.cache.get(h) if cache_on else None
             if hit is not None:
-                self.ledger.settle(reservation, 0, 0)
+                self.ledger.usage.settle(reservation, 0, 0)
                 return self._cache_hit(hit, role, ctx, rows, est, reservation.est_output)
 
         body = {"model": self.model, "messages": msgs, **params}
-        used_in = used_out = 0
+        billed = [0, 0]  # what the server reported over every attempt of this call, errors with usage included
         try:
-            result = self._send(role, body, ctx, reservation, est)
-            used_in, used_out = result.prompt_tokens, result.completion_tokens
+            result = self._send(role, body, ctx, reservation, est, billed)
         finally:
-            self.ledger.settle(reservation, used_in, used_out)
+            self.ledger.usage.settle(reservation, billed[0], billed[1])
+        used_in, used_out = billed
         if used_in > reservation.est_input or used_out > reservation.est_output:
             self._say("warning", f"{role}: the server billed {used_in}+{used_out} tokens against a reservation of "
-                                 f"{reservation.est_input}+{reservation.est_output}: budget overshoot; sweep {ctx.scope} makes no further calls")
+                                 f"{reservation.est_input}+{reservation.est_output}: budget overshoot; sweep {ctx.sweep} makes no further calls")
         result.rows = rows
         if cache_on and result.text and not result.truncated:
-            self.ledger.cache_put(h, model=self.model, role=role, content=result.text, finish_reason=result.finish_reason,
+            self.ledger.cache.put(h, model=self.model, role=role, content=result.text, finish_reason=result.finish_reason,
                                   request_id=result.request_id, prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens)
         return result
 
+    def _recover(self) -> None:
+        """Once per gateway: settle the reservations and attempts that dead processes on this host left in flight."""
+        if self._recovered:
+            return
+        self._recovered = True
+        for r in self.ledger.usage.recover():
+            self._say("warning", f"ledger: reservation {r.reservation_id} of sweep {r.sweep} was left in flight by a process that "
+                                 f"died; {r.state} ({r.input}+{r.output} tokens; {r.interrupted_attempts} attempt(s) interrupted)")
+
     def _cache_hit(self, hit: dict[str, Any], role: str, ctx: CallContext, rows: int | None, est: int, mt: int) -> ChatResult:
-        self.ledger.record(
+        self.ledger.usage.record(
             UsageRecord(ts=time.time(), run_id=ctx.run_id, partition=ctx.partition, round=ctx.round, role=role, task=ctx.task,  # type: ignore[arg-type]
                         key_alias=CACHE_ALIAS, model=self.model, request_id=hit["request_id"], attempt=1, status="ok", cache_hit=True),
-            sweep=ctx.scope,
+            sweep=ctx.sweep,
         )
         self._say("info", f"{role}: response served from the cache (request {hit['request_id'] or '-'}); no tokens spent")
         return ChatResult(text=hit["content"], role=role, model=self.model, key_alias=CACHE_ALIAS, request_id=hit["request_id"],
@@ -378,7 +422,8 @@ class Gateway:
             role=role, key_alias=alias, status=status, kind=kind,
         )
 
-    def _send(self, role: str, body: dict[str, Any], ctx: CallContext, reservation: Reservation, est: int) -> ChatResult:
+    def _send(self, role: str, body: dict[str, Any], ctx: CallContext, reservation: Reservation, est: int,
+              billed: list[int]) -> ChatResult:
         s = self.settings
         failures = attempt = 0
         waited = 0.0
@@ -395,24 +440,33 @@ class Gateway:
                 self.sleep(wait)
                 waited += wait
             attempt += 1
+            # On record before it goes out: a process killed while waiting for the answer still leaves this row.
+            aid = self.ledger.usage.begin_attempt(
+                UsageRecord(ts=time.time(), run_id=ctx.run_id, partition=ctx.partition, round=ctx.round, role=role, task=ctx.task,  # type: ignore[arg-type]
+                            key_alias=key.alias, model=self.model, attempt=attempt),
+                sweep=ctx.sweep, reservation_id=reservation.id,
+            )
             t0 = time.perf_counter()
-            out = self._attempt(key, body, role, est)
+            try:
+                out = self._attempt(key, body, role, est)
+            except BaseException:
+                self.ledger.usage.finish_attempt(aid, status="error", error_class=INTERRUPTED,
+                                                 latency_ms=round((time.perf_counter() - t0) * 1000.0, 2))
+                raise
             latency = (time.perf_counter() - t0) * 1000.0
             usage_estimated = out.ok and (out.prompt_tokens is None or out.completion_tokens is None)
             pt = out.prompt_tokens if out.prompt_tokens is not None else (est if out.ok else 0)
             ct = out.completion_tokens if out.completion_tokens is not None else (estimate_tokens(out.text) if out.ok else 0)
-            self.ledger.record(
-                UsageRecord(
-                    ts=time.time(), run_id=ctx.run_id, partition=ctx.partition, round=ctx.round, role=role, task=ctx.task,  # type: ignore[arg-type]
-                    key_alias=key.alias, model=self.model, request_id=out.request_id, prompt_tokens=int(pt), completion_tokens=int(ct),
-                    total_tokens=int(pt) + int(ct), latency_ms=round(latency, 2), attempt=attempt,
-                    status="ok" if out.ok else "error",
-                    error_class=("usage_estimated" if usage_estimated else "") if out.ok else (out.kind + (f":{out.status}" if out.status else "")),
-                ),
-                sweep=ctx.scope, reservation_id=reservation.id,
+            billed[0] += int(pt)
+            billed[1] += int(ct)
+            self.ledger.usage.finish_attempt(
+                aid, status="ok" if out.ok else "error", prompt_tokens=int(pt), completion_tokens=int(ct),
+                latency_ms=round(latency, 2), request_id=out.request_id,
+                error_class=("usage_estimated" if usage_estimated else "") if out.ok else (out.kind + (f":{out.status}" if out.status else "")),
             )
             if out.ok:
-                self._say("info", f"{role}: {key.alias} ok in {latency:.0f} ms (attempt {attempt}, {pt}+{ct} tokens, request {out.request_id or '-'})")
+                self._say("info", f"{role}: {key.alias} ok in {latency:.0f} ms (attempt {attempt}, {pt}+{ct} tokens, "
+                                  f"request {out.request_id or '-'})")
                 return ChatResult(
                     text=out.text, role=role, model=self.model, key_alias=key.alias, request_id=out.request_id, prompt_tokens=int(pt),
                     completion_tokens=int(ct), total_tokens=int(pt) + int(ct), finish_reason=out.finish_reason, attempts=attempt,
@@ -423,13 +477,10 @@ class Gateway:
                 left = self.keys.reject(key, out.error)
                 self._cool(key, s.credential_cooldown_s, CREDENTIALS)
                 if not left:
-                    err = self.keys.all_rejected(role)
-                    self._say("error", str(err))
-                    raise err
+                    raise self.keys.all_rejected(role)  # the caller prints it once; logging it here would repeat it
                 self._say("warning", f"{role}: {key.alias} rejected (HTTP {out.status}); failing over to {left[0].alias}")
                 continue
             if out.error is not None:
-                self._say("error", str(out.error))
                 raise out.error
             what = out.kind + (f" (HTTP {out.status})" if out.status else "") + (f": {out.body_text}" if out.body_text else "")
             last = (what, key.alias, out.status, out.kind)

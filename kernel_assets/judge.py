@@ -1,0 +1,270 @@
+"""Judging candidate patches from anyone (``kregress judge``), with the gate the sweep uses.
+
+A patch from a person, Codex, Claude Code or ``git diff HEAD~1 -- kernels/`` becomes a ``Suggestion``
+with ``patch`` set and goes through the same benchmark backend as a sweep's variants
+(``resources.gpu``: config-only variants as usual, patch variants through ``kernels.candidate``'s gate),
+next to the spec's baseline; each verdict is ``verdict_with_gate``: the gate's causes (rejected, wrong,
+precision, implausible) in front of the sweep's own rule (``kernel_assets.sweep.verdict_for``). No
+Dagster instance is involved: the backend resource is constructed directly, as tests do.
+
+Outputs, under ``$DAGSTER_HOME/reports/<task_id>/``: report.md (each diff with what the gate found), the
+Parquet tables of a sweep (verdicts.parquet carries variant_id, verdict, cause and patch_sha256) and each
+judged patch as ``patches/<variant_id>.patch`` (what ``kregress review --patch VARIANT_ID`` reads).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kregress.core import paths
+from kregress.core.gate import gate_verdict
+from kregress.core.patch import NotAPatch, parse_patch
+from kregress.core.records import Suggestion, VariantResult, Verdict
+
+MAX_PATCH_BYTES = 200_000
+
+
+class BadArgument(ValueError):
+    """An argument that is not a patch at all (no such file, not a diff), or an unreadable config."""
+
+
+@dataclass
+class PatchArg:
+    """One patch to judge: where it came from, its text, the variant id (the file's stem) and its config."""
+
+    path: Path
+    text: str
+    variant_id: str
+    config: dict[str, int] | None = None
+    config_source: str = ""
+
+
+def _variant_id(stem: str, taken: set[str]) -> str:
+    vid = re.sub(r"[^A-Za-z0-9_.:-]+", "_", stem).strip("_") or "patch"
+    vid = vid[:60]
+    base, n = vid, 2
+    while vid in taken:
+        vid = f"{base}-{n}"
+        n += 1
+    taken.add(vid)
+    return vid
+
+
+def _read_config(text_or_path: str, what: str) -> dict[str, Any]:
+    p = Path(text_or_path)
+    try:
+        raw = p.read_text() if p.is_file() else text_or_path
+    except OSError as exc:
+        raise BadArgument(f"{what}: cannot read {p}: {exc}") from None
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        hint = "" if p.is_file() else " (no such file either)"
+        raise BadArgument(f"{what}: {text_or_path!r} is not a JSON config{hint}: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadArgument(f"{what}: a config is a JSON object of tunables, got {type(data).__name__}")
+    bad = [k for k, v in data.items() if isinstance(v, bool) or not isinstance(v, int)]
+    if bad:
+        raise BadArgument(f"{what}: tunables are integers; not: {', '.join(f'{k}={data[k]!r}' for k in bad)}")
+    return data
+
+
+def read_patch_args(args: list[str], config: str | None = None) -> list[PatchArg]:
+    """``PATCH`` or ``PATCH:CONFIG.json`` arguments -> patches to judge; ``config`` (JSON text or a file)
+    applies to every patch without its own. Raises ``BadArgument`` naming the argument and why it is
+    not a patch: a missing file, binary or non-UTF-8 content, text with no unified diff in it."""
+    default = _read_config(config, "--config") if config else None
+    out: list[PatchArg] = []
+    taken: set[str] = {"baseline"}
+    for arg in args:
+        path_s, cfg_s = arg, None
+        if not Path(arg).exists() and ":" in arg:
+            head, _, tail = arg.rpartition(":")
+            if tail.endswith(".json") or tail.lstrip().startswith("{"):
+                path_s, cfg_s = head, tail
+        path = Path(path_s)
+        if not path.is_file():
+            raise BadArgument(f"{arg}: no such file")
+        raw = path.read_bytes()
+        if len(raw) > MAX_PATCH_BYTES:
+            raise BadArgument(f"{arg}: {len(raw)} bytes; a patch is at most {MAX_PATCH_BYTES} bytes")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadArgument(f"{arg}: not UTF-8 text, so not a unified diff") from None
+        try:
+            parse_patch(text)
+        except NotAPatch as exc:
+            raise BadArgument(f"{arg}: not a patch: {exc}") from None
+        except ValueError:
+            pass  # a diff with a malformed hunk is judged (patch_failed), not refused
+        cfg = _read_config(cfg_s, f"{arg} (config)") if cfg_s else default
+        out.append(PatchArg(path=path, text=text, variant_id=_variant_id(path.stem, taken), config=cfg,
+                            config_source=cfg_s or ("--config" if cfg else "")))
+    return out
+
+
+def per_shape_sol(row: VariantResult, baseline: VariantResult, spec: Any, family: Any) -> list[tuple[str, float, float | None, float]]:
+    """(shape, variant p50, same-batch baseline p50, speed of light) per measured shape; [] on model
+    evidence (an estimate is not a timing to doubt)."""
+    from kernels.dtypes import DTYPE_BYTES
+    from kregress.core.names import MEASURED_EVIDENCE
+
+    if row.evidence not in MEASURED_EVIDENCE:
+        return []
+    shapes = {family.shape_label(s): s for s in spec.shape_matrix}
+    base = {m.shape: m.p50_ms for m in (row.batch_baseline or baseline.measurements)}
+    out = []
+    for m in row.measurements:
+        shape = shapes.get(m.shape)
+        if shape is None:
+            continue
+        sol = family.speed_of_light_ms(shape, DTYPE_BYTES[spec.dtype], spec.hardware, spec.params)
+        out.append((m.shape, m.p50_ms, base.get(m.shape), sol))
+    return out
+
+
+def verdict_with_gate(row: VariantResult, baseline: VariantResult, spec: Any, family: Any) -> Verdict:
+    """A variant's verdict: for a patch variant the gate's causes first (rejected and wrong as REGRESS,
+    then precision and implausible as NEEDS_REVIEW), then the sweep's rule; a config-only variant gets
+    the sweep's rule unchanged."""
+    from kernel_assets.sweep import verdict_for
+
+    def usual() -> Verdict:
+        return verdict_for(row, baseline, spec)
+
+    if row.gate is None:
+        return usual()
+    return gate_verdict(row, row.gate, usual, per_shape_sol(row, baseline, spec, family))
+
+
+@dataclass
+class JudgeResult:
+    rows: list[VariantResult]
+    verdicts: dict[str, Verdict]
+    report_dir: Path
+    lines: list[str] = field(default_factory=list)
+
+
+def verdict_line(v: Verdict) -> str:
+    """``<variant_id> <VERDICT> <cause>: <reason>`` (cause ``-`` when the verdict has none)."""
+    reason = " ".join((v.reasons[0] if v.reasons else "").split())
+    return f"{v.variant_id} {v.verdict} {v.cause or '-'}: {reason[:400]}"
+
+
+def judge(spec_path: str | Path, patches: list[PatchArg], *, backend: str = "auto", seed: int = 0,
+          log: Callable[[str], None] = print) -> JudgeResult:
+    """Judge ``patches`` against the spec's baseline with the sweep's backends and gate; write the report."""
+    from kernel_assets.report import write_report
+    from kernel_assets.sweep import RoundState
+    from kregress.core.bind import load_bound
+    from resources.gpu import compiled_backend
+
+    bound = load_bound(spec_path)  # the same binding a sweep makes: schema and the family's checks
+    spec, family = bound.spec, bound.family
+    choice = backend if backend != "auto" else (spec.benchmark.backend if spec.benchmark.backend != "auto" else "auto")
+    bench = compiled_backend(choice, patch_seed=seed)
+    suggestions = [Suggestion(variant_id="baseline", config=spec.baseline, patch_summary="the spec's baseline config",
+                              source="baseline", round=0, risk="low")]
+    for p in patches:
+        cfg = {**spec.baseline, **(p.config or {})}
+        suggestions.append(Suggestion(variant_id=p.variant_id, config=cfg, round=1, source="judge",
+                                      patch_summary=f"patch {p.path.name}"[:120], patch=p.text))
+    rows, _stats = bench.evaluate(bound, suggestions, log=log)
+    base, judged = rows[0], rows[1:]
+    verdicts = {r.variant_id: verdict_with_gate(r, base, spec, family) for r in judged}
+    out_dir = paths.reports_dir(spec.task_id)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pdir = out_dir / "patches"
+    pdir.mkdir(exist_ok=True)
+    for p in patches:
+        (pdir / f"{p.variant_id}.patch").write_text(p.text)
+    state = RoundState(round=1, history=[base] + judged, objective={}, best_id=base.variant_id, best_value=None,
+                       stopped="judged with kregress judge (no search)",
+                       notes=[f"{p.variant_id}: {p.path}" + (f" with config {p.config_source}" if p.config_source else "")
+                              for p in patches])
+    write_report(out_dir, spec, str(spec_path), state, verdicts, list(family.space.params))
+    return JudgeResult(rows=judged, verdicts=verdicts, report_dir=out_dir,
+                       lines=[verdict_line(verdicts[r.variant_id]) for r in judged])
+
+
+def load_judged_patch(task_id: str, variant_id: str, home: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """(patch text, its verdicts.parquet row) of a patch ``kregress judge`` judged for ``task_id``; the
+    text's sha256 must match the row's. Raises ValueError saying what is missing."""
+    import hashlib
+
+    import pandas as pd
+
+    out_dir = (Path(home) / "reports" / task_id) if home else paths.reports_dir(task_id)
+    f = out_dir / "patches" / f"{variant_id}.patch"
+    table = out_dir / "verdicts.parquet"
+    if not f.is_file() or not table.is_file():
+        raise ValueError(f"no judged patch {variant_id!r} for {task_id} under {out_dir} (expected patches/{variant_id}.patch "
+                         f"and verdicts.parquet). Fix: run `kregress judge SPEC {variant_id}.patch` first")
+    text = f.read_text()
+    df = pd.read_parquet(table)
+    rows = df[df["variant_id"] == variant_id].to_dict("records")
+    if not rows:
+        raise ValueError(f"{table} has no row for {variant_id!r}. Fix: judge the patch again")
+    row = rows[0]
+    if row.get("patch_sha256") and row["patch_sha256"] != hashlib.sha256(text.encode()).hexdigest():
+        raise ValueError(f"{f} changed since it was judged (sha256 differs from verdicts.parquet). Fix: judge it again")
+    return text, row
+
+
+# --- the llm policy's patches (search.patches: true) ------------------------------------------------------
+
+PATCH_SYSTEM_ADDENDUM = """\
+This task also accepts source patches. Exception to "no source code": an element may carry the key
+"patch": SEARCH/REPLACE blocks that edit only the EDITABLE SOURCE shown (the @triton.jit functions and
+the launch wrapper), each block written as
+  PATH
+  <<<<<<< SEARCH
+  exact lines copied from the source
+  =======
+  the lines to put instead
+  >>>>>>> REPLACE
+At most {max_lines} changed lines. Keep every kernel @triton.jit and the wrapper's signature; compute with
+Triton only: no torch compute, no try/except, no imports, no module-level state, no environment, device or
+timer access. A patch is judged on secret inputs and hidden shapes; a cheat is rejected."""
+
+
+def patch_prompt(ctx: Any, system: str) -> tuple[str, str]:
+    """(system prompt, user section) for a round whose spec allows patches: the rules, and the family's
+    editable source with line numbers, cut at ``spec.patches.max_source_chars`` (the prompt carries it, so
+    the round's token budget counts it)."""
+    from kregress.core.patch import editable_set, editable_source_text, read_sources
+
+    es = editable_set(ctx.family)
+    source = editable_source_text(es, read_sources(es), ctx.spec.patches.max_source_chars)
+    addendum = PATCH_SYSTEM_ADDENDUM.format(max_lines=ctx.spec.patches.max_changed_lines)
+    return system + "\n" + addendum, f"\nEDITABLE SOURCE (numbers are line numbers, not part of the text):\n{source}"
+
+
+def patch_from_reply(value: Any, ctx: Any) -> tuple[str | None, str | None]:
+    """A reply's ``patch`` -> (unified diff, None), or (None, why it is dropped). SEARCH/REPLACE blocks are
+    turned into the same diff ``kregress judge`` reads; a unified diff is taken as it is."""
+    from kregress.core.patch import PatchFormatError, editable_set, read_sources, search_replace_to_diff
+
+    if value in (None, ""):
+        return None, None
+    if not ctx.spec.search.patches:
+        return None, "a patch, but this spec does not take patches (search.patches: false)"
+    if not isinstance(value, str):
+        return None, f"patch must be text (SEARCH/REPLACE blocks or a unified diff), got {type(value).__name__}"
+    if "<<<<<<< SEARCH" in value:
+        es = editable_set(ctx.family)
+        try:
+            diff = search_replace_to_diff(value, read_sources(es), default_path=es.module_file)
+        except ValueError as exc:
+            return None, f"patch: {exc}"
+        return (diff, None) if diff else (None, "patch: the SEARCH/REPLACE blocks change nothing")
+    try:
+        parse_patch(value)
+    except (NotAPatch, PatchFormatError) as exc:
+        return None, f"patch: {exc}"
+    return value, None

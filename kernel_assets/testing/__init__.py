@@ -1,0 +1,1 @@
+"""Harnesses the tests and benchmarks share that need the application layer (Dagster, a shared instance)."""

@@ -1,0 +1,1338 @@
+"""The correctness harness for candidate patches, and what the sandboxed children run.
+
+The judging process (``judge_patches``) never imports a candidate. It:
+
+1. checks each patch statically (``kregress.core.patch`` and ``kregress.core.gate``) and applies it to
+   a temporary copy of the family's package (the working tree is only read);
+2. draws a secret seed (``secrets``; never shown to the agent, never written to a report) and builds the
+   cases: every correctness shape, an odd shape (no multiple of any tile) and a shape of ones, a shape
+   aligned to every tile, and hidden shapes larger than every correctness shape (one aligned, one odd)
+   that the agent never saw; on a GPU the timed shapes too. Each shape runs on >= 3 seeds across four
+   value distributions (normal, uniform, large magnitudes, outliers), twice: the second call puts other
+   values in the same buffers, so a result cached by pointer or shape fails;
+3. has a sandboxed child of the *pristine* package (``kernels.sandbox``) make the inputs, the float64
+   reference and the baseline's own outputs (its error is the precision yardstick, and the aten ops it
+   runs are the audit's allowlist). A case the baseline itself fails is dropped and said so;
+4. for each candidate, forks a sandboxed child of the *patched* copy that AOT-compiles the kernel for the
+   spec's arch (the compile units follow the patched signature: a new ``tl.constexpr`` takes its value
+   from the wrapper's own launch, or its default), and another that runs the cases: candidate-allocated
+   memory is poisoned (``torch.empty`` fills NaN; freed blocks are NaN-filled first) and no reference
+   result ever existed in that process; each call runs under a ``TorchDispatchMode`` that records the aten
+   ops, and the audit hook's refusals and new Python threads are recorded;
+5. compares in the judging process: outputs against the reference (tolerance by dtype and shape), inputs
+   against their values before the call (they must not change), the error against the baseline's
+   (precision), the ops against the baseline's (torch computing instead of the kernel), and times on a
+   GPU with the baseline re-timed in the same batch, interleaved, then checks correctness again after the
+   timing loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kernels import sandbox as _sandbox  # bound before a child drops its copy of the package
+from kregress.core.gate import GateReport, PrecisionMetrics, static_gate
+from kregress.core.patch import (
+    EditableSet,
+    NotAPatch,
+    PatchApplyError,
+    PatchFormatError,
+    apply_and_check,
+    check_region,
+    editable_set,
+    materialize,
+    parse_patch,
+    read_sources,
+    source_snapshot_hash,
+)
+
+DISTRIBUTIONS = ("normal", "uniform", "large", "outliers")
+STRETCH_BUDGET_S = 1.5  # interpreter seconds of the baseline a stretched shape may take
+LARGE_SCALE = 8.0  # "large magnitudes": x8 keeps an fp16 GEMM of K <= 1024 far from overflow
+OUTLIER_SCALE = 16.0
+OUTLIER_FRACTION = 0.01
+
+# aten ops that allocate, view, copy or fill: a wrapper may add them without computing anything. Any
+# other op the candidate runs that the baseline never ran means torch computed instead of the kernel.
+HARMLESS_OPS = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
+    "zero_", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "fill_", "fill", "set_", "copy_",
+    "_to_copy", "to", "clone", "contiguous", "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided",
+    "as_strided_", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "slice", "select", "narrow",
+    "unbind", "split", "split_with_sizes", "chunk", "alias", "detach", "lift_fresh", "lift_fresh_copy", "resize_",
+    "cat", "stack", "constant_pad_nd", "arange", "view_as", "flatten", "unflatten", "_local_scalar_dense",
+    "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "record_stream",
+})
+
+
+# --- in the children -------------------------------------------------------------------------------------
+
+
+def preload() -> None:
+    """What the zygote imports once so every fork starts warm: torch (the heavy part), never Triton
+    (its standard library is decorated when imported, for the interpreter or the compiler: each child
+    imports it in its own mode), never a family, never a candidate."""
+    import sys
+
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    import torch.utils._python_dispatch  # noqa: F401
+
+    import kregress.core.family  # noqa: F401
+    import kregress.core.records  # noqa: F401
+    import kregress.core.spec  # noqa: F401
+
+    if any(m == "triton" or m.startswith("triton.") for m in sys.modules):
+        raise RuntimeError("the zygote imported Triton while preloading; children could not choose the interpreter")
+
+
+_GUARDED = (
+    ("triton.testing", "do_bench"), ("triton.testing", "do_bench_cudagraph"), ("time", "perf_counter"),
+    ("time", "time"), ("torch.cuda", "Event"), ("torch.cuda", "synchronize"), ("torch.cuda", "Stream"),
+    ("torch", "empty"), ("torch", "empty_like"), ("torch.Tensor", "copy_"), ("torch.Tensor", "clone"),
+    ("torch.Tensor", "to"), ("triton.runtime.jit.JITFunction", "run"), ("builtins", "open"),
+)
+
+
+def _resolve(path: str):
+    import importlib
+
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for p in parts[i:]:
+            obj = getattr(obj, p)
+        return obj
+    raise ImportError(path)
+
+
+def _snapshot_guarded() -> dict[str, Any]:
+    out = {}
+    for mod, attr in _GUARDED:
+        try:
+            out[f"{mod}.{attr}"] = getattr(_resolve(mod), attr)
+        except (ImportError, AttributeError):
+            continue
+    return out
+
+
+def _changed_guarded(before: dict[str, Any]) -> list[str]:
+    out = []
+    for key, obj in before.items():
+        mod, _, attr = key.rpartition(".")
+        try:
+            now = getattr(_resolve(mod), attr)
+        except (ImportError, AttributeError):
+            now = None
+        if now is not obj:
+            out.append(f"{key} was replaced (monkeypatched timer or harness)")
+    return out
+
+
+class _OpRecorder:
+    """A TorchDispatchMode that records the aten ops a call runs (name without overload)."""
+
+    def __new__(cls):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Recorder(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.ops: set[str] = set()
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = str(func)
+                self.ops.add(name.split(".")[1] if name.startswith("aten.") else name)
+                return func(*args, **(kwargs or {}))
+
+        return Recorder()
+
+
+def _to(value: Any, device: str) -> Any:
+    import torch
+
+    if torch.is_tensor(value):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def _clone_cpu(value: Any) -> Any:
+    import torch
+
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _clone_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone_cpu(v) for v in value)
+    return value
+
+
+def _poison(nbytes: int, device: str) -> None:
+    """Allocate, fill with NaN, free: the memory a candidate's ``torch.empty`` can be handed holds NaN.
+    (``fill_uninitialized_memory`` fills fresh allocations too; this covers recycled blocks.)"""
+    import torch
+
+    chunk = 1 << 16  # below malloc's mmap threshold, so freed chunks are reused on the CPU
+    n = max(1, min(nbytes, 1 << 30) // (chunk * 4))
+    bufs = [torch.full((chunk,), float("nan"), dtype=torch.float32, device=device) for _ in range(n)]
+    del bufs
+
+
+def _write_inplace(dst: Any, src: Any) -> None:
+    """Copy ``src``'s values into ``dst``'s buffers (same structure): the second call's inputs."""
+    import torch
+
+    if torch.is_tensor(dst):
+        dst.copy_(src.to(dst.device))
+    elif isinstance(dst, dict):
+        for k in dst:
+            _write_inplace(dst[k], src[k])
+    elif isinstance(dst, (list, tuple)):
+        for d, s in zip(dst, src):
+            _write_inplace(d, s)
+
+
+def _tensor_bytes(value: Any) -> int:
+    import torch
+
+    if torch.is_tensor(value):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def transform_inputs(inputs: dict, dist: str, dtype: Any, seed: int) -> dict:
+    """The family's inputs with their floating tensors of the spec's dtype redrawn from ``dist``:
+    normal (as made), uniform (unit variance), large (x8), outliers (1% of entries x16). Integer and
+    other tensors (lengths, tables, scales) are left as made."""
+    import torch
+
+    if dist == "normal":
+        return inputs
+    g = torch.Generator(device="cpu").manual_seed(seed & 0x7FFF_FFFF_FFFF)
+    out = {}
+    for k, v in inputs.items():
+        if not (torch.is_tensor(v) and v.dtype == dtype and v.is_floating_point()):
+            out[k] = v
+            continue
+        x = v.to("cpu", torch.float32)
+        if dist == "uniform":
+            x = (torch.rand(x.shape, generator=g) * 2 - 1) * math.sqrt(3.0)
+        elif dist == "large":
+            x = x * LARGE_SCALE
+        elif dist == "outliers":
+            mask = torch.rand(x.shape, generator=g) < OUTLIER_FRACTION
+            x = torch.where(mask, x * OUTLIER_SCALE, x)
+        out[k] = x.to(dtype).to(v.device)
+    return out
+
+
+def _outputs(value: Any) -> list:
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
+    """The job loop of a sandboxed child (reference or candidate); see ``judge_patches``."""
+    import torch
+
+    sandbox = _sandbox
+
+    guarded = _snapshot_guarded()
+    if spec.get("interpret"):
+        from kernels.interpreter import install as install_interpreter_fixes
+
+        install_interpreter_fixes()  # the same fixes every interpreter process gets (bf16 dot and rounding, ...)
+        guarded = _snapshot_guarded()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    _guard_threads()
+    from kregress.core.family import get_family
+
+    state: dict[str, Any] = {"guarded": guarded, "kept": {}}
+    try:
+        family = get_family(spec["family"]).for_params(spec.get("params") or {})
+        mod_file = os.path.realpath(getattr(family.module, "__file__", "") or "")
+        if not mod_file.startswith(os.path.realpath(spec["root"]) + os.sep):
+            raise RuntimeError(f"the family module was imported from {mod_file}, not from the copy {spec['root']}")
+        state["family"] = family
+        load_violations = sandbox.violations() + _changed_guarded(guarded)
+    except Exception as exc:  # noqa: BLE001 - a candidate that does not import is a value
+        sandbox.write_frame(wfd, {"hello": info, "error": "compile_failed",
+                                  "detail": f"importing the family failed: {type(exc).__name__}: {str(exc)[:400]}",
+                                  "violations": sandbox.violations()})
+        return
+    sandbox.write_frame(wfd, {"hello": info, "violations": load_violations})
+    jobs = {"prepare": _job_prepare, "run": _job_run, "compile": _job_compile, "bench": _job_bench,
+            "recheck": _job_recheck}
+    while True:
+        msg = sandbox.read_frame(rfd)
+        if msg is None:
+            return
+        header, blobs = msg
+        op = header.get("job")
+        if op == "exit":
+            return
+        try:
+            reply, out_blobs = jobs[op](state, header, blobs)
+        except Exception as exc:  # noqa: BLE001 - a failure is a value in the reply
+            import traceback
+
+            reply, out_blobs = {"error": "runtime_error", "detail": f"{type(exc).__name__}: {str(exc)[:400]}",
+                                "traceback": traceback.format_exc(limit=4)[-1500:]}, []
+        reply["violations"] = sandbox.violations() + _changed_guarded(state["guarded"])
+        sandbox.write_frame(wfd, reply, out_blobs)
+
+
+_THREADS = {"in_call": False, "started": 0}
+
+
+def _guard_threads() -> None:
+    """Count the Python threads started while the entry point runs (3.11 has no audit event for it)."""
+    import _thread
+
+    original = threading._start_new_thread  # type: ignore[attr-defined]
+
+    def start(function, args, kwargs=None):
+        if _THREADS["in_call"]:
+            _THREADS["started"] += 1
+        return original(function, args, kwargs or {})
+
+    threading._start_new_thread = start  # type: ignore[attr-defined]
+    _thread.start_new_thread = start
+
+
+def _call(family: Any, inputs: dict, config: dict, params: dict, device: str, record: bool = True) -> tuple[Any, dict]:
+    """One call of the family's entry point: (outputs on the CPU, what was seen: the aten ops run, the
+    Python threads started, problems with the outputs)."""
+    import torch
+
+    _poison(2 * _tensor_bytes(inputs) + (1 << 20), device)
+    rec = _OpRecorder() if record else None
+    problems: list[str] = []
+    started = _THREADS["started"]
+    _THREADS["in_call"] = True
+    try:
+        if rec is not None:
+            with rec:
+                out = family.run(inputs, copy.deepcopy(config), copy.deepcopy(params))
+        else:
+            out = family.run(inputs, copy.deepcopy(config), copy.deepcopy(params))
+        # read the results on the current stream first (work left on a side stream is not waited for),
+        # then synchronise and read again: the two must agree
+        first = _clone_cpu(out)
+    finally:
+        _THREADS["in_call"] = False
+    if device == "cuda":
+        torch.cuda.synchronize()
+        second = _clone_cpu(out)
+        for a, b in zip(_outputs(first), _outputs(second)):
+            if torch.is_tensor(a) and not torch.equal(a.nan_to_num(0.123), b.nan_to_num(0.123)):
+                problems.append("outputs changed after the call returned (work left running on another stream)")
+                break
+    seen = {"ops": rec.ops if rec is not None else set(), "threads": _THREADS["started"] - started, "problems": problems}
+    return first, seen
+
+
+def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """Reference child: pick each group's first valid shape, make the inputs of every case (secret
+    seeds, distributions), the float64 reference and the baseline's outputs; record the baseline's ops."""
+    import torch
+
+    from kernels.dtypes import TORCH_DTYPES
+    from kernels.measure import compare
+
+    family = state["family"]
+    dtype = TORCH_DTYPES[job["dtype"]]
+    params, config, device = job["params"], job["config"], job["device"]
+    base_tol = job["tolerance"]
+    out_blobs: list[bytes] = []
+    cases_out, dropped, ops = [], [], set()
+    keep = job.get("keep", False)
+
+    def make(shape: dict, seed: int, dist: str) -> dict:
+        inputs = family.make_inputs(shape, dtype, "cpu", seed, params)
+        return transform_inputs(inputs, dist, dtype, seed + 7919)
+
+    def reference(inputs: dict) -> Any:
+        ref_dev = job.get("reference_device", "cpu")
+        try:
+            return _clone_cpu(family.reference(_to(_clone_cpu(inputs), ref_dev), params))
+        except Exception:  # noqa: BLE001 - a reference that only runs on the CPU
+            if ref_dev == "cpu":
+                raise
+            return family.reference(_clone_cpu(inputs), params)
+
+    threads = 0
+
+    def one(shape: dict, seed: int, dist: str) -> tuple[dict, Any, Any, set[str], str | None]:
+        nonlocal threads
+        inputs = make(shape, seed, dist)
+        ref = reference(inputs)
+        dev_inputs = _to(inputs, device)
+        out, seen = _call(family, dev_inputs, config, params, device)
+        run_ops = seen["ops"]
+        threads += seen["threads"]
+        atol, rtol = family.tolerance(shape, job["dtype"], base_tol, params)
+        outs, refs = _outputs(out), _outputs(ref)
+        if len(outs) != len(refs):
+            return inputs, ref, out, run_ops, f"{len(outs)} outputs, reference has {len(refs)}"
+        for o, r in zip(outs, refs):
+            if torch.is_tensor(o) and torch.is_tensor(r):
+                res = compare(o, r, atol, rtol)
+                if not res["ok"] or res["nan_inf"]:
+                    return inputs, ref, out, run_ops, res["sample"][:200] or "NaN/Inf"
+        return inputs, ref, out, run_ops, None
+
+    for group in job["groups"]:
+        chosen = None
+        tried = []
+        for shape in group["shapes"]:
+            seed, dist = group["seed"], group["dist"]
+            t0 = time.perf_counter()
+            try:
+                inputs, ref, out, run_ops, bad = one(shape, seed, dist)
+            except Exception as exc:  # noqa: BLE001 - a shape the family refuses: try the next one
+                tried.append(f"{shape}: {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            if bad:
+                tried.append(f"{shape}: the baseline fails it ({bad})")
+                continue
+            chosen = (shape, inputs, ref, out, run_ops)
+            # ascending groups keep growing while the run stays within half the budget (the next is ~2x)
+            if not group.get("ascending") or time.perf_counter() - t0 > group.get("budget_s", 1.0) / 2:
+                break
+        if chosen is None:
+            dropped.append(f"{group['kind']}: no usable shape ({'; '.join(tried)[:400]})")
+            continue
+        shape, inputs, ref, out, run_ops = chosen
+        ops |= run_ops
+        case = {"id": group["id"], "kind": group["kind"], "shape": shape, "seed_index": group["seed_index"],
+                "dist": group["dist"], "tol": list(family.tolerance(shape, job["dtype"], base_tol, params)),
+                "label": family.shape_label(shape)}
+        payload = {"inputs": inputs, "ref": ref, "base": out}
+        if group.get("second"):
+            s2 = group["second"]
+            inputs2 = make(shape, s2["seed"], s2["dist"])
+            ref2 = reference(inputs2)
+            dev2 = _to(inputs2, device)
+            out2, seen2 = _call(family, dev2, config, params, device)
+            ops |= seen2["ops"]
+            threads += seen2["threads"]
+            payload.update({"inputs2": inputs2, "ref2": ref2, "base2": out2})
+            case["dist2"] = s2["dist"]
+        if keep and group["kind"] == "timed":
+            state["kept"][group["id"]] = _to(inputs, device)
+        case["payload"] = _sandbox.pack(payload, out_blobs)
+        cases_out.append(case)
+    return {"cases": cases_out, "dropped": dropped, "ops": sorted(ops), "threads": threads}, out_blobs
+
+
+def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """Candidate child: run every case (and its second call in the same buffers); send back the outputs,
+    the inputs as they are after each call, the ops run and what was seen."""
+    sandbox = _sandbox
+    family = state["family"]
+    params, config, device = job["params"], job["config"], job["device"]
+    out_blobs: list[bytes] = []
+    results = []
+    ops: set[str] = set()
+    threads = 0
+    for case in job["cases"]:
+        data = sandbox.unpack(case["payload"], blobs)
+        res: dict[str, Any] = {"id": case["id"]}
+        try:
+            inputs = _to(data["inputs"], device)
+            out, seen = _call(family, inputs, config, params, device)
+            ops |= seen["ops"]
+            threads += seen["threads"]
+            problems = list(seen["problems"])
+            payload = {"out": out, "after": _clone_cpu(inputs)}
+            if "inputs2" in data:
+                _write_inplace(inputs, data["inputs2"])
+                out2, seen2 = _call(family, inputs, config, params, device)
+                ops |= seen2["ops"]
+                threads += seen2["threads"]
+                problems += seen2["problems"]
+                payload.update({"out2": out2, "after2": _clone_cpu(inputs)})
+            if case.get("keep"):
+                state["kept"][case["id"]] = inputs
+            res["problems"] = problems
+            res["payload"] = sandbox.pack(payload, out_blobs)
+        except Exception as exc:  # noqa: BLE001 - a crashing candidate is a value
+            res["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        results.append(res)
+    return {"results": results, "ops": sorted(ops), "threads": threads}, out_blobs
+
+
+def _job_bench(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """GPU: time the entry point on a kept case's inputs for one slot of the interleaved batch."""
+    from kernels.measure import device_identity
+
+    # the timer as it was before the candidate was imported (a replaced one is also reported)
+    do_bench = state["guarded"]["triton.testing.do_bench"]
+    do_bench_cudagraph = state["guarded"]["triton.testing.do_bench_cudagraph"]
+    family = state["family"]
+    inputs = state["kept"][job["case"]]
+    config, params = job["config"], job["params"]
+    fn = lambda: family.run(inputs, config, params)  # noqa: E731
+    ident = device_identity()
+    import torch
+
+    # no NaN fill of fresh allocations while timing (both sides alike): it would add a kernel per call
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.use_deterministic_algorithms(False)
+    _THREADS["in_call"] = True
+    started = _THREADS["started"]
+    try:
+        if family.use_cudagraph():
+            samples = do_bench_cudagraph(fn, rep=job["rep_ms"], return_mode="all")
+        else:
+            samples = do_bench(fn, warmup=job["warmup_ms"], rep=job["rep_ms"], return_mode="all")
+    finally:
+        _THREADS["in_call"] = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+    return {"samples": [float(s) for s in samples], "identity": ident, "threads": _THREADS["started"] - started}, []
+
+
+def _job_recheck(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """GPU, after the timing loop: new values into the kept buffers, one more call, outputs back."""
+    sandbox = _sandbox
+    family = state["family"]
+    out_blobs: list[bytes] = []
+    results = []
+    for case in job["cases"]:
+        data = sandbox.unpack(case["payload"], blobs)
+        inputs = state["kept"][case["id"]]
+        _write_inplace(inputs, data["inputs"])
+        out, seen = _call(family, inputs, job["config"], job["params"], job["device"], record=False)
+        results.append({"id": case["id"], "problems": seen["problems"], "payload": sandbox.pack({"out": out}, out_blobs)})
+    return {"results": results}, out_blobs
+
+
+# --- compile units that follow the patched kernel's signature ---------------------------------------------
+
+
+def _unwrap(fn: Any) -> Any:
+    """The JITFunction under decorators such as triton.heuristics."""
+    from triton.runtime.jit import JITFunction
+
+    seen = 0
+    while not isinstance(fn, JITFunction) and hasattr(fn, "fn") and seen < 8:
+        fn = fn.fn
+        seen += 1
+    return fn
+
+
+@dataclass
+class Capture:
+    fn: Any
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    divisible: tuple[str, ...]
+    num_warps: int
+    num_stages: int
+
+
+def capture_launches(family: Any, config: dict, dtype: str, params: dict, shapes: list[dict], arch: str) -> list[Capture]:
+    """Run the entry point on CPU tensors with every jit launch intercepted (nothing runs): what the
+    GPU JIT would compile for ``arch`` on each launch (signature, constexprs, divisibility, options),
+    computed with Triton's own binder. Used for what ``compile_units`` does not say (a new parameter)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    from kernels.dtypes import TORCH_DTYPES
+    from kregress.core.names import arch_capability
+
+    backend = make_backend(GPUTarget("cuda", arch_capability(arch), 32))
+    caps: list[Capture] = []
+    original = JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        binder = create_function_from_signature(self.signature, self.params, backend)
+        bound_args, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound_args, specialization, options)
+        names = list(self.arg_names)
+        consts = {names[p[0]]: v for p, v in constexprs.items() if len(p) == 1}
+        div = tuple(names[p[0]] for p, a in attrs.items() if len(p) == 1 and any(x[0] == "tt.divisibility" for x in a))
+        caps.append(Capture(self, dict(signature), consts, div, options.num_warps, options.num_stages))
+        return None
+
+    JITFunction.run = run
+    try:
+        for shape in shapes:
+            inputs = family.make_inputs(shape, TORCH_DTYPES[dtype], "cpu", 0, params)
+            family.run(inputs, dict(config), dict(params))
+    finally:
+        JITFunction.run = original
+    return caps
+
+
+def derive_units(family: Any, config: dict, dtype: str, params: dict, captures: list[Capture]) -> tuple[list, list[str]]:
+    """The family's compile units for the patched kernels: each unit keeps what ``compile_units`` says
+    for the parameters it knows; a parameter the patch added takes its value (and type and
+    divisibility) from the captured launches of that kernel, else its default; a kernel the wrapper
+    launches that ``compile_units`` does not list is compiled as captured. Returns (units, notes)."""
+    from kregress.core.family import CompileUnit
+
+    units = family.compile_units(config, dtype, params)
+    out, notes = [], []
+    known = set()
+    for u in units:
+        fn = _unwrap(u.fn)
+        known.add(id(fn))
+        names = list(fn.arg_names)
+        missing = [n for n in names if n not in u.signature]
+        if not missing and all(n in names for n in u.signature):
+            out.append(CompileUnit(fn, dict(u.signature), dict(u.constexprs), u.num_warps, u.num_stages, tuple(u.divisible)))
+            continue
+        mine = [c for c in captures if c.fn is fn]
+        variants: list[tuple] = []
+        for cap in mine or [None]:
+            sig = {n: u.signature[n] for n in names if n in u.signature}
+            consts = {k: v for k, v in u.constexprs.items() if k in names}
+            div = [d for d in u.divisible if d in names]
+            for n in missing:
+                p = fn.params[names.index(n)]
+                if cap is not None and n in cap.signature:
+                    sig[n] = cap.signature[n]
+                    if n in cap.constexprs:
+                        consts[n] = cap.constexprs[n]
+                    if n in cap.divisible:
+                        div.append(n)
+                elif p.is_constexpr and p.has_default:
+                    sig[n] = "constexpr"
+                    consts[n] = p.default
+                else:
+                    raise ValueError(f"{fn.__name__}: the new parameter {n} has no default and the launch could not be "
+                                     "captured; give it a default or pass it from the launch wrapper")
+            sig = {n: sig[n] for n in names}
+            key = (tuple(sig.items()), tuple(sorted((k, repr(v)) for k, v in consts.items())))
+            if key not in [v[0] for v in variants]:
+                variants.append((key, CompileUnit(fn, sig, consts, u.num_warps, u.num_stages, tuple(dict.fromkeys(div)))))
+        out += [v[1] for v in variants]
+        added = ", ".join(f"{n}={variants[0][1].constexprs.get(n, variants[0][1].signature[n])}" for n in missing)
+        notes.append(f"{fn.__name__}: new parameter(s) {added} taken from "
+                     f"{'the wrapper launch' if mine else 'their defaults'} ({len(variants)} compile unit(s))")
+    for cap in captures:
+        if id(cap.fn) not in known:
+            known.add(id(cap.fn))
+            out.append(CompileUnit(cap.fn, cap.signature, cap.constexprs, cap.num_warps, cap.num_stages, cap.divisible))
+            notes.append(f"{cap.fn.__name__}: launched by the wrapper, not listed by compile_units: compiled as launched")
+    return out, notes
+
+
+def _capture_shapes(family: Any, spec_shapes: list[dict], fallback: list[dict], dtype_bytes: int, params: dict,
+                    max_bytes: float = 512e6) -> list[dict]:
+    shapes = [s for s in spec_shapes if family.bytes_moved(s, dtype_bytes, params) <= max_bytes]
+    return shapes or fallback[-1:]
+
+
+def _job_compile(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """Candidate child (no interpreter): AOT-compile the patched kernels for the spec's arch."""
+    from kernels.compile import CompileError, compile_units
+    from kernels.dtypes import DTYPE_BYTES
+    from kregress.core.spec import HardwareLimits
+
+    family = state["family"]
+    config, params, dtype = job["config"], job["params"], job["dtype"]
+    try:
+        shapes = _capture_shapes(family, job["shapes"], job["fallback_shapes"], DTYPE_BYTES[dtype], params)
+        try:
+            caps = capture_launches(family, config, dtype, params, shapes, job["arch"])
+        except Exception as exc:  # noqa: BLE001 - fall back to the defaults, and say so
+            caps = []
+            note = f"the launch could not be captured ({type(exc).__name__}: {str(exc)[:160]})"
+        else:
+            note = ""
+        units, notes = derive_units(family, config, dtype, params, caps)
+        stats = compile_units(units, job["arch"], HardwareLimits(**job["limits"]))
+    except CompileError as exc:
+        return {"error": exc.error, "detail": exc.detail}, []
+    except ValueError as exc:
+        return {"error": "compile_failed", "detail": str(exc)[:400]}, []
+    return {"stats": stats.model_dump(), "notes": ([note] if note else []) + notes}, []
+
+
+# --- the judging process ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Candidate:
+    """One patch on its way through the gate."""
+
+    index: int
+    suggestion: Any
+    report: GateReport
+    new_texts: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+    detail: str = ""
+
+
+def _primes_upto(n: int) -> list[int]:
+    sieve = [True] * (n + 1)
+    out = []
+    for i in range(2, n + 1):
+        if sieve[i]:
+            out.append(i)
+            for j in range(i * i, n + 1, i):
+                sieve[j] = False
+    return out
+
+
+_PRIMES = _primes_upto(4096)
+
+
+def tile_size(family: Any) -> int:
+    """The largest tile of the family's space (its BLOCK_* values): a size that is a multiple of it is a
+    multiple of every tile."""
+    blocks = [v for k, vals in family.space.params.items() if k.upper().startswith("BLOCK") for v in vals]
+    return max(blocks) if blocks else 16
+
+
+def _odd_near(v: int, avoid: set[int], below: bool, rng: Any = None) -> int:
+    """An odd prime (a multiple of no tile) below or above ``v``, not one of ``avoid``: the nearest, or with
+    ``rng`` one of the few nearest, so the hidden shapes differ from judgement to judgement."""
+    cands = [p for p in _PRIMES if p > 2 and p not in avoid and ((p < v) if below else (p > v))]
+    if not cands:
+        return 1 if below else v + 1 + (v % 2)
+    near = cands[-4:] if below else cands[:4]
+    return rng.choice(near) if rng is not None else (near[-1] if below else near[0])
+
+
+def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu: bool, rng: Any,
+                 seeds: list[int]) -> list[dict]:
+    """The case groups: each has a kind, candidate shapes in order of preference (the reference child
+    keeps the first the family accepts and the baseline passes), a seed and a distribution for the
+    first call and another for the second call in the same buffers."""
+    keys = list(family.shape_keys)
+    base = max(correctness, key=lambda s: sum(math.log(max(1, s[k])) for k in keys))
+    tiled = [k for k in keys if max(s[k] for s in correctness) >= 16] or keys
+    seen = {k: {s[k] for s in correctness} for k in keys}
+    T = tile_size(family)
+    limit_work = max(sum(math.log(max(1, s[k])) for k in keys) for s in correctness) + math.log(512.0)
+
+    def ok(shape: dict) -> bool:
+        try:
+            return family.check_shape(shape) is None
+        except Exception:  # noqa: BLE001
+            return False
+
+    def variants(target: dict[str, int], order: list[str]) -> list[dict]:
+        """The target mutations, then with fewer keys mutated (each shape once, valid ones only)."""
+        import itertools
+
+        out: list[dict] = []
+        for r in range(len(order), 0, -1):
+            for subset in itertools.combinations(order, r):
+                s = dict(base)
+                s.update({k: target[k] for k in subset})
+                if ok(s) and s not in out and s not in correctness:
+                    out.append(s)
+        return out[:24]
+
+    # drawn from the secret: which odd and aligned sizes are checked differs from judgement to judgement
+    odd = {k: _odd_near(max(s[k] for s in correctness), seen[k], below=True, rng=rng) for k in keys}
+    ones = {k: 1 for k in keys}
+    aligned = {k: (T * (max(1, math.ceil(max(s[k] for s in correctness) / T)) + rng.choice((0, 0, 1)))
+                   if k in tiled else base[k]) for k in keys}
+    hidden_odd = {k: (_odd_near(rng.choice((3, 4)) * max(s[k] for s in correctness), seen[k], below=False, rng=rng)
+                      if k in tiled else _odd_near(max(s[k] for s in correctness) + 1, seen[k], below=False, rng=rng))
+                  for k in keys}
+
+    def shrink(target: dict[str, int]) -> dict[str, int]:
+        """Scale the tiled keys down until the work (sum of log sizes) is within 512x the largest check."""
+        t = dict(target)
+        for _ in range(16):
+            work = sum(math.log(max(1, t[k])) for k in keys)
+            if work <= limit_work:
+                break
+            k = max(tiled, key=lambda k: t[k])
+            t[k] = max(max(s[k] for s in correctness) + 1, t[k] * 2 // 3)
+        return t
+
+    groups = [{"kind": "correctness", "shapes": [s]} for s in correctness]
+    groups += [
+        {"kind": "odd", "shapes": variants(odd, tiled + [k for k in keys if k not in tiled])},
+        {"kind": "ones", "shapes": variants(ones, keys)},
+        {"kind": "aligned", "shapes": variants(shrink(aligned), tiled)},
+        {"kind": "hidden_odd", "shapes": variants(shrink(hidden_odd), tiled + [k for k in keys if k not in tiled])},
+    ]
+    if on_gpu:
+        groups += [{"kind": "timed", "shapes": [s]} for s in timed]
+    else:
+        # one dimension stretched towards the timed size, the others as checked: a cheat that skips work
+        # past a size threshold shows on the CPU too. Tried smallest first; the reference child keeps the
+        # largest whose baseline run stays within the interpreter's budget.
+        for k in tiled:
+            top = max((s[k] for s in timed), default=0)
+            lo = max(s[k] for s in correctness)
+            if top <= 2 * lo:
+                continue
+            vals, v = [], 2 * lo
+            while v < top:
+                vals.append(_odd_near(v, seen[k], below=False, rng=rng))
+                v *= 2
+            vals.append(top)
+            shapes = [s for s in ({**base, k: x} for x in dict.fromkeys(vals)) if ok(s)]
+            if shapes:
+                groups.append({"kind": f"stretched_{k}", "shapes": shapes, "ascending": True, "budget_s": STRETCH_BUDGET_S})
+    out = []
+    for i, g in enumerate(groups):
+        if not g["shapes"]:
+            continue
+        d1, d2 = DISTRIBUTIONS[i % len(DISTRIBUTIONS)], DISTRIBUTIONS[(i + 1) % len(DISTRIBUTIONS)]
+        s1, s2 = i % len(seeds), (i + 1) % len(seeds)
+        # on the CPU the largest hidden shapes are called once (their cost is the interpreter's)
+        second = on_gpu or g["kind"] not in ("aligned", "hidden_odd") and not g["kind"].startswith("stretched")
+        out.append({"id": f"g{i}", **g, "seed": seeds[s1], "seed_index": s1, "dist": d1,
+                    "second": {"seed": seeds[s2], "dist": d2} if second else None})
+    return out
+
+
+def _error_fractions(out: Any, ref: Any, atol: float, rtol: float) -> tuple[float, float, int]:
+    """(max, sum of squares, count) of |out - ref| / (atol + rtol |ref|) over the reference's finite
+    elements; a non-finite output there counts as infinite error."""
+    import torch
+
+    o = out.detach().to("cpu", torch.float64)
+    r = ref.detach().to("cpu", torch.float64)
+    if o.shape != r.shape:
+        return math.inf, math.inf, 1
+    finite = torch.isfinite(r)
+    frac = (o - r).abs() / (atol + rtol * r.abs())
+    frac = torch.where(torch.isfinite(o), frac, torch.full_like(frac, math.inf))
+    frac = frac[finite]
+    if frac.numel() == 0:
+        return 0.0, 0.0, 0
+    return float(frac.max()), float((frac * frac).sum()), int(frac.numel())
+
+
+def _same(a: Any, b: Any) -> bool:
+    import torch
+
+    if torch.is_tensor(a) and torch.is_tensor(b):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.view(torch.uint8) if a.numel() else a,
+                                                                              b.view(torch.uint8) if b.numel() else b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+class _Tally:
+    """Correctness and precision over every case of one candidate (or of the baseline)."""
+
+    def __init__(self, family: Any, dtype: str):
+        self.family, self.dtype = family, dtype
+        self.max_abs = self.max_rel = 0.0
+        self.nan_inf = False
+        self.mismatches = 0
+        self.samples: list[str] = []
+        self.atols: list[float] = []
+        self.rtols: list[float] = []
+        self.frac_max = 0.0
+        self.frac_sq = 0.0
+        self.frac_n = 0
+        self.worst = ""
+        self.worst_frac = -1.0
+        self.shapes: list[str] = []
+
+    def add(self, label: str, out: Any, ref: Any, tol: list[float]) -> None:
+        import torch
+
+        from kernels.measure import compare
+
+        atol, rtol = tol
+        self.atols.append(atol)
+        self.rtols.append(rtol)
+        if label.split(" ")[0] not in self.shapes:
+            self.shapes.append(label.split(" ")[0])
+        outs, refs = _outputs(out), _outputs(ref)
+        if len(outs) != len(refs):
+            self.mismatches += 1
+            self.samples.append(f"[{label}] {len(outs)} output(s), reference has {len(refs)}")
+            return
+        for i, (o, r) in enumerate(zip(outs, refs)):
+            if not (torch.is_tensor(o) and torch.is_tensor(r)):
+                continue
+            res = compare(o, r, atol, rtol)
+            self.max_abs = max(self.max_abs, res["max_abs"])
+            self.max_rel = max(self.max_rel, res["max_rel"])
+            self.nan_inf |= res["nan_inf"]
+            if res["mismatches"]:
+                self.mismatches += max(res["mismatches"], 1)
+                which = f" output {i}" if len(outs) > 1 else ""
+                self.samples.append(f"[{label}{which}] {res['sample']}")
+            mx, sq, n = _error_fractions(o, r, atol, rtol)
+            self.frac_max = max(self.frac_max, mx)
+            self.frac_sq += sq
+            self.frac_n += n
+            if mx > self.worst_frac:
+                self.worst_frac, self.worst = mx, label
+
+    def problem(self, text: str) -> None:
+        self.mismatches += 1
+        self.samples.append(text)
+
+    @property
+    def rms(self) -> float:
+        return math.sqrt(self.frac_sq / self.frac_n) if self.frac_n else 0.0
+
+    def correctness(self) -> Any:
+        from kregress.core.records import Correctness
+
+        return Correctness(ok=self.mismatches == 0 and not self.nan_inf, max_abs_err=self.max_abs, max_rel_err=self.max_rel,
+                           nan_inf=self.nan_inf, mismatches=self.mismatches,
+                           tolerance=max(self.atols + self.rtols) if self.atols else 0.0,
+                           shapes_checked=self.shapes, mismatch_sample=" | ".join(self.samples)[:1200],
+                           atol=max(self.atols) if self.atols else None, rtol=max(self.rtols) if self.rtols else None,
+                           dtype=self.dtype)
+
+
+def _row(s: Any, backend: str) -> Any:
+    from kregress.core.records import VariantResult
+
+    return VariantResult(
+        variant_id=s.variant_id, round=s.round, source=s.source, config=s.config, config_hash=s.config_hash,
+        patch_summary=s.patch_summary, expected_effect=s.expected_effect, risk=s.risk, parent=s.parent,
+        backend=backend, patch=s.patch, patch_sha256=s.patch_sha256, expected_speedup=s.expected_speedup,
+        expected_speedup_low=s.expected_speedup_low, expected_speedup_high=s.expected_speedup_high,
+        bottleneck=s.bottleneck,
+    )
+
+
+@dataclass
+class JudgeOptions:
+    """How the gate runs. ``static`` False skips the static policy: only tests use it, to show that the
+    run-time layers catch a cheat on their own."""
+
+    seed: int | None = None  # the secret; None draws one
+    static: bool = True
+    isolate_network: bool = True
+    mem_bytes: int | None = 16 << 30  # address-space limit of a CPU child (None on a GPU host)
+    max_changed_lines: int = 60
+    precision_factor: float = 4.0
+    plausibility_factor: float = 2.0
+    seeds: int = 3
+    keep_dirs: bool = False
+
+    @classmethod
+    def for_spec(cls, spec: Any, **kw: Any) -> "JudgeOptions":
+        p = spec.patches
+        return cls(max_changed_lines=p.max_changed_lines, precision_factor=p.precision_factor,
+                   plausibility_factor=p.plausibility_factor, seeds=p.seeds, **kw)
+
+
+def static_stage(family: Any, es: EditableSet, texts: dict[str, str], base_hash: str, s: Any,
+                 opts: JudgeOptions) -> Candidate:
+    """Parse, apply (with the revert checked), region and static policy: the judgement of a patch that
+    needs no process. ``error`` is patch_failed (does not apply) or patch_rejected (refused)."""
+    from kregress.core.records import patch_sha256
+
+    rep = GateReport(patch_sha256=patch_sha256(s.patch), base_hash=base_hash, precision_factor=opts.precision_factor,
+                     plausibility_factor=opts.plausibility_factor)
+    cand = Candidate(index=-1, suggestion=s, report=rep)
+    try:
+        patch = parse_patch(s.patch)
+    except (NotAPatch, PatchFormatError) as exc:
+        cand.error, cand.detail = "patch_failed", f"not a usable diff: {exc}"
+        return cand
+    rep.changed_lines = patch.changed_lines
+    region = check_region(es, patch, texts, {}, opts.max_changed_lines)  # files, statuses and size, before applying
+    if region:
+        rep.findings = region
+        cand.error, cand.detail = "patch_rejected", "; ".join(f.text() for f in region)[:1500]
+        return cand
+    try:
+        applied = apply_and_check(patch, texts)
+    except PatchApplyError as exc:
+        cand.error, cand.detail = "patch_failed", f"does not apply to the kernel source {base_hash}: {exc}"
+        return cand
+    rep.round_trip_ok = applied.round_trip_ok
+    new_texts = {**texts, **applied.new_texts}
+    rep.patched_hash = source_snapshot_hash(family.name, new_texts)
+    findings = check_region(es, patch, texts, new_texts, opts.max_changed_lines)
+    if opts.static:
+        findings += static_gate(es.wrappers, [f for f in patch.files if f.path in es.files], texts, new_texts)
+    rep.findings = findings
+    if findings:
+        cand.error, cand.detail = "patch_rejected", "; ".join(f.text() for f in findings)[:1500]
+        return cand
+    cand.new_texts = new_texts
+    return cand
+
+
+def judge_patches(spec: Any, family: Any, suggestions: list[Any], *, backend: str, cache_root: Path,
+                  timeout_s: float, log: Callable[[str], None] = print, options: JudgeOptions | None = None,
+                  workers: int = 0) -> list[tuple[Any, GateReport]]:
+    """Rows (``VariantResult``) and gate reports for patch suggestions, in order. ``backend`` is
+    ``interpreter`` (CPU: correctness in the Triton interpreter, latency from the family's model) or
+    ``cuda`` (correctness and timing on the GPU, the baseline re-timed in the same batch). ``workers``:
+    candidates judged at once (0: one per CPU core, at most 4, on the interpreter; always 1 on a GPU)."""
+    opts = options or JudgeOptions.for_spec(spec)
+    t_all = time.perf_counter()
+    es = editable_set(family)
+    texts = read_sources(es)
+    base_hash = source_snapshot_hash(family.name, texts)
+    out: list[tuple[Any, GateReport]] = []
+    live: list[tuple[int, Candidate]] = []
+    for i, s in enumerate(suggestions):
+        row = _row(s, backend)
+        row.patch_base_hash = base_hash
+        problem = family.space.check(s.config, spec.params, spec.hardware.limits)
+        if problem:
+            row.error, row.error_detail = "invalid_config", problem
+            out.append((row, GateReport(base_hash=base_hash, patch_sha256=row.patch_sha256)))
+            continue
+        cand = static_stage(family, es, texts, base_hash, s, opts)
+        if cand.error:
+            row.error, row.error_detail = cand.error, cand.detail
+        else:
+            live.append((i, cand))
+        out.append((row, cand.report))
+    if live:
+        work = Path(tempfile.mkdtemp(prefix="kregress-judge-"))
+        try:
+            _Judgement(spec, family, es, texts, backend, cache_root, timeout_s, log, opts, work).run(live, out, workers)
+        finally:
+            if not opts.keep_dirs:
+                shutil.rmtree(work, ignore_errors=True)
+    log(f"judged {len(suggestions)} patch(es) in {time.perf_counter() - t_all:.1f}s")
+    return out
+
+
+class _Judgement:
+    """One judgement's processes and secret cases: the zygote, the reference child, the candidates."""
+
+    def __init__(self, spec, family, es, texts, backend, cache_root, timeout_s, log, opts, work):
+        import kregress
+        from kregress.core.paths import REPO_ROOT
+
+        self.spec, self.family, self.es, self.texts = spec, family, es, texts
+        self.on_gpu = backend == "cuda"
+        self.device = "cuda" if self.on_gpu else "cpu"
+        self.cache_root, self.timeout_s, self.log, self.opts, self.work = Path(cache_root), timeout_s, log, opts, work
+        kregress_root = str(Path(kregress.__file__).resolve().parents[1])
+        self.env = _sandbox.sandbox_env(interpret=not self.on_gpu, pythonpath=[str(REPO_ROOT), kregress_root])
+        self.limits = {"cpu_s": max(60.0, 4 * timeout_s), "mem_bytes": None if self.on_gpu else opts.mem_bytes,
+                       "fsize_bytes": 1 << 30}
+        self.purge = sorted(set(es.packages()) | ({Path(es.module_file).stem} if len(Path(es.module_file).parts) == 1 else set()))
+        self.tools = _sandbox.compiler_tools()
+
+    def child_spec(self, root: Path, name: str, interpret: bool) -> dict:
+        d = self.work / name
+        d.mkdir(parents=True, exist_ok=True)
+        return {"root": str(root), "work": str(d), "interpret": interpret,
+                "family": self.family.lookup or self.family.name, "params": self.spec.params, "purge": self.purge,
+                "limits": self.limits, "exec_allowed": self.tools, "allow_ctypes": self.on_gpu,
+                "isolate_network": self.opts.isolate_network, "sandbox": True}
+
+    def run(self, live: list[tuple[int, Candidate]], out: list, workers: int) -> None:
+        import random
+        from concurrent.futures import ThreadPoolExecutor
+
+        spec, opts = self.spec, self.opts
+        secret = opts.seed if opts.seed is not None else secrets.randbits(62)
+        rng = random.Random(secret)
+        seeds = [rng.randrange(1, 2**62) for _ in range(max(3, opts.seeds))]
+        groups = shape_groups(self.family, spec.correctness_shapes, spec.shape_matrix, self.on_gpu, rng, seeds)
+        self.log(f"judging {len(live)} patch(es) in sandboxed children ({'cuda' if self.on_gpu else 'interpreter'}); "
+                 f"{len(groups)} case group(s), {len(seeds)} secret seeds, distributions {', '.join(DISTRIBUTIONS)}")
+        try:
+            with _sandbox.Zygote(self.env, cwd=self.work) as zyg:
+                self.zyg = zyg
+                self._prepare(groups)
+                lanes = 1 if self.on_gpu else max(1, min(len(live), workers or min(4, os.cpu_count() or 1)))
+                with ThreadPoolExecutor(max_workers=lanes) as pool:
+                    list(pool.map(lambda ic: self._one(ic[0], ic[1], *out[ic[0]]), live))
+                self.ref.end()
+        except _sandbox.ChildFailed as exc:
+            for i, _ in live:
+                row, _rep = out[i]
+                if row.error is None and row.correctness is None:
+                    row.error = exc.error if exc.error in ("timeout", "crashed") else "runtime_error"
+                    row.error_detail = exc.detail
+
+    def _prepare(self, groups: list[dict]) -> None:
+        """The reference child: inputs, float64 reference and baseline outputs of every case."""
+        spec = self.spec
+        pristine = materialize(self.es, self.texts, self.work / "pristine")
+        self.ref = self.zyg.fork(self.child_spec(pristine, "reference", interpret=not self.on_gpu))
+        t0 = time.perf_counter()
+        head, blobs = self.ref.call({"job": "prepare", "groups": groups, "config": spec.baseline, "params": spec.params,
+                                     "dtype": spec.dtype, "tolerance": spec.constraints.numeric_tolerance,
+                                     "device": self.device, "reference_device": self.device, "keep": self.on_gpu},
+                                    timeout=max(self.timeout_s, 60.0) * 4)
+        if head.get("error"):
+            raise _sandbox.ChildFailed("runtime_error", f"the reference child failed: {head.get('detail')}")
+        self.cases = head["cases"]
+        self.base_ops = set(head["ops"])
+        self.base_threads = int(head.get("threads", 0))
+        self.dropped = head["dropped"]
+        self.data = {c["id"]: _sandbox.unpack(c["payload"], blobs) for c in self.cases}
+        self.base_tally = _Tally(self.family, spec.dtype)
+        for c in self.cases:
+            d = self.data[c["id"]]
+            self.base_tally.add(f"{c['label']} {c['dist']}", d["base"], d["ref"], c["tol"])
+            if "ref2" in d:
+                self.base_tally.add(f"{c['label']} {c['dist2']}", d["base2"], d["ref2"], c["tol"])
+        self.log(f"  reference: {len(self.cases)} case group(s) with the float64 reference and the baseline's outputs "
+                 f"({time.perf_counter() - t0:.1f}s){'; dropped: ' + '; '.join(self.dropped) if self.dropped else ''}")
+
+    def _one(self, i: int, cand: Candidate, row: Any, rep: GateReport) -> None:
+        """Compile (one child) and the cases (another), side by side; then compare and time."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        t1 = time.perf_counter()
+        cases = self.cases
+        rep.cases = sum(2 if "inputs2" in self.data[c["id"]] else 1 for c in cases)
+        rep.cases_dropped = list(self.dropped)
+        rep.hidden_shapes = [c["label"] for c in cases if c["kind"] in ("odd", "ones", "aligned", "hidden_odd")
+                             or c["kind"].startswith("stretched")]
+        rep.seeds = len({c["seed_index"] for c in cases})
+        rep.distributions = sorted({c["dist"] for c in cases} | {c["dist2"] for c in cases if "dist2" in c})
+        root = materialize(self.es, cand.new_texts, self.work / f"cand{i}")
+        try:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                fc = pool.submit(self._compile, row, rep, root, f"cand{i}-compile")
+                fr = pool.submit(self._cases, row, rep, root, f"cand{i}")
+                compiled, ran = fc.result(), fr.result()
+            self._conclude(row, rep, compiled, ran)
+        except _sandbox.ChildFailed as exc:
+            row.error, row.error_detail = exc.error, exc.detail
+        rep.seconds = time.perf_counter() - t1
+        self.log(f"  {row.variant_id}: {row.error or 'correct'} ({rep.seconds:.1f}s)")
+
+    def _compile(self, row: Any, rep: GateReport, root: Path, name: str) -> dict:
+        """AOT compile of the patched kernels for the spec's arch in a child (no interpreter), cached by
+        the patched kernel hash: {"stats"} or {"error", "detail"}, with the child's violations."""
+        import json
+
+        from kernels.compile import cache_key
+        from kregress.core.records import variant_hash
+
+        spec, hw = self.spec, self.spec.hardware
+        key = cache_key(self.family.name, rep.patched_hash, variant_hash(row.config, row.patch), spec.dtype, hw.arch,
+                        spec.params)
+        cfile = self.cache_root / "compile" / f"{key}.json"
+        try:
+            hit = json.loads(cfile.read_text())
+            hit["notes"] = hit.get("notes", []) + ["compile: from the cache"]
+            return hit
+        except (OSError, ValueError):
+            pass
+        t0 = time.perf_counter()
+        try:
+            comp = self.zyg.fork(self.child_spec(root, name, interpret=False))
+        except _sandbox.ChildFailed as exc:
+            return {"error": "compile_failed" if exc.error == "compile_failed" else exc.error, "detail": exc.detail}
+        try:
+            head, _ = comp.call({"job": "compile", "config": row.config, "params": spec.params, "dtype": spec.dtype,
+                                 "arch": hw.arch, "limits": hw.limits.model_dump(), "shapes": spec.shape_matrix,
+                                 "fallback_shapes": spec.correctness_shapes}, timeout=self.timeout_s)
+        except _sandbox.ChildFailed as exc:
+            head = {"error": exc.error if exc.error == "timeout" else "compile_failed", "detail": exc.detail}
+        finally:
+            comp.end()
+        violations = comp.hello.get("violations", []) + head.get("violations", [])
+        if head.get("error") not in (None, "compile_failed", "out_of_resources", "timeout"):
+            head["error"] = "compile_failed"  # anything that stops the compile (an exception in the wrapper, say)
+        res = {k: head[k] for k in ("stats", "error", "detail", "notes") if k in head}
+        res["notes"] = res.get("notes", []) + [f"compile {time.perf_counter() - t0:.1f}s"]
+        if violations:
+            res["violations"] = violations
+        elif "stats" in res or res.get("error") in ("compile_failed", "out_of_resources"):
+            cfile.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cfile.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
+            tmp.write_text(json.dumps({k: v for k, v in res.items() if k != "notes"} | {"notes": res["notes"][:-1]}))
+            tmp.replace(cfile)
+        return res
+
+    def _cases(self, row: Any, rep: GateReport, root: Path, name: str) -> dict:
+        """The secret cases in a sandboxed child of the patched copy: outputs, inputs after each call, ops."""
+        blobs: list[bytes] = []
+        job_cases = []
+        for c in self.cases:
+            d = self.data[c["id"]]
+            payload = {"inputs": d["inputs"]}
+            if "inputs2" in d:
+                payload["inputs2"] = d["inputs2"]
+            job_cases.append({"id": c["id"], "payload": _sandbox.pack(payload, blobs), "keep": c["kind"] == "timed"})
+        t0 = time.perf_counter()
+        try:
+            child = self.zyg.fork(self.child_spec(root, name, interpret=not self.on_gpu))
+        except _sandbox.ChildFailed as exc:
+            return {"error": exc.error, "detail": exc.detail}
+        try:
+            head, rblobs = child.call({"job": "run", "cases": job_cases, "config": row.config, "params": self.spec.params,
+                                       "device": self.device}, blobs, timeout=self.timeout_s)
+        except _sandbox.ChildFailed as exc:
+            child.end()
+            return {"error": exc.error, "detail": exc.detail, "violations": child.hello.get("violations", [])}
+        head["violations"] = child.hello.get("violations", []) + head.get("violations", [])
+        head["seconds"] = time.perf_counter() - t0
+        if self.on_gpu and not head.get("error"):
+            head["child"] = child  # kept for the timing loop
+        else:
+            child.end()
+        return {"head": head, "blobs": rblobs}
+
+    def _conclude(self, row: Any, rep: GateReport, compiled: dict, ran: dict) -> None:
+        """The gate's order: sandbox refusals (rejected), compile (infeasible), correctness (wrong),
+        then precision metrics and latency."""
+        from kernels.measure import model_measurements
+        from kregress.core.records import CompileStats
+
+        spec = self.spec
+        rep.notes += compiled.get("notes", [])
+        rep.runtime_violations += compiled.get("violations", [])
+        head = ran.get("head") or {}
+        rep.runtime_violations += head.get("violations", []) + ran.get("violations", [])
+        child = head.pop("child", None)
+        try:
+            if head.get("threads") and self.base_threads == 0:
+                rep.runtime_violations.append(f"the call started {head['threads']} Python thread(s); the baseline starts none")
+            extra = sorted(set(head.get("ops", [])) - self.base_ops - HARMLESS_OPS)
+            if extra:
+                rep.runtime_violations.append(f"the call ran aten.{', aten.'.join(extra[:8])}, which the baseline never "
+                                              "runs: torch computes instead of the kernel")
+            if rep.runtime_violations:
+                row.error, row.error_detail = "patch_rejected", "sandbox: " + "; ".join(rep.runtime_violations)[:1200]
+                return
+            if "stats" not in compiled:
+                row.error, row.error_detail = compiled.get("error", "compile_failed"), compiled.get("detail", "")
+                return
+            row.compile = CompileStats(**compiled["stats"])
+            if "head" not in ran:
+                row.error, row.error_detail = ran.get("error", "crashed"), ran.get("detail", "")
+                return
+            if head.get("error"):
+                row.error, row.error_detail = "runtime_error", head.get("detail", "")
+                return
+            self._compare(row, rep, head, ran["blobs"])
+            rep.notes.append(f"cases {head.get('seconds', 0.0):.1f}s")
+            if not row.correctness.ok:
+                row.error = "nan_inf" if row.correctness.nan_inf else "numeric_mismatch"
+                row.error_detail = row.correctness.mismatch_sample[:600]
+                return
+            if not self.on_gpu:
+                row.measurements = model_measurements(self.family, row.config, spec.shape_matrix, spec.dtype, spec.params,
+                                                      row.compile, spec.hardware)
+                row.evidence = "model"
+                return
+            _time_on_gpu(child, self.ref, row, rep, spec, self.family, self.cases, self.data, _sandbox.pack,
+                         self.timeout_s, self.log)
+        finally:
+            if child is not None:
+                child.end()
+
+    def _compare(self, row: Any, rep: GateReport, head: dict, blobs: list[bytes]) -> None:
+        tally = _Tally(self.family, self.spec.dtype)
+        prec = _Tally(self.family, self.spec.dtype)
+        by_id = {c["id"]: c for c in self.cases}
+        for res in head["results"]:
+            c = by_id[res["id"]]
+            d = self.data[c["id"]]
+            if res.get("error"):
+                tally.problem(f"[{c['label']}] the call raised {res['error']}")
+                continue
+            got = _sandbox.unpack(res["payload"], blobs)
+            for p in res.get("problems", []):
+                tally.problem(f"[{c['label']}] {p}")
+            tally.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
+            prec.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
+            if not _same(got["after"], d["inputs"]):
+                tally.problem(f"[{c['label']}] the inputs changed during the call (they must be left as they were)")
+            if "out2" in got:
+                tally.add(f"{c['label']} {c['dist2']} (2nd call, same buffers)", got["out2"], d["ref2"], c["tol"])
+                prec.add(f"{c['label']} {c['dist2']}", got["out2"], d["ref2"], c["tol"])
+                if not _same(got["after2"], d["inputs2"]):
+                    tally.problem(f"[{c['label']}] the inputs changed during the second call")
+        row.correctness = tally.correctness()
+        rep.precision = PrecisionMetrics(candidate_max=prec.frac_max, baseline_max=self.base_tally.frac_max,
+                                         candidate_rms=prec.rms, baseline_rms=self.base_tally.rms, worst_case=prec.worst)
+
+
+def _time_on_gpu(child, ref, row, rep, spec, family, cases, data, pack, timeout_s, log) -> None:
+    """The candidate and the baseline timed on each timed shape, slot by slot (baseline, candidate,
+    baseline, ...) in their own processes on the same GPU, then correctness again after the loop."""
+    import uuid
+
+    from kernels.measure import measurement_from_samples, measurement_identity
+    from kernels.sandbox import unpack
+
+    rounds = 4
+    slot_ms = max(1, spec.benchmark.rep_ms // rounds)
+    warm = max(1, spec.benchmark.warmup_ms // rounds)
+    batch_id = f"{spec.task_id}/judge/{uuid.uuid4().hex[:8]}"
+    timed = [c for c in cases if c["kind"] == "timed"]
+    cand_ms, base_ms = [], []
+    for c in timed:
+        samples = {"base": [], "cand": []}
+        idents = []
+        for _ in range(rounds):
+            for who, proc, cfg in (("base", ref, spec.baseline), ("cand", child, row.config)):
+                head, _ = proc.call({"job": "bench", "case": c["id"], "config": cfg, "params": spec.params,
+                                     "rep_ms": slot_ms, "warmup_ms": warm}, timeout=timeout_s)
+                if head.get("error"):
+                    raise_from = f"{who}: {head.get('detail', '')}"
+                    row.error, row.error_detail = "runtime_error", f"timing failed ({raise_from})"[:600]
+                    return
+                if who == "cand" and head.get("violations"):
+                    rep.runtime_violations += head["violations"]
+                samples[who] += head["samples"]
+                idents.append(head["identity"])
+        ident = measurement_identity(idents[0], idents[-1])
+        shape = c["shape"]
+        cand_ms.append(measurement_from_samples(family, shape, samples["cand"], spec.dtype, spec.params, "cuda",
+                                                idents[0].get("gpu_name", ""), identity=ident, batch=batch_id))
+        base_ms.append(measurement_from_samples(family, shape, samples["base"], spec.dtype, spec.params, "cuda",
+                                                idents[0].get("gpu_name", ""), identity=ident, batch=batch_id))
+    if rep.runtime_violations:
+        row.error, row.error_detail = "patch_rejected", "sandbox: " + "; ".join(rep.runtime_violations)[:1200]
+        return
+    # correctness again after the timing loop, on the second values in the same buffers
+    blobs: list[bytes] = []
+    job_cases = [{"id": c["id"], "payload": pack({"inputs": data[c["id"]]["inputs2"]}, blobs)} for c in timed
+                 if "inputs2" in data[c["id"]]]
+    if job_cases:
+        head, rblobs = child.call({"job": "recheck", "cases": job_cases, "config": row.config, "params": spec.params,
+                                   "device": "cuda"}, blobs, timeout=timeout_s)
+        tally = _Tally(family, spec.dtype)
+        by_id = {c["id"]: c for c in timed}
+        for res in head.get("results", []):
+            c = by_id[res["id"]]
+            got = unpack(res["payload"], rblobs)
+            tally.add(f"{c['label']} after timing", got["out"], data[c["id"]]["ref2"], c["tol"])
+            for p in res.get("problems", []):
+                tally.problem(f"[{c['label']}] after timing: {p}")
+        if not tally.correctness().ok:
+            row.error, row.error_detail = "numeric_mismatch", ("after the timing loop: " + tally.correctness().mismatch_sample)[:600]
+            return
+    row.measurements = cand_ms
+    row.batch_baseline = base_ms
+    row.evidence = "cuda"

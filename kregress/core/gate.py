@@ -1,0 +1,772 @@
+"""The gate a candidate patch goes through, as pure decisions with causes (no torch, no Triton).
+
+Order (each stage puts its cause on the verdict):
+
+1. static (REGRESS ``rejected``): ``static_findings`` walks the syntax tree of the added and changed
+   code of every patched file and refuses what a kernel edit never needs and a cheat does: torch
+   compute or the family's reference instead of the kernel (``@``, matmul/mm/bmm/einsum,
+   ``torch.nn.functional``, ``torch.ops``, any torch call that computes), try/except, introspection
+   (inspect, frames, ``globals()``/``locals()``, dunder attributes), threads and processes, ctypes,
+   sockets, file I/O, the environment and the interpreter/device (``os.environ``, ``is_cuda``, Triton's
+   knobs), CUDA streams and events, the timer (``triton.testing``, ``time``), dynamic code
+   (``eval``, ``getattr``, ``__import__``, ``importlib``), imports, classes (Tensor subclasses),
+   attribute and item assignment and in-place changes of inputs or globals (module-level state);
+   and it requires the kernels to stay ``@triton.jit`` and launched by the unchanged entry point.
+   Each finding names its rule, file and line.
+2. sandbox and 3. correctness (REGRESS ``wrong``) run elsewhere (``kernels/sandbox.py``,
+   ``kernels/candidate.py``); their outcome is a ``GateReport``.
+4. precision (NEEDS_REVIEW ``precision``): ``precision_finding``: an error several times the
+   baseline's own on the same inputs, even within tolerance.
+5. plausibility (NEEDS_REVIEW ``implausible``, never PASS): ``plausibility_findings``: faster than
+   the family's speed of light (its FLOPs and bytes at the spec's peaks) or more than a factor faster
+   than the baseline.
+6. then the usual verdict (slower, infeasible, PASS): ``gate_verdict`` hands over to the caller's rule.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, Field
+
+from kregress.core.family import is_jit_decorator, is_jit_def
+from kregress.core.patch import Finding, regions_of
+
+# --- what added code may reference ------------------------------------------------------------------
+
+# Builtins kernel code and launch wrappers use. Anything else (getattr, eval, open, id, type, vars, ...) is refused.
+ALLOWED_BUILTINS = frozenset({
+    "range", "min", "max", "abs", "int", "float", "bool", "len", "tuple", "list", "dict", "set", "isinstance",
+    "round", "enumerate", "zip", "any", "all", "sum", "map", "filter", "sorted", "reversed", "str", "print",
+    "divmod", "pow", "ValueError", "TypeError", "RuntimeError", "AssertionError", "NotImplementedError",
+    "KeyError", "IndexError", "None", "True", "False", "slice",
+})
+BANNED_BUILTINS = {
+    "getattr": "dynamic_code", "setattr": "dynamic_code", "delattr": "dynamic_code", "hasattr": "dynamic_code",
+    "eval": "dynamic_code", "exec": "dynamic_code", "compile": "dynamic_code", "__import__": "dynamic_code",
+    "globals": "introspection", "locals": "introspection", "vars": "introspection", "dir": "introspection",
+    "open": "file_io", "input": "file_io", "breakpoint": "introspection", "id": "cache_by_identity",
+    "hash": "cache_by_identity", "type": "introspection", "object": "introspection", "super": "introspection",
+    "memoryview": "introspection", "callable": "introspection", "issubclass": "introspection",
+    "classmethod": "tensor_subclass", "staticmethod": "tensor_subclass", "property": "tensor_subclass",
+    "exit": "process", "quit": "process", "help": "introspection", "iter": "introspection", "next": "introspection",
+}
+
+# Module roots added code may not touch at all, and the rule that says why.
+BANNED_MODULES = {
+    "os": "environment", "sys": "environment", "platform": "environment", "sysconfig": "environment",
+    "site": "environment", "inspect": "introspection", "gc": "introspection", "traceback": "introspection",
+    "dis": "introspection", "types": "introspection", "weakref": "introspection", "code": "dynamic_code",
+    "threading": "concurrency", "_thread": "concurrency", "multiprocessing": "concurrency",
+    "concurrent": "concurrency", "asyncio": "concurrency", "sched": "concurrency",
+    "subprocess": "process", "pty": "process", "signal": "process", "atexit": "process", "resource": "process",
+    "ctypes": "native", "cffi": "native", "_ctypes": "native", "mmap": "native",
+    "socket": "network", "ssl": "network", "http": "network", "urllib": "network", "requests": "network",
+    "select": "network", "selectors": "network",
+    "importlib": "dynamic_code", "builtins": "dynamic_code", "pickle": "dynamic_code", "marshal": "dynamic_code",
+    "io": "file_io", "pathlib": "file_io", "shutil": "file_io", "tempfile": "file_io", "glob": "file_io",
+    "time": "timer", "timeit": "timer", "datetime": "timer",
+    "numpy": "torch_compute", "scipy": "torch_compute", "operator": "torch_compute", "functools": "module_state",
+    "random": "environment", "warnings": "environment", "logging": "file_io",
+}
+
+# torch.<name> that allocate or describe (no arithmetic): everything else under torch computes or
+# reaches for machinery kernel code never needs.
+TORCH_ALLOWED = frozenset({
+    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "full_like", "ones", "ones_like",
+    "arange", "Size", "device", "dtype", "Tensor", "is_tensor", "finfo", "iinfo", "float16", "bfloat16", "float32",
+    "float64", "half", "float", "double", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "bool", "long", "int", "short", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "float8_e8m0fnu", "contiguous_format", "strided",
+})
+TORCH_ENVIRONMENT = frozenset({"version", "get_num_threads", "are_deterministic_algorithms_enabled", "get_default_dtype",
+                               "is_deterministic_algorithms_warn_only_enabled", "is_grad_enabled", "is_inference_mode_enabled",
+                               "get_float32_matmul_precision", "get_default_device", "xpu", "mps", "hip", "backends"})
+TRITON_ALLOWED = frozenset({"cdiv", "next_power_of_2", "jit", "heuristics", "language", "constexpr"})
+TRITON_BANNED = {"testing": "timer", "runtime": "environment", "knobs": "environment", "compiler": "environment",
+                 "backends": "environment", "tools": "environment", "autotune": "decorator", "Config": "decorator",
+                 "profiler": "timer", "instrumentation": "environment"}
+TL_BANNED = {"inline_asm_elementwise": "inline_asm"}
+
+# Tensor methods that compute: a wrapper that calls them computes with torch instead of its kernel.
+COMPUTE_METHODS = frozenset({
+    "matmul", "mm", "bmm", "addmm", "addmv", "addbmm", "baddbmm", "mv", "dot", "vdot", "inner", "outer", "ger",
+    "einsum", "tensordot", "kron", "matrix_power", "chain_matmul", "linear", "bilinear", "conv1d", "conv2d",
+    "softmax", "log_softmax", "exp", "exp2", "expm1", "log", "log2", "log1p", "sigmoid", "tanh", "relu", "gelu",
+    "silu", "sum", "nansum", "mean", "prod", "cumsum", "cumprod", "max", "min", "amax", "amin", "argmax", "argmin",
+    "logsumexp", "norm", "sqrt", "rsqrt", "pow", "square", "mul", "multiply", "add", "sub", "subtract", "div",
+    "divide", "true_divide", "floor_divide", "remainder", "fmod", "clamp", "clip", "where", "masked_fill",
+    "masked_scatter", "index_add", "index_copy", "index_put", "scatter", "scatter_add", "scatter_reduce", "gather",
+    "lerp", "addcmul", "addcdiv", "sort", "topk", "kthvalue", "median", "var", "std", "cross", "diff", "trapz",
+    "numpy", "tolist", "scaled_dot_product_attention", "neg", "reciprocal", "abs", "sign", "round", "floor", "ceil",
+    "maximum", "minimum", "fmax", "fmin", "logaddexp", "hypot", "atan2", "polar", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "repeat_interleave", "apply_", "map_", "map2_", "register_hook", "backward",
+})
+MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "remove",
+                      "add", "discard", "sort", "reverse", "__setitem__"})
+DEVICE_SNIFF_ATTRS = frozenset({"is_cuda", "is_cpu", "is_meta", "is_xpu", "is_mps", "device_type", "get_device",
+                                "is_available", "device_count", "get_device_name", "get_device_properties"})
+IDENTITY_ATTRS = frozenset({"data_ptr", "_cdata", "storage", "untyped_storage", "storage_offset", "_version"})
+FRAME_ATTRS = frozenset({"f_back", "f_locals", "f_globals", "f_code", "f_builtins", "gi_frame", "cr_frame",
+                         "ag_frame", "tb_frame", "tb_next", "f_lineno", "co_code", "co_consts", "func_globals",
+                         "func_code"})
+FIXED_ATTRS = frozenset({"reference", "make_inputs", "tolerance", "compile_units", "space", "check_shape",
+                         "model_latency_ms", "lookup"})  # the family object's fixed parts
+JIT_INTERNAL_ATTRS = frozenset({"handle", "data", "numpy", "tolist"})  # interpreter-only escapes from kernel code
+SNIFF_STRINGS = ("TRITON_", "INTERPRET", "PYTEST", "KREGRESS", "CUDA_VISIBLE", "SANDBOX")
+DEVICE_STRINGS = frozenset({"cpu", "cuda", "meta", "hip", "xpu", "mps"})  # a device named in code: a device test
+JIT_BUILTINS = frozenset({"range", "min", "max", "float", "int", "len", "print", "abs", "bool", "tuple", "zip",
+                          "enumerate"})
+JIT_DECORATOR_KWARGS = frozenset({"do_not_specialize", "do_not_specialize_on_alignment", "noinline", "debug"})
+TORCH_CUDA_ALLOWED = frozenset({"device"})  # `with torch.cuda.device(x.device):` in a wrapper
+
+RULES = {
+    "torch_compute": "computes with torch (or numpy) instead of the kernel",
+    "reference": "reads the family's fixed code (reference, inputs, registry) that the kernel does not use",
+    "try_except": "try/except (a hidden fallback)",
+    "introspection": "introspection (inspect, frames, globals/locals, dunder attributes)",
+    "concurrency": "threads, processes, async, CUDA streams or events",
+    "process": "runs or signals processes",
+    "native": "native code (ctypes, cffi, mmap)",
+    "network": "sockets and network",
+    "file_io": "file I/O",
+    "environment": "reads or changes the environment, the interpreter or the device",
+    "timer": "the timer (time, triton.testing / do_bench)",
+    "dynamic_code": "dynamic code (eval, exec, getattr tricks, __import__, importlib, builtins)",
+    "import": "an import in kernel code",
+    "tensor_subclass": "defines a class (Tensor subclass)",
+    "module_state": "keeps state outside the call (attribute or item assignment, globals, mutated module objects)",
+    "mutates_input": "changes an input in place",
+    "cache_by_identity": "reads buffer identity (data_ptr, id, hash): results cached by pointer",
+    "unknown_name": "a name that is neither local, a kernel, an allowed builtin nor a module the kernel uses",
+    "jit_call": "kernel code calls a Python function (the interpreter would run it as Python)",
+    "interpreter_internals": "kernel code reaches into the interpreter's values",
+    "inline_asm": "inline assembly (cannot be checked on a CPU host)",
+    "kernel_not_jit": "a kernel is no longer @triton.jit",
+    "entry_signature": "the entry point's signature or decorators changed",
+    "no_launch": "the entry point no longer launches its kernel",
+    "decorator": "a decorator other than triton.jit / triton.heuristics",
+    "context_manager": "a with-block other than torch.cuda.device",
+}
+
+
+# --- facts about a file ---------------------------------------------------------------------------
+
+
+@dataclass
+class FileFacts:
+    """Module-level facts of one file (patched side), and what its pristine editable region uses."""
+
+    aliases: dict[str, str]  # module-level name -> dotted module it is bound to (tl -> triton.language)
+    imported_objects: dict[str, str]  # `from m import x` -> "m.x"
+    functions: set[str]
+    jit: set[str]
+    wrappers: tuple[str, ...]
+    constants: set[str]  # UPPER_CASE module-level names
+    other_globals: set[str]
+    used_by_region: set[str] = field(default_factory=set)  # module-level names the pristine region reads
+
+
+def file_facts(source: str, wrappers: tuple[str, ...], extra_jit: set[str] = frozenset()) -> FileFacts:
+    tree = ast.parse(source)
+    aliases: dict[str, str] = {}
+    objects: dict[str, str] = {}
+    functions, jit, constants, others = set(), set(extra_jit), set(), set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    aliases[a.asname] = a.name
+                else:
+                    aliases[a.name.split(".")[0]] = a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                objects[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.FunctionDef):
+            functions.add(node.name)
+            if is_jit_def(node):
+                jit.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            literal = node.value is not None and _is_literal(node.value)
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        # an UPPER_CASE literal (a number, a table of numbers or strings) is data the
+                        # kernel may read; anything else (FAMILY = register(...), SPACE = Space(...)) is not
+                        (constants if n.id.isupper() and literal else others).add(n.id)
+        elif isinstance(node, ast.ClassDef):
+            others.add(node.name)
+    return FileFacts(aliases, objects, functions, jit, wrappers, constants, others)
+
+
+def _is_literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
+def region_usage(source: str, wrappers: tuple[str, ...]) -> set[str]:
+    """Module-level names the editable functions of ``source`` read (what the kernel already uses)."""
+    tree = ast.parse(source)
+    used: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and (is_jit_def(node) or node.name in wrappers):
+            local = _locals_of(node)
+            for n in ast.walk(node):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in local:
+                    used.add(n.id)
+    return used
+
+
+def _locals_of(fn: ast.AST) -> set[str]:
+    out: set[str] = set()
+    for n in ast.walk(fn):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = n.args
+            for arg in a.posonlyargs + a.args + a.kwonlyargs + ([a.vararg] if a.vararg else []) + ([a.kwarg] if a.kwarg else []):
+                out.add(arg.arg)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not fn:
+                out.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            out.add(n.id)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            out.add(n.name)
+        elif isinstance(n, ast.alias):
+            out.add((n.asname or n.name).split(".")[0])
+    return out
+
+
+def _params_of(fn: ast.FunctionDef) -> set[str]:
+    a = fn.args
+    return {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs + ([a.vararg] if a.vararg else []) + ([a.kwarg] if a.kwarg else [])}
+
+
+def dotted(node: ast.AST) -> tuple[str, ast.AST] | None:
+    """``a.b.c`` -> ("a.b.c", the Name node ``a``); None for anything that is not a plain chain."""
+    parts = []
+    cur = node
+    while isinstance(cur, ast.Attribute):
+        parts.append(cur.attr)
+        cur = cur.value
+    if isinstance(cur, ast.Name):
+        parts.append(cur.id)
+        return ".".join(reversed(parts)), cur
+    return None
+
+
+def _own_lines(node: ast.AST) -> range:
+    """The lines a node itself occupies: a compound statement's header only, any other node all its lines."""
+    start = getattr(node, "lineno", None)
+    if start is None:
+        return range(0)
+    end = getattr(node, "end_lineno", start) or start
+    body = getattr(node, "body", None)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        start = min([d.lineno for d in node.decorator_list] + [start])
+    if isinstance(body, list) and body and isinstance(body[0], ast.AST) and not isinstance(node, ast.Lambda):
+        end = max(start, body[0].lineno - 1)
+        if isinstance(node, (ast.If, ast.For, ast.While, ast.Try)) and node.orelse:
+            pass  # `else:` lines carry no code of their own
+    return range(start, end + 1)
+
+
+# --- the static policy -----------------------------------------------------------------------------
+
+
+class _Walker:
+    """Checks the changed nodes of one editable function."""
+
+    def __init__(self, file: str, facts: FileFacts, fn: ast.FunctionDef, changed: set[int], jit: bool,
+                 all_jit: set[str], out: list[Finding]):
+        self.file, self.facts, self.fn, self.changed, self.jit = file, facts, fn, changed, jit
+        self.all_jit = all_jit
+        self.out = out
+        self.local = _locals_of(fn)
+        self.params = _params_of(fn)
+        self.parent = {c: p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
+        self.seen: set[tuple[str, int]] = set()
+
+    def hit(self, node: ast.AST) -> bool:
+        return any(n in self.changed for n in _own_lines(node))
+
+    def flag(self, rule: str, node: ast.AST, what: str) -> None:
+        line = getattr(node, "lineno", None)
+        key = (rule, line or 0)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        self.out.append(Finding(rule=rule, file=self.file, line=line, message=f"{what}: {RULES[rule]}"))
+
+    # -- names and chains
+    def resolve(self, name: str) -> str | None:
+        """The dotted module (or imported object) a module-level name stands for, None for other names."""
+        if name in self.local:
+            return None
+        if name in self.facts.aliases:
+            return self.facts.aliases[name]
+        if name in self.facts.imported_objects:
+            return self.facts.imported_objects[name]
+        return None
+
+    def check_chain(self, chain: str, root: ast.Name, node: ast.AST) -> bool:
+        """Rules for a dotted reference; True when it was judged (the caller does not look further)."""
+        first, _, rest = chain.partition(".")
+        if first in self.local:
+            return False
+        mod = self.resolve(first)
+        if mod is None:
+            return False
+        full = f"{mod}.{rest}" if rest else mod
+        parts = full.split(".")
+        top = parts[0]
+        if any(p.startswith("_") for p in parts[1:]):
+            self.flag("introspection" if any(p.startswith("__") for p in parts) else "torch_compute" if top == "torch"
+                      else "environment", node, f"`{chain}` (private attribute)")
+            return True
+        if top == "torch":
+            sub = parts[1] if len(parts) > 1 else ""
+            if not sub:
+                return True
+            if sub == "cuda":
+                what = parts[2] if len(parts) > 2 else ""
+                if what not in TORCH_CUDA_ALLOWED:
+                    rule = "environment" if what in DEVICE_SNIFF_ATTRS or what in ("current_device", "is_initialized") else "concurrency"
+                    self.flag(rule, node, f"`{chain}`")
+                return True
+            if sub in ("backends", "set_float32_matmul_precision", "set_default_dtype", "use_deterministic_algorithms",
+                       "manual_seed", "seed", "set_num_threads", "set_grad_enabled"):
+                self.flag("module_state", node, f"`{chain}`")
+                return
+            if sub in TORCH_ENVIRONMENT:
+                self.flag("environment", node, f"`{chain}`")
+                return True
+            if sub in ("ops", "nn", "library", "autograd", "compile", "compiler", "jit", "fx", "func", "linalg",
+                       "special", "fft", "sparse", "utils", "testing", "distributed", "multiprocessing", "profiler",
+                       "hub", "overrides", "export") or sub not in TORCH_ALLOWED:
+                rule = "timer" if sub in ("profiler",) else "concurrency" if sub in ("multiprocessing", "distributed") else "torch_compute"
+                self.flag(rule, node, f"`{chain}`")
+                return True
+            if sub == "Tensor" and len(parts) > 2:
+                self.flag("torch_compute", node, f"`{chain}`")
+            return True
+        if top == "triton":
+            sub = parts[1] if len(parts) > 1 else ""
+            if sub == "language":
+                leaf = parts[2] if len(parts) > 2 else ""
+                if leaf in TL_BANNED:
+                    self.flag(TL_BANNED[leaf], node, f"`{chain}`")
+                return True
+            if sub and sub not in TRITON_ALLOWED:
+                self.flag(TRITON_BANNED.get(sub, "environment"), node, f"`{chain}`")
+            return True
+        if top == "math":
+            return True
+        if top in BANNED_MODULES:
+            self.flag(BANNED_MODULES[top], node, f"`{chain}`")
+            return True
+        # an object imported from another module (a jit helper, a constant): allowed when the kernel
+        # already used it, or it is a jit function
+        if first in self.facts.imported_objects:
+            if first not in self.facts.used_by_region and first not in self.all_jit:
+                self.flag("reference", node, f"`{first}`")
+            return True
+        return False
+
+    def check_name(self, node: ast.Name) -> None:
+        n = node.id
+        if n in self.local:
+            return
+        if n.startswith("__"):
+            self.flag("introspection", node, f"`{n}`")
+            return
+        if n in BANNED_BUILTINS:
+            self.flag(BANNED_BUILTINS[n], node, f"`{n}`")
+            return
+        if n in self.facts.aliases:
+            # a module may only be the base of an attribute chain (judged by check_chain); binding or
+            # passing the module itself would hide what is called on it
+            if not isinstance(self.parent.get(node), ast.Attribute):
+                self.flag("dynamic_code", node, f"the module `{n}` used as a value")
+            return
+        if n in self.facts.imported_objects:
+            if not (n in self.facts.used_by_region or n in self.all_jit or n.isupper()):
+                self.flag("reference", node, f"`{n}`")
+            return
+        if n in self.all_jit or n in self.facts.wrappers:
+            return
+        if n in self.facts.functions or n in self.facts.constants or n in self.facts.other_globals:
+            if n in self.facts.used_by_region or n in self.facts.constants:
+                return
+            self.flag("reference", node, f"`{n}`")
+            return
+        if n in ALLOWED_BUILTINS:
+            return
+        if n.split(".")[0] in BANNED_MODULES:
+            self.flag(BANNED_MODULES[n], node, f"`{n}`")
+            return
+        self.flag("unknown_name", node, f"`{n}`")
+
+    # -- the walk
+    def walk(self) -> None:
+        self.visit(self.fn, top=True)
+
+    def visit(self, node: ast.AST, top: bool = False) -> None:
+        if not top and isinstance(node, ast.FunctionDef) and self.hit(node) and node.decorator_list:
+            self.flag("module_state", node, f"decorator on nested function `{node.name}`")
+        if self.hit(node) and not top:
+            self.check_node(node)
+        elif top:
+            self.check_node(node, header_only=True)
+        for child in ast.iter_child_nodes(node):
+            self.visit(child)
+
+    def check_node(self, node: ast.AST, header_only: bool = False) -> None:
+        if header_only:
+            return  # the function's own header is checked by check_editable_defs
+        if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            self.flag("try_except", node, "try/except")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = ", ".join(a.name for a in node.names)
+            mod = node.module if isinstance(node, ast.ImportFrom) else names
+            root = (mod or "").split(".")[0]
+            self.flag(BANNED_MODULES.get(root, "import"), node, f"import {mod}")
+        elif isinstance(node, ast.ClassDef):
+            self.flag("tensor_subclass", node, f"class {node.name}")
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            self.flag("module_state", node, f"{type(node).__name__.lower()} {', '.join(node.names)}")
+        elif isinstance(node, (ast.AsyncFunctionDef, ast.Await, ast.AsyncFor, ast.AsyncWith, ast.Yield, ast.YieldFrom)):
+            self.flag("concurrency", node, type(node).__name__)
+        elif isinstance(node, ast.With):
+            for item in node.items:
+                ch = dotted(item.context_expr.func) if isinstance(item.context_expr, ast.Call) else None
+                ok = ch is not None and self.resolve(ch[0].split(".")[0]) == "torch" and ch[0].split(".")[1:] == ["cuda", "device"]
+                if not ok:
+                    self.flag("context_manager", node, f"with {ast.unparse(item.context_expr)[:60]}")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+                        self.flag("module_state", sub, f"assigns `{ast.unparse(sub)[:60]}`")
+                    elif isinstance(sub, ast.Subscript) and isinstance(sub.ctx, (ast.Store, ast.Del)) and not self.jit:
+                        self.flag("module_state" if self._root_is_global(sub) else "torch_compute" if not self._root_is_param(sub)
+                                  else "mutates_input", sub, f"writes `{ast.unparse(sub)[:60]}`")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            self.flag("torch_compute", node, "the @ operator")
+        elif isinstance(node, ast.Attribute):
+            self.check_attribute(node)
+        elif isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                self.check_name(node)
+        elif isinstance(node, ast.Call):
+            self.check_call(node)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not isinstance(self.parent.get(node), ast.Expr):
+            # (a bare string statement, a docstring, does nothing: it may name anything)
+            up = node.value.upper()
+            if any(s in up for s in SNIFF_STRINGS) or node.value.split(":")[0].lower() in DEVICE_STRINGS:
+                self.flag("environment", node, f"string {node.value[:40]!r}")
+
+    def _root(self, node: ast.AST) -> ast.AST:
+        cur = node
+        while isinstance(cur, (ast.Attribute, ast.Subscript, ast.Call)):
+            cur = cur.func if isinstance(cur, ast.Call) else cur.value
+        return cur
+
+    def _root_is_global(self, node: ast.AST) -> bool:
+        r = self._root(node)
+        return isinstance(r, ast.Name) and r.id not in self.local
+
+    def _root_is_param(self, node: ast.AST) -> bool:
+        r = self._root(node)
+        return isinstance(r, ast.Name) and r.id in self.params
+
+    def check_attribute(self, node: ast.Attribute) -> None:
+        a = node.attr
+        if a.startswith("__") and a.endswith("__"):
+            self.flag("introspection", node, f"`.{a}`")
+            return
+        if a in FRAME_ATTRS:
+            self.flag("introspection", node, f"`.{a}`")
+            return
+        if a in DEVICE_SNIFF_ATTRS or (isinstance(node.value, ast.Attribute) and node.value.attr == "device"):
+            self.flag("environment", node, f"`{ast.unparse(node)[:60]}`")
+            return
+        if a == "device" and self._device_inspected(node):
+            self.flag("environment", node, f"`{ast.unparse(self.parent.get(node, node))[:60]}`")
+            return
+        if a in IDENTITY_ATTRS:
+            self.flag("cache_by_identity", node, f"`.{a}`")
+            return
+        if a in FIXED_ATTRS:
+            self.flag("reference", node, f"`.{a}`")
+            return
+        if self.jit and a in JIT_INTERNAL_ATTRS:
+            self.flag("interpreter_internals", node, f"`.{a}`")
+            return
+        ch = dotted(node)
+        if ch is not None and self.check_chain(ch[0], ch[1], node):
+            return
+        if a.startswith("_") and not isinstance(self._root(node), ast.Name):
+            self.flag("introspection", node, f"`.{a}` (private attribute)")
+        elif a.startswith("_") and isinstance(self._root(node), ast.Name) and self._root(node).id not in self.local:
+            self.flag("introspection", node, f"`.{a}` (private attribute)")
+
+    def _device_inspected(self, node: ast.Attribute) -> bool:
+        """``x.device`` turned into something a branch can test (str(), an f-string, a comparison with
+        anything but another tensor's device): which device the call runs on, i.e. who is watching."""
+        p = self.parent.get(node)
+        if isinstance(p, ast.FormattedValue):
+            return True
+        if isinstance(p, ast.Call) and node in p.args and isinstance(p.func, ast.Name) and p.func.id in ("str", "repr", "format"):
+            return True
+        if isinstance(p, ast.Compare):
+            others = [p.left] + list(p.comparators)
+            return not all(isinstance(o, ast.Attribute) and o.attr == "device" for o in others)
+        return False
+
+    def check_call(self, node: ast.Call) -> None:
+        f = node.func
+        if isinstance(f, ast.Attribute):
+            method = f.attr
+            ch = dotted(f)
+            root_name = ch[0].split(".")[0] if ch is not None else ""
+            is_module_chain = ch is not None and root_name in self.facts.aliases and root_name not in self.local
+            if not self.jit and not is_module_chain:
+                if method in COMPUTE_METHODS:
+                    self.flag("torch_compute", node, f"`.{method}(...)`")
+                elif method.endswith("_") and not method.endswith("__") and self._root_is_param(f.value):
+                    self.flag("mutates_input", node, f"`{ast.unparse(f)[:60]}(...)`")
+            if method in MUTATORS and self._root_is_global(f.value) and not is_module_chain:
+                self.flag("module_state", node, f"`{ast.unparse(f)[:60]}(...)` on a module-level object")
+            if self.jit and ch is not None and not is_module_chain:
+                root = ch[0].split(".")[0]
+                if root not in self.local and root not in self.all_jit:
+                    self.flag("jit_call", node, f"`{ch[0]}(...)`")
+        elif isinstance(f, ast.Name) and self.jit:
+            n = f.id
+            if not (n in self.local or n in self.all_jit or n in JIT_BUILTINS):
+                self.flag("jit_call", node, f"`{n}(...)`")
+        elif isinstance(f, ast.Subscript):
+            # kernel[grid](...) is a launch; anything else indexed and called is not kernel code
+            base = f.value
+            if not (isinstance(base, ast.Name) and base.id in self.all_jit):
+                if not isinstance(base, ast.Name) or base.id not in self.local:
+                    self.flag("dynamic_code", node, f"`{ast.unparse(f)[:60]}(...)`")
+
+
+def _launches_jit(fn: ast.FunctionDef, jit: set[str]) -> bool:
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript) and isinstance(n.func.value, ast.Name) \
+                and n.func.value.id in jit:
+            return True
+    return False
+
+
+def _check_decorators(file: str, fn: ast.FunctionDef, changed: set[int], out: list[Finding]) -> None:
+    for d in fn.decorator_list:
+        if not any(n in changed for n in range(d.lineno, (d.end_lineno or d.lineno) + 1)):
+            continue
+        text = ast.unparse(d.func if isinstance(d, ast.Call) else d)
+        if is_jit_decorator(d):
+            if isinstance(d, ast.Call):
+                bad = [k.arg for k in d.keywords if k.arg not in JIT_DECORATOR_KWARGS]
+                if bad or d.args:
+                    out.append(Finding(rule="decorator", file=file, line=d.lineno,
+                                       message=f"@{text}({', '.join(str(b) for b in bad) or 'positional args'}): only "
+                                               f"{', '.join(sorted(JIT_DECORATOR_KWARGS))} may be passed to triton.jit"))
+            continue
+        if text.endswith("heuristics") and isinstance(d, ast.Call):
+            continue
+        out.append(Finding(rule="decorator", file=file, line=d.lineno,
+                           message=f"@{text}: {RULES['decorator']} (autotuning or wrapping changes what is measured)"))
+
+
+def static_findings(file: str, old_source: str, new_source: str, added: set[int], wrappers: tuple[str, ...],
+                    other_jit: set[str] = frozenset()) -> list[Finding]:
+    """Every static-policy finding of one patched file. ``added``: new-side line numbers the patch adds
+    or changes; ``wrappers``: the launch wrappers the file holds (empty for a helper file);
+    ``other_jit``: jit function names of the family's other files (helpers the kernels may call)."""
+    out: list[Finding] = []
+    try:
+        new_tree = ast.parse(new_source)
+    except SyntaxError as exc:
+        return [Finding(rule="syntax", file=file, line=exc.lineno, message=f"does not parse: {exc.msg}")]
+    old_tree = ast.parse(old_source)
+    facts = file_facts(new_source, wrappers, set(other_jit))
+    facts.used_by_region = region_usage(old_source, wrappers)
+    all_jit = set(facts.jit) | set(other_jit)
+    old_defs = {n.name: n for n in old_tree.body if isinstance(n, ast.FunctionDef)}
+    new_defs = {n.name: n for n in new_tree.body if isinstance(n, ast.FunctionDef)}
+    # the kernels stay jit, the entry points keep their signature, decorators and launch
+    for name, od in old_defs.items():
+        if is_jit_def(od) and not (name in new_defs and is_jit_def(new_defs[name])):
+            out.append(Finding(rule="kernel_not_jit", file=file, line=new_defs[name].lineno if name in new_defs else od.lineno,
+                               message=f"`{name}` was @triton.jit and is {'not any more' if name in new_defs else 'gone'}: "
+                                       f"{RULES['kernel_not_jit']}"))
+    for name in wrappers:
+        od, nd = old_defs.get(name), new_defs.get(name)
+        if od is None:
+            continue
+        if nd is None:
+            out.append(Finding(rule="entry_signature", file=file, line=od.lineno, message=f"the entry point `{name}` is gone"))
+            continue
+        if ast.dump(od.args) != ast.dump(nd.args) or ast.dump(od.returns or ast.Constant(None)) != ast.dump(nd.returns or ast.Constant(None)):
+            out.append(Finding(rule="entry_signature", file=file, line=nd.lineno,
+                               message=f"`{name}`'s signature changed: {RULES['entry_signature']} (it is fixed: run() calls it)"))
+        if [ast.dump(d) for d in od.decorator_list] != [ast.dump(d) for d in nd.decorator_list]:
+            out.append(Finding(rule="entry_signature", file=file, line=nd.lineno,
+                               message=f"`{name}`'s decorators changed: {RULES['entry_signature']}"))
+        if _launches_jit(od, set(facts.jit) | set(other_jit)) and not _launches_jit(nd, all_jit):
+            out.append(Finding(rule="no_launch", file=file, line=nd.lineno,
+                               message=f"`{name}` no longer launches a @triton.jit kernel (kernel[grid](...)): {RULES['no_launch']}"))
+    for node in new_tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        jit = is_jit_def(node)
+        if not (jit or node.name in wrappers):
+            continue
+        span = range(min([d.lineno for d in node.decorator_list] + [node.lineno]), (node.end_lineno or node.lineno) + 1)
+        if not any(n in added for n in span):
+            continue
+        if jit:
+            _check_decorators(file, node, added, out)
+        _Walker(file, facts, node, added, jit, all_jit, out).walk()
+    return out
+
+
+def static_gate(es_wrappers: dict[str, tuple[str, ...]], patch_files: list[Any], old_texts: dict[str, str],
+                new_texts: dict[str, str]) -> list[Finding]:
+    """``static_findings`` over every file of a patch (``patch_files``: ``FilePatch`` objects of the
+    family's editable files). The jit functions of every editable file are known to each other."""
+    all_jit: set[str] = set()
+    for rel, text in new_texts.items():
+        try:
+            all_jit |= {r.name for r in regions_of(text, rel, ()) if r.kind == "jit"}
+        except SyntaxError:
+            pass
+    for rel, text in old_texts.items():
+        try:
+            all_jit |= {r.name for r in regions_of(text, rel, ()) if r.kind == "jit"}
+        except SyntaxError:
+            pass
+    out: list[Finding] = []
+    for fp in patch_files:
+        rel = fp.path
+        if rel not in new_texts or rel not in old_texts:
+            continue
+        added = {n for h in fp.hunks for n, t in h.added_new_lines()}
+        out += static_findings(rel, old_texts[rel], new_texts[rel], added, es_wrappers.get(rel, ()), all_jit)
+    return out
+
+
+# --- the gate's record -----------------------------------------------------------------------------
+
+Stage = Literal["static", "apply", "sandbox", "compile", "correctness", "precision", "plausibility", "measure"]
+
+
+class PrecisionMetrics(BaseModel):
+    """Errors against the float64 reference on the same secret inputs, as fractions of the tolerance."""
+
+    candidate_max: float  # max over elements of |out - ref| / (atol + rtol |ref|)
+    baseline_max: float
+    candidate_rms: float  # root mean square of the same ratio
+    baseline_rms: float
+    worst_case: str = ""  # the case (shape, distribution) where the ratio is largest
+
+
+class GateReport(BaseModel):
+    """What the gate found for one patch variant, stage by stage; ``gate_verdict`` reads it."""
+
+    patch_sha256: str | None = None
+    base_hash: str | None = None  # the kernel hash the patch applies to
+    patched_hash: str | None = None
+    changed_lines: int = 0
+    round_trip_ok: bool = False
+    findings: list[Finding] = Field(default_factory=list)  # static and region refusals
+    runtime_violations: list[str] = Field(default_factory=list)  # sandbox / audit refusals at run time
+    cases: int = 0  # correctness cases run (shape x seed x distribution, second calls included)
+    cases_dropped: list[str] = Field(default_factory=list)  # generated cases the baseline itself fails (not used)
+    hidden_shapes: list[str] = Field(default_factory=list)
+    seeds: int = 0
+    distributions: list[str] = Field(default_factory=list)
+    precision: PrecisionMetrics | None = None
+    precision_factor: float = 4.0
+    plausibility_factor: float = 2.0
+    notes: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+
+
+# --- precision and plausibility --------------------------------------------------------------------
+
+# Errors below this fraction of the tolerance are noise (fp32 summation order): never a precision finding.
+PRECISION_FLOOR_MAX = 0.02
+PRECISION_FLOOR_RMS = 0.005
+
+
+def precision_finding(m: PrecisionMetrics, factor: float) -> str | None:
+    """The reason a candidate's error is several times the baseline's own on the same inputs (within
+    tolerance or not), or None. Both the largest error and the RMS error (as fractions of the
+    tolerance) are compared, each against the larger of the baseline's and a noise floor."""
+    reasons = []
+    base_max = max(m.baseline_max, PRECISION_FLOOR_MAX)
+    base_rms = max(m.baseline_rms, PRECISION_FLOOR_RMS)
+    if m.candidate_max > factor * base_max:
+        reasons.append(f"largest error {m.candidate_max:.3g} of the tolerance vs the baseline's {m.baseline_max:.3g} "
+                       f"({m.candidate_max / base_max:.1f}x > {factor:g}x)")
+    if m.candidate_rms > factor * base_rms:
+        reasons.append(f"RMS error {m.candidate_rms:.3g} of the tolerance vs the baseline's {m.baseline_rms:.3g} "
+                       f"({m.candidate_rms / base_rms:.1f}x > {factor:g}x)")
+    if not reasons:
+        return None
+    return "; ".join(reasons) + (f" (worst on {m.worst_case})" if m.worst_case else "") + \
+        ": the patch lowers precision; review whether that is intended"
+
+
+def plausibility_findings(per_shape: list[tuple[str, float, float | None, float]], factor: float) -> list[str]:
+    """Reasons a variant is too fast to believe, one per shape: ``per_shape`` holds (shape, variant p50
+    ms, baseline p50 ms or None, speed-of-light ms). Faster than the speed of light, or more than
+    ``factor`` times faster than the baseline."""
+    out = []
+    for shape, p50, base, sol in per_shape:
+        if p50 <= 0 or not math.isfinite(p50):
+            out.append(f"[{shape}] a latency of {p50} ms is not a measurement")
+            continue
+        if sol > 0 and p50 < sol:
+            out.append(f"[{shape}] {p50:.4g} ms is faster than the speed of light {sol:.4g} ms (FLOPs and bytes at the "
+                       "spec's peaks): work is skipped or the timer is fooled")
+        if base is not None and base > 0 and base / p50 > factor:
+            out.append(f"[{shape}] {base / p50:.2f}x faster than the baseline (> patches.plausibility_factor {factor:g}x)")
+    return out
+
+
+# --- the verdict -----------------------------------------------------------------------------------
+
+
+def gate_verdict(row: Any, report: GateReport | None, usual: Callable[[], Any], per_shape_sol:
+                 list[tuple[str, float, float | None, float]] | None = None) -> Any:
+    """The verdict of a variant with the gate in front of the usual rule (``usual()``, e.g.
+    ``kernel_assets.sweep.verdict_for``): a failed row (rejected, patch_failed, wrong, did not compile)
+    keeps the usual REGRESS with its cause; then precision, then plausibility give NEEDS_REVIEW
+    with their cause; otherwise the usual verdict stands. Config-only rows (no report) go straight
+    to ``usual()``."""
+    from kregress.core.records import Verdict
+
+    if report is None or row.error:
+        return usual()
+    if report.precision is not None:
+        why = precision_finding(report.precision, report.precision_factor)
+        if why:
+            return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", cause="precision", reasons=[why],
+                           evidence=row.evidence)
+    if per_shape_sol:
+        why = plausibility_findings(per_shape_sol, report.plausibility_factor)
+        if why:
+            return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", cause="implausible", reasons=why,
+                           evidence=row.evidence)
+    return usual()

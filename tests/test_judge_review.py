@@ -1,0 +1,43 @@
+"""Review hand-off: `kregress review --patch VARIANT_ID` reviews a patch `kregress judge` judged, as it
+reviews a git diff, with the judgement's verdict and compile statistics as facts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernel_assets.cli import build_parser
+from kernel_assets.judge import judge, read_patch_args
+from kernel_assets.review import ReviewError, run_review
+from kregress.core.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+REDTEAM = REPO / "tests" / "redteam"
+
+
+def test_review_takes_a_judged_patch_by_variant_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    res = judge(REPO / "specs" / "gemm_smoke.yaml", read_patch_args([str(REDTEAM / "gemm_legit_acc_plus_dot.patch")]),
+                log=lambda m: None)
+    assert res.verdicts["gemm_legit_acc_plus_dot"].verdict == "NEEDS_REVIEW"
+    spec = load_spec(REPO / "specs" / "gemm_smoke.yaml")
+    r = run_review(spec, patch_variant="gemm_legit_acc_plus_dot", no_model_reason="offline test", home=tmp_path)
+    assert r.files_reviewed == ["kernels/gemm.py"]
+    assert r.base_ref == "judged patch gemm_legit_acc_plus_dot"
+    assert any(n.startswith("judged patch gemm_legit_acc_plus_dot (sha256 ") for n in r.notes)
+    assert any("registers/thread" in n for n in r.notes)
+    text = Path(r.report_path).read_text()
+    assert "acc += tl.dot(a, b)" in text or "kernels/gemm.py" in text
+    with pytest.raises(ReviewError, match="no judged patch 'nope'"):
+        run_review(spec, patch_variant="nope", no_model_reason="offline test", home=tmp_path)
+    # a judged patch edited afterwards is refused
+    (tmp_path / "reports" / "gemm_smoke" / "patches" / "gemm_legit_acc_plus_dot.patch").write_text("changed\n")
+    with pytest.raises(ReviewError, match="changed since it was judged"):
+        run_review(spec, patch_variant="gemm_legit_acc_plus_dot", no_model_reason="offline test", home=tmp_path)
+
+
+def test_cli_review_has_the_patch_option():
+    args = build_parser(["review", "specs/gemm_smoke.yaml", "--patch", "v1", "--offline"]).parse_args(
+        ["review", "specs/gemm_smoke.yaml", "--patch", "v1", "--offline"])
+    assert args.patch == "v1" and args.offline
