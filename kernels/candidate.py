@@ -947,6 +947,36 @@ class JudgeOptions:
                    plausibility_factor=p.plausibility_factor, seeds=p.seeds, **kw)
 
 
+_MODULE_NAMES: dict[str, str | None] = {}
+
+
+def module_resolver() -> Callable[[str], str | None]:
+    """For the static gate: the name of the module a dotted name under torch, triton or math really is
+    (``triton.language.core.builtins`` -> ``builtins``), None when it is no module. Asks the module
+    objects of this (the judging) process, so a re-export a later Triton adds is found too; no
+    candidate code is involved, only the names the candidate wrote."""
+    import importlib
+    import types
+
+    def resolve(name: str) -> str | None:
+        if name in _MODULE_NAMES:
+            return _MODULE_NAMES[name]
+        parts = name.split(".")
+        out = None
+        if parts[0] in ("torch", "triton", "math") and not any(p.startswith("_") or not p.isidentifier() for p in parts):
+            try:
+                obj: Any = importlib.import_module(parts[0])
+                for p in parts[1:]:
+                    obj = getattr(obj, p)
+                out = obj.__name__ if isinstance(obj, types.ModuleType) else None
+            except Exception:  # noqa: BLE001 - no such attribute (or one that fails): not a module
+                out = None
+        _MODULE_NAMES[name] = out
+        return out
+
+    return resolve
+
+
 def static_stage(family: Any, es: EditableSet, texts: dict[str, str], base_hash: str, s: Any,
                  opts: JudgeOptions) -> Candidate:
     """Parse, apply (with the revert checked), region and static policy: the judgement of a patch that
@@ -977,7 +1007,8 @@ def static_stage(family: Any, es: EditableSet, texts: dict[str, str], base_hash:
     rep.patched_hash = source_snapshot_hash(family.name, new_texts)
     findings = check_region(es, patch, texts, new_texts, opts.max_changed_lines)
     if opts.static:
-        findings += static_gate(es.wrappers, [f for f in patch.files if f.path in es.files], texts, new_texts)
+        findings += static_gate(es.wrappers, [f for f in patch.files if f.path in es.files], texts, new_texts,
+                                module_resolver())
     rep.findings = findings
     if findings:
         cand.error, cand.detail = "patch_rejected", "; ".join(f.text() for f in findings)[:1500]
