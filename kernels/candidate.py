@@ -64,15 +64,23 @@ OUTLIER_FRACTION = 0.01
 
 # aten ops that allocate, view, copy or fill: a wrapper may add them without computing anything. Any
 # other op the candidate runs that the baseline never ran means torch computed instead of the kernel.
+# Not in it: reading a value into Python (_local_scalar_dense: float(t), int(t), bool(t), t.item()) and
+# making a tensor from Python data (lift_fresh: torch.tensor, new_tensor), which host-side compute and
+# value sniffing need and a launch wrapper does not (unless the baseline's own wrapper does them).
 HARMLESS_OPS = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
     "zero_", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "fill_", "fill", "set_", "copy_",
     "_to_copy", "to", "clone", "contiguous", "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided",
     "as_strided_", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "slice", "select", "narrow",
-    "unbind", "split", "split_with_sizes", "chunk", "alias", "detach", "lift_fresh", "lift_fresh_copy", "resize_",
-    "cat", "stack", "constant_pad_nd", "arange", "view_as", "flatten", "unflatten", "_local_scalar_dense",
+    "unbind", "split", "split_with_sizes", "chunk", "alias", "resize_",
+    "cat", "stack", "constant_pad_nd", "arange", "view_as", "flatten", "unflatten",
     "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "record_stream",
 })
+# A call may run this many times the baseline's aten ops (plus a margin) before it counts as host-side work:
+# a Python loop over elements (float(a[i, k]), c[i, j].fill_(...)) runs thousands where a wrapper runs a few.
+OP_COUNT_FACTOR, OP_COUNT_MARGIN = 8, 64
+# Fresh allocations a candidate may read before writing: what they hold in the second call (see _OpRecorder).
+EMPTY_OPS = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"})
 
 
 # --- in the children -------------------------------------------------------------------------------------
@@ -143,20 +151,44 @@ def _changed_guarded(before: dict[str, Any]) -> list[str]:
 
 
 class _OpRecorder:
-    """A TorchDispatchMode that records the aten ops a call runs (name without overload)."""
+    """A TorchDispatchMode that counts the aten ops a call runs (name without overload) and, with
+    ``decoys``, fills what the call allocates uninitialised (``torch.empty`` and kin) with plausible finite
+    values instead of NaN: the previous call's outputs where the size matches (the memory a caching
+    allocator hands back in a timing loop), else random numbers. A kernel that reads its output before
+    writing it (reusing what the memory already holds, or testing whether the checker NaN-filled it)
+    then returns stale values, which the comparison sees."""
 
-    def __new__(cls):
+    def __new__(cls, decoys: list | None = None, seed: int = 0):
+        import collections
+
+        import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
         class Recorder(TorchDispatchMode):
             def __init__(self):
                 super().__init__()
-                self.ops: set[str] = set()
+                self.ops: collections.Counter = collections.Counter()
+                self.decoys = decoys
+                self.gen = torch.Generator(device="cpu").manual_seed(seed & 0x7FFF_FFFF)
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 name = str(func)
-                self.ops.add(name.split(".")[1] if name.startswith("aten.") else name)
-                return func(*args, **(kwargs or {}))
+                short = name.split(".")[1] if name.startswith("aten.") else name
+                self.ops[short] += 1
+                out = func(*args, **(kwargs or {}))
+                if self.decoys is not None and short in EMPTY_OPS and torch.is_tensor(out) and out.numel():
+                    self._fill(out)
+                return out
+
+            def _fill(self, out):
+                for d in self.decoys:
+                    if torch.is_tensor(d) and d.dtype == out.dtype and d.numel() == out.numel():
+                        out.copy_(d.reshape(out.shape).to(out.device))
+                        return
+                if out.is_floating_point():
+                    out.copy_(torch.randn(out.shape, generator=self.gen).to(out.dtype).to(out.device))
+                elif out.dtype != torch.bool:
+                    out.copy_(torch.randint(-64, 64, out.shape, generator=self.gen).to(out.dtype).to(out.device))
 
         return Recorder()
 
@@ -322,22 +354,25 @@ def _guard_threads() -> None:
     _thread.start_new_thread = start
 
 
-def _call(family: Any, inputs: dict, config: dict, params: dict, device: str, record: bool = True) -> tuple[Any, dict]:
-    """One call of the family's entry point: (outputs on the CPU, what was seen: the aten ops run, the
-    Python threads started, problems with the outputs)."""
+def _call(family: Any, inputs: dict, config: dict, params: dict, device: str, record: bool = True,
+          decoys: list | None = None, seed: int = 0) -> tuple[Any, dict]:
+    """One call of the family's entry point: (outputs on the CPU, what was seen: the aten ops run and
+    how many, the Python threads started, problems with the outputs). ``decoys``: fill fresh
+    allocations with finite stale values (see ``_OpRecorder``) instead of NaN."""
     import torch
 
     _poison(2 * _tensor_bytes(inputs) + (1 << 20), device)
-    rec = _OpRecorder() if record else None
+    rec = _OpRecorder(decoys, seed) if record else None
     problems: list[str] = []
     started = _THREADS["started"]
+    cfg, prm = copy.deepcopy(config), copy.deepcopy(params)
     _THREADS["in_call"] = True
     try:
         if rec is not None:
             with rec:
-                out = family.run(inputs, copy.deepcopy(config), copy.deepcopy(params))
+                out = family.run(inputs, cfg, prm)
         else:
-            out = family.run(inputs, copy.deepcopy(config), copy.deepcopy(params))
+            out = family.run(inputs, cfg, prm)
         # read the results on the current stream first (work left on a side stream is not waited for),
         # then synchronise and read again: the two must agree
         first = _clone_cpu(out)
@@ -350,7 +385,11 @@ def _call(family: Any, inputs: dict, config: dict, params: dict, device: str, re
             if torch.is_tensor(a) and not torch.equal(a.nan_to_num(0.123), b.nan_to_num(0.123)):
                 problems.append("outputs changed after the call returned (work left running on another stream)")
                 break
-    seen = {"ops": rec.ops if rec is not None else set(), "threads": _THREADS["started"] - started, "problems": problems}
+    if cfg != config or prm != params:
+        # state kept in the dicts it is handed survives a timing loop that passes the same dict every call
+        _sandbox.record_violation("the call changed the config or params it was handed (state kept across calls)")
+    ops = rec.ops if rec is not None else {}
+    seen = {"ops": set(ops), "op_count": sum(ops.values()), "threads": _THREADS["started"] - started, "problems": problems}
     return first, seen
 
 
@@ -385,13 +424,16 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
 
     threads = 0
 
+    op_count = 0
+
     def one(shape: dict, seed: int, dist: str) -> tuple[dict, Any, Any, set[str], str | None]:
-        nonlocal threads
+        nonlocal threads, op_count
         inputs = make(shape, seed, dist)
         ref = reference(inputs)
         dev_inputs = _to(inputs, device)
         out, seen = _call(family, dev_inputs, config, params, device)
         run_ops = seen["ops"]
+        op_count = max(op_count, seen["op_count"])
         threads += seen["threads"]
         atol, rtol = family.tolerance(shape, job["dtype"], base_tol, params)
         outs, refs = _outputs(out), _outputs(ref)
@@ -436,8 +478,9 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
             inputs2 = make(shape, s2["seed"], s2["dist"])
             ref2 = reference(inputs2)
             dev2 = _to(inputs2, device)
-            out2, seen2 = _call(family, dev2, config, params, device)
+            out2, seen2 = _call(family, dev2, config, params, device, decoys=_outputs(out), seed=s2["seed"])
             ops |= seen2["ops"]
+            op_count = max(op_count, seen2["op_count"])
             threads += seen2["threads"]
             payload.update({"inputs2": inputs2, "ref2": ref2, "base2": out2})
             case["dist2"] = s2["dist"]
@@ -445,7 +488,7 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
             state["kept"][group["id"]] = _to(inputs, device)
         case["payload"] = _sandbox.pack(payload, out_blobs)
         cases_out.append(case)
-    return {"cases": cases_out, "dropped": dropped, "ops": sorted(ops), "threads": threads}, out_blobs
+    return {"cases": cases_out, "dropped": dropped, "ops": sorted(ops), "op_count": op_count, "threads": threads}, out_blobs
 
 
 def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
@@ -457,6 +500,7 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
     out_blobs: list[bytes] = []
     results = []
     ops: set[str] = set()
+    op_count = 0
     threads = 0
     for case in job["cases"]:
         data = sandbox.unpack(case["payload"], blobs)
@@ -465,13 +509,18 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
             inputs = _to(data["inputs"], device)
             out, seen = _call(family, inputs, config, params, device)
             ops |= seen["ops"]
+            op_count = max(op_count, seen["op_count"])
             threads += seen["threads"]
             problems = list(seen["problems"])
             payload = {"out": out, "after": _clone_cpu(inputs)}
             if "inputs2" in data:
                 _write_inplace(inputs, data["inputs2"])
-                out2, seen2 = _call(family, inputs, config, params, device)
+                # the second call finds the first call's outputs (or random numbers) in what it allocates,
+                # not NaN: reading the output before writing it shows
+                out2, seen2 = _call(family, inputs, config, params, device, decoys=_outputs(out),
+                                    seed=int(case.get("decoy_seed", 0)))
                 ops |= seen2["ops"]
+                op_count = max(op_count, seen2["op_count"])
                 threads += seen2["threads"]
                 problems += seen2["problems"]
                 payload.update({"out2": out2, "after2": _clone_cpu(inputs)})
@@ -482,7 +531,7 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
         except Exception as exc:  # noqa: BLE001 - a crashing candidate is a value
             res["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         results.append(res)
-    return {"results": results, "ops": sorted(ops), "threads": threads}, out_blobs
+    return {"results": results, "ops": sorted(ops), "op_count": op_count, "threads": threads}, out_blobs
 
 
 def _job_bench(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
@@ -495,7 +544,8 @@ def _job_bench(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[b
     family = state["family"]
     inputs = state["kept"][job["case"]]
     config, params = job["config"], job["params"]
-    fn = lambda: family.run(inputs, config, params)  # noqa: E731
+    # fresh (shallow) copies each call, on both sides: state kept in the dicts does not survive the loop
+    fn = lambda: family.run(inputs, dict(config), dict(params))  # noqa: E731
     ident = device_identity()
     import torch
 
@@ -605,6 +655,16 @@ def derive_units(family: Any, config: dict, dtype: str, params: dict, captures: 
         known.add(id(fn))
         names = list(fn.arg_names)
         missing = [n for n in names if n not in u.signature]
+        # what the wrapper really launches (its tile sizes, warps, stages) is compiled too where it differs
+        # from what compile_units declares for the judged config: the stats are of the heaviest unit, so a
+        # wrapper that launches other tiles than the config says cannot hide their spills or shared memory
+        for cap in captures:
+            if cap.fn is fn and not _launch_matches(cap, u):
+                differs = {k: cap.constexprs[k] for k, v in u.constexprs.items() if k in cap.constexprs and cap.constexprs[k] != v}
+                differs.update({k: getattr(cap, k) for k in ("num_warps", "num_stages") if getattr(cap, k) != getattr(u, k)})
+                out.append(CompileUnit(cap.fn, dict(cap.signature), dict(cap.constexprs), cap.num_warps, cap.num_stages,
+                                       tuple(cap.divisible)))
+                notes.append(f"{fn.__name__}: launched with {differs}, not the judged config's values: compiled as launched too")
         if not missing and all(n in names for n in u.signature):
             out.append(CompileUnit(fn, dict(u.signature), dict(u.constexprs), u.num_warps, u.num_stages, tuple(u.divisible)))
             continue
@@ -642,6 +702,13 @@ def derive_units(family: Any, config: dict, dtype: str, params: dict, captures: 
             out.append(CompileUnit(cap.fn, cap.signature, cap.constexprs, cap.num_warps, cap.num_stages, cap.divisible))
             notes.append(f"{cap.fn.__name__}: launched by the wrapper, not listed by compile_units: compiled as launched")
     return out, notes
+
+
+def _launch_matches(cap: Capture, unit: Any) -> bool:
+    """A captured launch runs the unit's code: the same values for the constexprs the unit fixes, and the
+    same warps and stages."""
+    same = all(cap.constexprs[k] == v for k, v in unit.constexprs.items() if k in cap.constexprs)
+    return same and cap.num_warps == unit.num_warps and cap.num_stages == unit.num_stages
 
 
 def _capture_shapes(family: Any, spec_shapes: list[dict], fallback: list[dict], dtype_bytes: int, params: dict,
@@ -830,6 +897,24 @@ def _error_fractions(out: Any, ref: Any, atol: float, rtol: float) -> tuple[floa
     return float(frac.max()), float((frac * frac).sum()), int(frac.numel())
 
 
+def _structure_problem(out: Any, base: Any) -> str | None:
+    """Why the candidate's outputs are not shaped like the baseline's (count, tensor or not, shape, dtype),
+    or None. A non-tensor where the baseline returns a tensor (None, a list) has nothing to compare."""
+    import torch
+
+    outs, bases = _outputs(out), _outputs(base)
+    if len(outs) != len(bases):
+        return f"{len(outs)} output(s), the baseline returns {len(bases)}"
+    for i, (o, b) in enumerate(zip(outs, bases)):
+        if not torch.is_tensor(b):
+            continue
+        if not torch.is_tensor(o):
+            return f"output {i} is {type(o).__name__}, not a tensor like the baseline's"
+        if tuple(o.shape) != tuple(b.shape) or o.dtype != b.dtype:
+            return f"output {i} is {o.dtype} {tuple(o.shape)}, the baseline's {b.dtype} {tuple(b.shape)}"
+    return None
+
+
 def _same(a: Any, b: Any) -> bool:
     import torch
 
@@ -877,6 +962,10 @@ class _Tally:
             self.samples.append(f"[{label}] {len(outs)} output(s), reference has {len(refs)}")
             return
         for i, (o, r) in enumerate(zip(outs, refs)):
+            if torch.is_tensor(r) and not torch.is_tensor(o):
+                self.mismatches += 1
+                self.samples.append(f"[{label}] output {i} is {type(o).__name__}, not a tensor")
+                continue
             if not (torch.is_tensor(o) and torch.is_tensor(r)):
                 continue
             res = compare(o, r, atol, rtol)
@@ -1090,6 +1179,7 @@ class _Judgement:
         secret = opts.seed if opts.seed is not None else secrets.randbits(62)
         rng = random.Random(secret)
         seeds = [rng.randrange(1, 2**62) for _ in range(max(3, opts.seeds))]
+        self.decoy_seed = rng.randrange(1, 2**31)
         groups = shape_groups(self.family, spec.correctness_shapes, spec.shape_matrix, self.on_gpu, rng, seeds)
         self.log(f"judging {len(live)} patch(es) in sandboxed children ({'cuda' if self.on_gpu else 'interpreter'}); "
                  f"{len(groups)} case group(s), {len(seeds)} secret seeds, distributions {', '.join(DISTRIBUTIONS)}")
@@ -1122,6 +1212,7 @@ class _Judgement:
             raise _sandbox.ChildFailed("runtime_error", f"the reference child failed: {head.get('detail')}")
         self.cases = head["cases"]
         self.base_ops = set(head["ops"])
+        self.base_op_count = int(head.get("op_count", 0))
         self.base_threads = int(head.get("threads", 0))
         self.dropped = head["dropped"]
         self.data = {c["id"]: _sandbox.unpack(c["payload"], blobs) for c in self.cases}
@@ -1212,7 +1303,8 @@ class _Judgement:
             payload = {"inputs": d["inputs"]}
             if "inputs2" in d:
                 payload["inputs2"] = d["inputs2"]
-            job_cases.append({"id": c["id"], "payload": _sandbox.pack(payload, blobs), "keep": c["kind"] == "timed"})
+            job_cases.append({"id": c["id"], "payload": _sandbox.pack(payload, blobs), "keep": c["kind"] == "timed",
+                              "decoy_seed": self.decoy_seed + len(job_cases)})
         t0 = time.perf_counter()
         try:
             child = self.zyg.fork(self.child_spec(root, name, interpret=not self.on_gpu))
@@ -1251,6 +1343,10 @@ class _Judgement:
             if extra:
                 rep.runtime_violations.append(f"the call ran aten.{', aten.'.join(extra[:8])}, which the baseline never "
                                               "runs: torch computes instead of the kernel")
+            limit = OP_COUNT_FACTOR * self.base_op_count + OP_COUNT_MARGIN
+            if int(head.get("op_count", 0)) > limit:
+                rep.runtime_violations.append(f"a call ran {head['op_count']} aten ops, the baseline's at most "
+                                              f"{self.base_op_count} (limit {limit}): host-side work per element")
             if rep.runtime_violations:
                 row.error, row.error_detail = "patch_rejected", "sandbox: " + "; ".join(rep.runtime_violations)[:1200]
                 return
@@ -1294,6 +1390,10 @@ class _Judgement:
             got = _sandbox.unpack(res["payload"], blobs)
             for p in res.get("problems", []):
                 tally.problem(f"[{c['label']}] {p}")
+            for key, base_key in (("out", "base"), ("out2", "base2")):
+                why = _structure_problem(got.get(key), d.get(base_key)) if key in got else None
+                if why:
+                    tally.problem(f"[{c['label']}] {why}")
             tally.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
             prec.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
             if not _same(got["after"], d["inputs"]):
