@@ -76,6 +76,7 @@ HARMLESS_OPS = frozenset({
     "cat", "stack", "constant_pad_nd", "arange", "view_as", "flatten", "unflatten",
     "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "record_stream",
 })
+HOST_DATA_OPS = frozenset({"_local_scalar_dense", "lift_fresh", "lift_fresh_copy", "detach", "item"})
 # A call may run this many times the baseline's aten ops (plus a margin) before it counts as host-side work:
 # a Python loop over elements (float(a[i, k]), c[i, j].fill_(...)) runs thousands where a wrapper runs a few.
 OP_COUNT_FACTOR, OP_COUNT_MARGIN = 8, 64
@@ -284,6 +285,212 @@ def _outputs(value: Any) -> list:
     return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
+# --- the timed shape on a CPU host: a few programs of each launch --------------------------------------------
+
+SAMPLED_PROGRAMS = 4  # programs run per launch: the first, the last and two drawn from the secret
+SAMPLED_MAX_FLOPS = 2e10  # the float64 reference of a sampled shape must stay cheap on a CPU
+SAMPLED_MAX_BYTES = 256e6
+SAMPLED_FULL_BUDGET_S = 120.0  # a full interpreter run (what a suspicion escalates to) must be affordable
+
+
+class _ProgramProxy:
+    """Stands in for a kernel's Python function in the interpreter's grid loop: runs it only for the
+    sampled programs, and counts, per program, how many elements of each floating tensor argument it
+    turned from NaN into a value (what it wrote)."""
+
+    def __init__(self, fn: Any, launch: dict, builder: Any):
+        import inspect
+
+        self.fn, self.launch, self.builder = fn, launch, builder
+        self.__signature__ = inspect.signature(fn)
+        self.__name__ = fn.__name__
+        self.__globals__ = fn.__globals__
+
+    def __call__(self, **args: Any) -> None:
+        if tuple(self.builder.grid_idx) not in self.launch["sample"]:
+            return None
+        tensors = self.launch["tensors"]
+        before = [_nan_count(t) for t in tensors]
+        t0 = time.perf_counter()
+        self.fn(**args)
+        self.launch["seconds"] += time.perf_counter() - t0
+        self.launch["programs"].append([b - _nan_count(t) for b, t in zip(before, tensors)])
+        return None
+
+
+def _nan_count(t: Any) -> int:
+    import torch
+
+    with torch.utils._python_dispatch._disable_current_modes():
+        return int(torch.isnan(t).sum()) if t.is_floating_point() else 0
+
+
+class _ProgramSampler:
+    """While active, every interpreted launch runs only ``k`` of its programs (the first, the last and
+    ``k - 2`` drawn from ``seed``), NaN-poisoned outputs showing what they wrote. A timed shape costs the
+    interpreter seconds per program; a few programs of it still show a launch that skips programs past a
+    count, a wrapper that truncates work on large shapes, or a kernel that cheats on large program ids,
+    which the small checked shapes never reach. Relies on the interpreter's grid loop (``GridExecutor``,
+    ``interpreter_builder``); where those are not as expected it raises, and the case is not used."""
+
+    def __init__(self, k: int, seed: int):
+        import random
+
+        self.k, self.rng = k, random.Random(seed)
+        self.launches: list[dict] = []
+
+    def __enter__(self) -> "_ProgramSampler":
+        import torch
+        from triton.runtime import interpreter as interp
+
+        builder = interp.interpreter_builder
+        if not (hasattr(interp, "GridExecutor") and hasattr(builder, "set_grid_dim")):
+            raise RuntimeError("the Triton interpreter has no GridExecutor / interpreter_builder.set_grid_dim")
+        sampler, original_dim = self, builder.set_grid_dim
+
+        def set_grid_dim(nx: int, ny: int, nz: int) -> None:
+            original_dim(nx, ny, nz)
+            sampler._choose(nx, ny, nz)
+
+        class Sampled(interp.GridExecutor):  # type: ignore[misc, valid-type]
+            def __call__(ex, *args_dev: Any, **kwargs: Any) -> Any:  # noqa: N805
+                tensors = [t for t in list(args_dev) + list(kwargs.values()) if torch.is_tensor(t)]
+                launch = {"tensors": tensors, "programs": [], "grid": 0, "sample": set(), "seconds": 0.0}
+                sampler.launches.append(launch)
+                real = ex.fn
+                ex.fn = _ProgramProxy(real, launch, builder)
+                try:
+                    return super().__call__(*args_dev, **kwargs)
+                finally:
+                    ex.fn = real
+
+        self._restore = (interp, interp.GridExecutor, builder)
+        builder.set_grid_dim = set_grid_dim
+        interp.GridExecutor = Sampled
+        return self
+
+    def _choose(self, nx: int, ny: int, nz: int) -> None:
+        launch = self.launches[-1]
+        total = nx * ny * nz
+        picks = {0, total - 1} | set(self.rng.sample(range(1, max(1, total - 1)), max(0, min(self.k - 2, total - 2))))
+        launch["grid"] = total
+        launch["sample"] = {(i // (ny * nz), (i // nz) % ny, i % nz) for i in picks}
+
+    def __exit__(self, *exc: object) -> None:
+        interp, cls, builder = self._restore
+        interp.GridExecutor = cls
+        builder.__dict__.pop("set_grid_dim", None)
+
+    def stats(self, out: Any) -> dict:
+        """Per output tensor, the launches that wrote into it: grid size and per sampled program the
+        elements it wrote there; and the estimated seconds of a full run."""
+        import torch
+
+        per_out = []
+        for o in _outputs(out):
+            entry: dict[str, Any] = {"launches": []}
+            if torch.is_tensor(o):
+                ptr = o.untyped_storage().data_ptr()
+                for launch in self.launches:
+                    idx = [i for i, t in enumerate(launch["tensors"]) if t.untyped_storage().data_ptr() == ptr]
+                    if idx:
+                        entry["launches"].append({"grid": launch["grid"],
+                                                  "filled": [sum(p[i] for i in idx) for p in launch["programs"]]})
+            per_out.append(entry)
+        full = sum(la["seconds"] / max(1, len(la["programs"])) * la["grid"] for la in self.launches)
+        return {"outputs": per_out, "launches": len(self.launches), "full_seconds": full,
+                "programs": sum(len(la["programs"]) for la in self.launches), "grid": sum(la["grid"] for la in self.launches)}
+
+
+def _sampled_call(family: Any, inputs: dict, config: dict, params: dict, k: int, seed: int) -> tuple[Any, dict]:
+    """One call of the entry point on the CPU interpreter with only sampled programs running (see
+    ``_ProgramSampler``): (outputs, with NaN where no sampled program wrote; the sampling stats)."""
+    _poison(2 * _tensor_bytes(inputs) + (1 << 20), "cpu")
+    cfg, prm = copy.deepcopy(config), copy.deepcopy(params)
+    _THREADS["in_call"] = True
+    try:
+        with _ProgramSampler(k, seed) as sampler:
+            out = family.run(inputs, cfg, prm)
+    finally:
+        _THREADS["in_call"] = False
+    if cfg != config or prm != params:
+        _sandbox.record_violation("the call changed the config or params it was handed (state kept across calls)")
+    return _clone_cpu(out), sampler.stats(out)
+
+
+def _launch_grids(family: Any, shape: dict, config: dict, dtype: Any, params: dict) -> list[tuple]:
+    """The grids the entry point launches on ``shape`` (interpreter mode; nothing runs)."""
+    from triton.runtime import interpreter as interp
+
+    grids: list[tuple] = []
+    original = interp.InterpretedFunction.run
+
+    def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> None:
+        g = grid(dict(zip(self.arg_names, args)) | kwargs) if callable(grid) else grid
+        grids.append(tuple(int(x) for x in g))
+
+    interp.InterpretedFunction.run = run
+    try:
+        family.run(family.make_inputs(shape, dtype, "cpu", 0, params), dict(config), dict(params))
+    finally:
+        interp.InterpretedFunction.run = original
+    return grids
+
+
+def wide_shape(family: Any, timed: dict, correctness: list[dict], config: dict, dtype: Any, params: dict) -> dict | None:
+    """``timed`` with every dimension that does not change the baseline's launch grids cut to its smallest
+    (1, else the smallest checked value): every program of the timed launch, the least work per program
+    (for a GEMM, M and N as timed and K = 1). None when no dimension can be cut."""
+    target = _launch_grids(family, timed, config, dtype, params)
+    shape = dict(timed)
+    for k in family.shape_keys:
+        for v in sorted({1, min(s[k] for s in correctness)}):
+            trial = {**shape, k: v}
+            if v < shape[k] and family.check_shape(trial) is None and _launch_grids(family, trial, config, dtype, params) == target:
+                shape = trial
+                break
+    return None if shape == timed else shape
+
+
+def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float) -> list[str]:
+    """What a sampled run of a timed shape shows that a full run would have to settle: a written element
+    that differs from the reference, a launch whose programs cannot cover the output (the largest amount
+    a sampled program wrote, times the grid, is less than the output), a sampled program that wrote
+    nothing where others of its launch did, no launch writing an output at all. Empty: nothing to settle."""
+    import torch
+
+    from kernels.measure import compare
+
+    out_l, ref_l = _outputs(out), _outputs(ref)
+    if len(out_l) != len(ref_l):
+        return [f"{len(out_l)} output(s), the reference has {len(ref_l)}"]
+    why: list[str] = []
+    for i, (o, r) in enumerate(zip(out_l, ref_l)):
+        if not torch.is_tensor(r):
+            continue
+        if not torch.is_tensor(o) or tuple(o.shape) != tuple(r.shape) or not o.is_floating_point():
+            why.append(f"output {i} is not a floating tensor of the reference's shape")
+            continue
+        launches = stats["outputs"][i]["launches"] if i < len(stats["outputs"]) else []
+        if not launches:
+            why.append(f"no launch wrote output {i}")
+            continue
+        reach = sum(max(la["filled"], default=0) * la["grid"] for la in launches)
+        if reach < o.numel():
+            why.append(f"output {i}: the launches reach at most {reach} of its {o.numel()} elements "
+                       f"(largest write of a sampled program x grid)")
+        for la in launches:
+            if la["filled"] and max(la["filled"]) > 0 and min(la["filled"]) == 0:
+                why.append(f"output {i}: a sampled program of a {la['grid']}-program launch wrote nothing")
+                break
+        written = ~torch.isnan(o)
+        if written.any():
+            res = compare(o[written], r[written], atol, rtol)
+            if not res["ok"]:
+                why.append(f"output {i}: {res['mismatches']} of {int(written.sum())} written elements differ from the reference")
+    return why
+
+
 def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
     """The job loop of a sandboxed child (reference or candidate); see ``judge_patches``."""
     import torch
@@ -316,7 +523,7 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
         return
     sandbox.write_frame(wfd, {"hello": info, "violations": load_violations})
     jobs = {"prepare": _job_prepare, "run": _job_run, "compile": _job_compile, "bench": _job_bench,
-            "recheck": _job_recheck}
+            "recheck": _job_recheck, "full": _job_full}
     while True:
         msg = sandbox.read_frame(rfd)
         if msg is None:
@@ -447,6 +654,21 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
         return inputs, ref, out, run_ops, None
 
     for group in job["groups"]:
+        if group.get("wide_of"):
+            try:
+                wide = wide_shape(family, group["wide_of"], job["correctness"], config, dtype, params)
+            except Exception as exc:  # noqa: BLE001 - a wrapper that needs real inputs to launch: not derived
+                wide = None
+                dropped.append(f"wide: no shape derived ({type(exc).__name__}: {str(exc)[:120]})")
+            if wide is None:
+                continue
+            group = dict(group, shapes=[wide])
+        if group.get("sample"):
+            case = _prepare_sampled(family, group, job, make, reference, dropped)
+            if case is not None:
+                case["payload"] = _sandbox.pack(case.pop("data"), out_blobs)
+                cases_out.append(case)
+            continue
         chosen = None
         tried = []
         for shape in group["shapes"]:
@@ -491,6 +713,54 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
     return {"cases": cases_out, "dropped": dropped, "ops": sorted(ops), "op_count": op_count, "threads": threads}, out_blobs
 
 
+def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, reference: Callable, dropped: list) -> dict | None:
+    """Reference child: a timed shape for the sampled check, used only where it is cheap to make and the
+    baseline passes it (a family whose programs share their outputs, a split-K reduction, say, cannot be
+    checked by sampling) and a full run, what a suspicion escalates to, is affordable."""
+    from kernels.dtypes import DTYPE_BYTES
+
+    params, config = job["params"], job["config"]
+    shape = group["shapes"][0]
+    label = f"{group['kind']} {family.shape_label(shape)}"
+    if family.flops(shape, params) > SAMPLED_MAX_FLOPS or family.bytes_moved(shape, DTYPE_BYTES[job["dtype"]], params) > SAMPLED_MAX_BYTES:
+        dropped.append(f"{label}: too large for a float64 reference on the CPU (not sampled)")
+        return None
+    try:
+        inputs = make(shape, group["seed"], group["dist"])
+        ref = reference(inputs)
+        out, stats = _sampled_call(family, _to(inputs, "cpu"), config, params, SAMPLED_PROGRAMS, group["sample_seed"])
+    except Exception as exc:  # noqa: BLE001 - a family the sampler cannot run: the check is not used
+        dropped.append(f"{label}: the sampled run failed ({type(exc).__name__}: {str(exc)[:120]})")
+        return None
+    atol, rtol = family.tolerance(shape, job["dtype"], job["tolerance"], params)
+    why = sampled_problems(out, ref, stats, atol, rtol)
+    if why:
+        dropped.append(f"{label}: the baseline itself does not pass a sampled run ({'; '.join(why)[:200]})")
+        return None
+    if stats["full_seconds"] > SAMPLED_FULL_BUDGET_S:
+        dropped.append(f"{label}: a full run would take ~{stats['full_seconds']:.0f}s on the interpreter (not sampled)")
+        return None
+    return {"id": group["id"], "kind": group["kind"], "shape": shape, "seed_index": group["seed_index"], "dist": group["dist"],
+            "tol": [atol, rtol], "label": family.shape_label(shape), "sampled": True,
+            "full_seconds": stats["full_seconds"], "sample_seed": group["sample_seed"], "data": {"inputs": inputs, "ref": ref}}
+
+
+def _job_full(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """Candidate child: a full (unsampled) call on a sampled case's inputs, where the sampled run left
+    something to settle."""
+    sandbox = _sandbox
+    out_blobs: list[bytes] = []
+    results = []
+    for case in job["cases"]:
+        data = sandbox.unpack(case["payload"], blobs)
+        try:
+            out, seen = _call(state["family"], _to(data["inputs"], job["device"]), job["config"], job["params"], job["device"])
+            results.append({"id": case["id"], "problems": seen["problems"], "payload": sandbox.pack({"out": out}, out_blobs)})
+        except Exception as exc:  # noqa: BLE001 - a crashing candidate is a value
+            results.append({"id": case["id"], "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+    return {"results": results}, out_blobs
+
+
 def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
     """Candidate child: run every case (and its second call in the same buffers); send back the outputs,
     the inputs as they are after each call, the ops run and what was seen."""
@@ -507,6 +777,12 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
         res: dict[str, Any] = {"id": case["id"]}
         try:
             inputs = _to(data["inputs"], device)
+            if case.get("sample"):
+                out, stats = _sampled_call(family, inputs, config, params, SAMPLED_PROGRAMS, int(case["sample"]))
+                res.update({"sampled": stats, "problems": [],
+                            "payload": sandbox.pack({"out": out, "after": _clone_cpu(inputs)}, out_blobs)})
+                results.append(res)
+                continue
             out, seen = _call(family, inputs, config, params, device)
             ops |= seen["ops"]
             op_count = max(op_count, seen["op_count"])
@@ -866,14 +1142,21 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
             shapes = [s for s in ({**base, k: x} for x in dict.fromkeys(vals)) if ok(s)]
             if shapes:
                 groups.append({"kind": f"stretched_{k}", "shapes": shapes, "ascending": True, "budget_s": STRETCH_BUDGET_S})
+    if not on_gpu:
+        # each timed shape itself, a few programs of each launch (see _ProgramSampler): what only the
+        # timed size reaches (every dimension large at once, the program count) is checked on a CPU too
+        groups += [{"kind": "sampled", "shapes": [s], "sample": True, "sample_seed": rng.randrange(1, 2**31)} for s in timed]
+        # and every program of each timed launch with the least work each (see wide_shape): a launch that
+        # skips programs past a count, or maps them onto the same tiles, leaves part of the output unwritten
+        groups += [{"kind": "wide", "shapes": [], "wide_of": s} for s in timed]
     out = []
     for i, g in enumerate(groups):
-        if not g["shapes"]:
+        if not g["shapes"] and not g.get("wide_of"):
             continue
         d1, d2 = DISTRIBUTIONS[i % len(DISTRIBUTIONS)], DISTRIBUTIONS[(i + 1) % len(DISTRIBUTIONS)]
         s1, s2 = i % len(seeds), (i + 1) % len(seeds)
         # on the CPU the largest hidden shapes are called once (their cost is the interpreter's)
-        second = on_gpu or g["kind"] not in ("aligned", "hidden_odd") and not g["kind"].startswith("stretched")
+        second = on_gpu or g["kind"] not in ("aligned", "hidden_odd", "sampled", "wide") and not g["kind"].startswith("stretched")
         out.append({"id": f"g{i}", **g, "seed": seeds[s1], "seed_index": s1, "dist": d1,
                     "second": {"seed": seeds[s2], "dist": d2} if second else None})
     return out
@@ -1205,6 +1488,7 @@ class _Judgement:
         self.ref = self.zyg.fork(self.child_spec(pristine, "reference", interpret=not self.on_gpu))
         t0 = time.perf_counter()
         head, blobs = self.ref.call({"job": "prepare", "groups": groups, "config": spec.baseline, "params": spec.params,
+                                     "correctness": spec.correctness_shapes,
                                      "dtype": spec.dtype, "tolerance": spec.constraints.numeric_tolerance,
                                      "device": self.device, "reference_device": self.device, "keep": self.on_gpu},
                                     timeout=max(self.timeout_s, 60.0) * 4)
@@ -1219,6 +1503,8 @@ class _Judgement:
         self.base_tally = _Tally(self.family, spec.dtype)
         for c in self.cases:
             d = self.data[c["id"]]
+            if c.get("sampled"):
+                continue  # compared by sampled_problems; the baseline ran only sampled programs of it
             self.base_tally.add(f"{c['label']} {c['dist']}", d["base"], d["ref"], c["tol"])
             if "ref2" in d:
                 self.base_tally.add(f"{c['label']} {c['dist2']}", d["base2"], d["ref2"], c["tol"])
@@ -1304,7 +1590,8 @@ class _Judgement:
             if "inputs2" in d:
                 payload["inputs2"] = d["inputs2"]
             job_cases.append({"id": c["id"], "payload": _sandbox.pack(payload, blobs), "keep": c["kind"] == "timed",
-                              "decoy_seed": self.decoy_seed + len(job_cases)})
+                              "decoy_seed": self.decoy_seed + len(job_cases),
+                              **({"sample": c["sample_seed"]} if c.get("sampled") else {})})
         t0 = time.perf_counter()
         try:
             child = self.zyg.fork(self.child_spec(root, name, interpret=not self.on_gpu))
@@ -1318,8 +1605,8 @@ class _Judgement:
             return {"error": exc.error, "detail": exc.detail, "violations": child.hello.get("violations", [])}
         head["violations"] = child.hello.get("violations", []) + head.get("violations", [])
         head["seconds"] = time.perf_counter() - t0
-        if self.on_gpu and not head.get("error"):
-            head["child"] = child  # kept for the timing loop
+        if (self.on_gpu or any(c.get("sampled") for c in self.cases)) and not head.get("error"):
+            head["child"] = child  # kept for the timing loop, or a full run of a sampled case
         else:
             child.end()
         return {"head": head, "blobs": rblobs}
@@ -1340,6 +1627,12 @@ class _Judgement:
             if head.get("threads") and self.base_threads == 0:
                 rep.runtime_violations.append(f"the call started {head['threads']} Python thread(s); the baseline starts none")
             extra = sorted(set(head.get("ops", [])) - self.base_ops - HARMLESS_OPS)
+            host = [op for op in extra if op in HOST_DATA_OPS]
+            if host:
+                rep.runtime_violations.append(f"the call ran aten.{', aten.'.join(host)}, which the baseline never runs: "
+                                              "it reads tensor values into Python (float(t), bool(t), .item()) or builds "
+                                              "tensors from Python data (host-side compute or value sniffing)")
+            extra = [op for op in extra if op not in HOST_DATA_OPS]
             if extra:
                 rep.runtime_violations.append(f"the call ran aten.{', aten.'.join(extra[:8])}, which the baseline never "
                                               "runs: torch computes instead of the kernel")
@@ -1360,7 +1653,7 @@ class _Judgement:
             if head.get("error"):
                 row.error, row.error_detail = "runtime_error", head.get("detail", "")
                 return
-            self._compare(row, rep, head, ran["blobs"])
+            self._compare(row, rep, head, ran["blobs"], child)
             rep.notes.append(f"cases {head.get('seconds', 0.0):.1f}s")
             if not row.correctness.ok:
                 row.error = "nan_inf" if row.correctness.nan_inf else "numeric_mismatch"
@@ -1377,10 +1670,39 @@ class _Judgement:
             if child is not None:
                 child.end()
 
-    def _compare(self, row: Any, rep: GateReport, head: dict, blobs: list[bytes]) -> None:
+    def _settle(self, settle: list[tuple[dict, list[str]]], tally: "_Tally", child: Any, config: dict) -> None:
+        """A full (unsampled) run of each sampled case whose sampled run left something to settle, in the
+        same child, compared element by element: a split-K or persistent design is slow to judge, never
+        wrong; a kernel that skips work on the timed shape is wrong."""
+        if child is None:
+            for c, why in settle:
+                tally.problem(f"[{c['label']} sampled] {'; '.join(why)[:300]}")
+            return
+        blobs: list[bytes] = []
+        job_cases = [{"id": c["id"], "payload": _sandbox.pack({"inputs": self.data[c["id"]]["inputs"]}, blobs)} for c, _ in settle]
+        budget = max(self.timeout_s, sum(4 * c.get("full_seconds", 0.0) + 30 for c, _ in settle))
+        head, rblobs = child.call({"job": "full", "cases": job_cases, "config": config, "params": self.spec.params,
+                                   "device": self.device}, blobs, timeout=budget)
+        if head.get("error"):
+            raise _sandbox.ChildFailed("runtime_error", f"the full run of a sampled case failed: {head.get('detail')}")
+        for res in head.get("results", []):
+            c = next(c for c, _ in settle if c["id"] == res["id"])
+            if res.get("error"):
+                tally.problem(f"[{c['label']}] the call raised {res['error']}")
+                continue
+            got = _sandbox.unpack(res["payload"], rblobs)
+            tally.add(f"{c['label']} {c['dist']} (full run)", got["out"], self.data[c["id"]]["ref"], c["tol"])
+            for p in res.get("problems", []):
+                tally.problem(f"[{c['label']}] {p}")
+        vio = head.get("violations") or []
+        if vio:
+            tally.problem("sandbox: " + "; ".join(vio)[:300])
+
+    def _compare(self, row: Any, rep: GateReport, head: dict, blobs: list[bytes], child: Any = None) -> None:
         tally = _Tally(self.family, self.spec.dtype)
         prec = _Tally(self.family, self.spec.dtype)
         by_id = {c["id"]: c for c in self.cases}
+        settle: list[tuple[dict, list[str]]] = []
         for res in head["results"]:
             c = by_id[res["id"]]
             d = self.data[c["id"]]
@@ -1390,6 +1712,16 @@ class _Judgement:
             got = _sandbox.unpack(res["payload"], blobs)
             for p in res.get("problems", []):
                 tally.problem(f"[{c['label']}] {p}")
+            if c.get("sampled"):
+                if not _same(got["after"], d["inputs"]):
+                    tally.problem(f"[{c['label']}] the inputs changed during the call (they must be left as they were)")
+                st = res.get("sampled") or {}
+                why = sampled_problems(got["out"], d["ref"], st, *c["tol"]) if st else ["no sampling statistics"]
+                rep.notes.append(f"sampled {c['label']}: {st.get('programs', 0)} of {st.get('grid', 0)} programs"
+                                 + (f"; to settle: {'; '.join(why)[:300]}" if why else ""))
+                if why:
+                    settle.append((c, why))
+                continue
             for key, base_key in (("out", "base"), ("out2", "base2")):
                 why = _structure_problem(got.get(key), d.get(base_key)) if key in got else None
                 if why:
@@ -1403,6 +1735,8 @@ class _Judgement:
                 prec.add(f"{c['label']} {c['dist2']}", got["out2"], d["ref2"], c["tol"])
                 if not _same(got["after2"], d["inputs2"]):
                     tally.problem(f"[{c['label']}] the inputs changed during the second call")
+        if settle:
+            self._settle(settle, tally, child, row.config)
         row.correctness = tally.correctness()
         rep.precision = PrecisionMetrics(candidate_max=prec.frac_max, baseline_max=self.base_tally.frac_max,
                                          candidate_rms=prec.rms, baseline_rms=self.base_tally.rms, worst_case=prec.worst)
