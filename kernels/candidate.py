@@ -130,7 +130,7 @@ def _resolve(path: str):
 
 def _snapshot_guarded() -> dict[str, Any]:
     out = {}
-    for mod, attr in _GUARDED:
+    for mod, attr in _GUARDED + tuple(_GUARDED_EXTRA):
         try:
             out[f"{mod}.{attr}"] = getattr(_resolve(mod), attr)
         except (ImportError, AttributeError):
@@ -506,6 +506,8 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     _guard_threads()
+    _guard_host_reads(sandbox.watched_files(spec.get("watch", [])))
+    guarded = _snapshot_guarded()
     from kregress.core.family import get_family
 
     state: dict[str, Any] = {"guarded": guarded, "kept": {}}
@@ -544,6 +546,45 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
 
 
 _THREADS = {"in_call": False, "started": 0}
+
+# Calls candidate code never needs and the aten audit cannot see: tensor values handed to Python without
+# an aten op, and the switches that hide ops from the audit's dispatch mode.
+_HOST_READS = (("torch.Tensor", "tolist"), ("torch.Tensor", "numpy"), ("torch.Tensor", "__array__"),
+               ("torch.Tensor", "__dlpack__"), ("torch._tensor_str", "_str"))
+_AUDIT_SWITCHES = (("torch.utils._python_dispatch", "_disable_current_modes"),
+                   ("torch.utils._python_dispatch", "_pop_mode_temporarily"), ("torch.utils._python_dispatch", "_pop_mode"),
+                   ("torch._C", "_pop_torch_dispatch_stack"), ("torch._C", "_unset_dispatch_mode"))
+
+
+def _guard_host_reads(watch: frozenset) -> None:
+    """Record a violation when candidate code (a watched file, directly or through torch or the standard
+    library: ``str(t)``, ``print(t)``, ``np.asarray(t)``) reads tensor values into Python (host-side
+    compute or value sniffing), or switches off the dispatch mode the aten audit records with. The
+    harness's and Triton's own calls are not the candidate's."""
+    import torch
+
+    skip = _sandbox._stdlib_prefixes() + (os.path.dirname(torch.__file__) + os.sep,)
+    for owner_path, attr in _HOST_READS + _AUDIT_SWITCHES:
+        try:
+            owner = _resolve(owner_path)
+        except ImportError:
+            continue
+        original = getattr(owner, attr, None)
+        if original is None:
+            continue
+        why = ("read tensor values into Python ({}): host-side compute or value sniffing" if (owner_path, attr) in _HOST_READS
+               else "switched off the aten audit ({})").format(attr)
+
+        def guarded(*args: Any, _original: Any = original, _why: str = why, **kwargs: Any) -> Any:
+            if _sandbox.initiated_by(watch, skip):
+                _sandbox.record_violation(f"the candidate {_why}")
+            return _original(*args, **kwargs)
+
+        setattr(owner, attr, guarded)
+        _GUARDED_EXTRA.append((owner_path, attr))
+
+
+_GUARDED_EXTRA: list[tuple[str, str]] = []
 
 
 def _guard_threads() -> None:
@@ -1450,6 +1491,7 @@ class _Judgement:
         d = self.work / name
         d.mkdir(parents=True, exist_ok=True)
         return {"root": str(root), "work": str(d), "interpret": interpret,
+                "watch": [str(root / rel) for rel in self.es.files],
                 "family": self.family.lookup or self.family.name, "params": self.spec.params, "purge": self.purge,
                 "limits": self.limits, "exec_allowed": self.tools, "allow_ctypes": self.on_gpu,
                 "isolate_network": self.opts.isolate_network, "sandbox": True}

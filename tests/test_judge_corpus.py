@@ -90,10 +90,11 @@ def test_reports_carry_verdicts_causes_hashes_and_diffs(judged):
     md = (report_dir / "report.md").read_text()
     assert "### gemm_cheat_torch_matmul: REGRESS rejected" in md
     assert "+    return (a.float() @ b.float()).to(a.dtype)" in md
-    from kregress.core.patch import parse_patch
+    from kregress.core.patch import apply_file, parse_patch
 
-    hunks = parse_patch(row.patch).files[0].hunks
-    line = next(n for h in hunks for n, t in h.added_new_lines() if "@" in t)
+    fp = parse_patch(row.patch).files[0]
+    apply_file((REPO / "kernels" / "gemm.py").read_text(), fp)  # findings name the line where the hunk applied
+    line = next(n for h in fp.hunks for n, t in h.added_new_lines() if "@" in t)
     assert f"kernels/gemm.py:{line}: [torch_compute]" in md
     assert (report_dir / "patches" / "gemm_cheat_torch_matmul.patch").read_text() == \
         (REDTEAM / "gemm_cheat_torch_matmul.patch").read_text()

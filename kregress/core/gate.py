@@ -559,6 +559,12 @@ class _Walker:
     def visit(self, node: ast.AST, top: bool = False) -> None:
         if not top and isinstance(node, ast.FunctionDef) and self.hit(node) and node.decorator_list:
             self.flag("module_state", node, f"decorator on nested function `{node.name}`")
+        if not top and isinstance(node, (ast.Lambda, ast.FunctionDef)) and self.hit(node):
+            # a default is evaluated once, when the function is made: a lambda in a decorator lives as long
+            # as the module, so a mutable default (lambda args, seen=[]: ...) is state every call shares
+            for d in node.args.defaults + [k for k in node.args.kw_defaults if k is not None]:
+                if not _is_literal(d) or isinstance(d, (ast.List, ast.Dict, ast.Set)):
+                    self.flag("module_state", d, f"default `{ast.unparse(d)[:40]}`: a default is made once and shared by every call")
         if self.hit(node) and not top:
             self.check_node(node)
         elif top:
