@@ -64,15 +64,24 @@ OUTLIER_FRACTION = 0.01
 
 # aten ops that allocate, view, copy or fill: a wrapper may add them without computing anything. Any
 # other op the candidate runs that the baseline never ran means torch computed instead of the kernel.
+# Not in it: reading a value into Python (_local_scalar_dense: float(t), int(t), bool(t), t.item()) and
+# making a tensor from Python data (lift_fresh: torch.tensor, new_tensor), which host-side compute and
+# value sniffing need and a launch wrapper does not (unless the baseline's own wrapper does them).
 HARMLESS_OPS = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
     "zero_", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "fill_", "fill", "set_", "copy_",
     "_to_copy", "to", "clone", "contiguous", "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided",
     "as_strided_", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "slice", "select", "narrow",
-    "unbind", "split", "split_with_sizes", "chunk", "alias", "detach", "lift_fresh", "lift_fresh_copy", "resize_",
-    "cat", "stack", "constant_pad_nd", "arange", "view_as", "flatten", "unflatten", "_local_scalar_dense",
+    "unbind", "split", "split_with_sizes", "chunk", "alias", "resize_",
+    "cat", "stack", "constant_pad_nd", "arange", "view_as", "flatten", "unflatten",
     "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "record_stream",
 })
+HOST_DATA_OPS = frozenset({"_local_scalar_dense", "lift_fresh", "lift_fresh_copy", "detach", "item"})
+# A call may run this many times the baseline's aten ops (plus a margin) before it counts as host-side work:
+# a Python loop over elements (float(a[i, k]), c[i, j].fill_(...)) runs thousands where a wrapper runs a few.
+OP_COUNT_FACTOR, OP_COUNT_MARGIN = 8, 64
+# Fresh allocations a candidate may read before writing: what they hold in the second call (see _OpRecorder).
+EMPTY_OPS = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"})
 
 
 # --- in the children -------------------------------------------------------------------------------------
@@ -121,7 +130,7 @@ def _resolve(path: str):
 
 def _snapshot_guarded() -> dict[str, Any]:
     out = {}
-    for mod, attr in _GUARDED:
+    for mod, attr in _GUARDED + tuple(_GUARDED_EXTRA):
         try:
             out[f"{mod}.{attr}"] = getattr(_resolve(mod), attr)
         except (ImportError, AttributeError):
@@ -143,20 +152,44 @@ def _changed_guarded(before: dict[str, Any]) -> list[str]:
 
 
 class _OpRecorder:
-    """A TorchDispatchMode that records the aten ops a call runs (name without overload)."""
+    """A TorchDispatchMode that counts the aten ops a call runs (name without overload) and, with
+    ``decoys``, fills what the call allocates uninitialised (``torch.empty`` and kin) with plausible finite
+    values instead of NaN: the previous call's outputs where the size matches (the memory a caching
+    allocator hands back in a timing loop), else random numbers. A kernel that reads its output before
+    writing it (reusing what the memory already holds, or testing whether the checker NaN-filled it)
+    then returns stale values, which the comparison sees."""
 
-    def __new__(cls):
+    def __new__(cls, decoys: list | None = None, seed: int = 0):
+        import collections
+
+        import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
         class Recorder(TorchDispatchMode):
             def __init__(self):
                 super().__init__()
-                self.ops: set[str] = set()
+                self.ops: collections.Counter = collections.Counter()
+                self.decoys = decoys
+                self.gen = torch.Generator(device="cpu").manual_seed(seed & 0x7FFF_FFFF)
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 name = str(func)
-                self.ops.add(name.split(".")[1] if name.startswith("aten.") else name)
-                return func(*args, **(kwargs or {}))
+                short = name.split(".")[1] if name.startswith("aten.") else name
+                self.ops[short] += 1
+                out = func(*args, **(kwargs or {}))
+                if self.decoys is not None and short in EMPTY_OPS and torch.is_tensor(out) and out.numel():
+                    self._fill(out)
+                return out
+
+            def _fill(self, out):
+                for d in self.decoys:
+                    if torch.is_tensor(d) and d.dtype == out.dtype and d.numel() == out.numel():
+                        out.copy_(d.reshape(out.shape).to(out.device))
+                        return
+                if out.is_floating_point():
+                    out.copy_(torch.randn(out.shape, generator=self.gen).to(out.dtype).to(out.device))
+                elif out.dtype != torch.bool:
+                    out.copy_(torch.randint(-64, 64, out.shape, generator=self.gen).to(out.dtype).to(out.device))
 
         return Recorder()
 
@@ -252,6 +285,212 @@ def _outputs(value: Any) -> list:
     return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
+# --- the timed shape on a CPU host: a few programs of each launch --------------------------------------------
+
+SAMPLED_PROGRAMS = 4  # programs run per launch: the first, the last and two drawn from the secret
+SAMPLED_MAX_FLOPS = 2e10  # the float64 reference of a sampled shape must stay cheap on a CPU
+SAMPLED_MAX_BYTES = 256e6
+SAMPLED_FULL_BUDGET_S = 120.0  # a full interpreter run (what a suspicion escalates to) must be affordable
+
+
+class _ProgramProxy:
+    """Stands in for a kernel's Python function in the interpreter's grid loop: runs it only for the
+    sampled programs, and counts, per program, how many elements of each floating tensor argument it
+    turned from NaN into a value (what it wrote)."""
+
+    def __init__(self, fn: Any, launch: dict, builder: Any):
+        import inspect
+
+        self.fn, self.launch, self.builder = fn, launch, builder
+        self.__signature__ = inspect.signature(fn)
+        self.__name__ = fn.__name__
+        self.__globals__ = fn.__globals__
+
+    def __call__(self, **args: Any) -> None:
+        if tuple(self.builder.grid_idx) not in self.launch["sample"]:
+            return None
+        tensors = self.launch["tensors"]
+        before = [_nan_count(t) for t in tensors]
+        t0 = time.perf_counter()
+        self.fn(**args)
+        self.launch["seconds"] += time.perf_counter() - t0
+        self.launch["programs"].append([b - _nan_count(t) for b, t in zip(before, tensors)])
+        return None
+
+
+def _nan_count(t: Any) -> int:
+    import torch
+
+    with torch.utils._python_dispatch._disable_current_modes():
+        return int(torch.isnan(t).sum()) if t.is_floating_point() else 0
+
+
+class _ProgramSampler:
+    """While active, every interpreted launch runs only ``k`` of its programs (the first, the last and
+    ``k - 2`` drawn from ``seed``), NaN-poisoned outputs showing what they wrote. A timed shape costs the
+    interpreter seconds per program; a few programs of it still show a launch that skips programs past a
+    count, a wrapper that truncates work on large shapes, or a kernel that cheats on large program ids,
+    which the small checked shapes never reach. Relies on the interpreter's grid loop (``GridExecutor``,
+    ``interpreter_builder``); where those are not as expected it raises, and the case is not used."""
+
+    def __init__(self, k: int, seed: int):
+        import random
+
+        self.k, self.rng = k, random.Random(seed)
+        self.launches: list[dict] = []
+
+    def __enter__(self) -> "_ProgramSampler":
+        import torch
+        from triton.runtime import interpreter as interp
+
+        builder = interp.interpreter_builder
+        if not (hasattr(interp, "GridExecutor") and hasattr(builder, "set_grid_dim")):
+            raise RuntimeError("the Triton interpreter has no GridExecutor / interpreter_builder.set_grid_dim")
+        sampler, original_dim = self, builder.set_grid_dim
+
+        def set_grid_dim(nx: int, ny: int, nz: int) -> None:
+            original_dim(nx, ny, nz)
+            sampler._choose(nx, ny, nz)
+
+        class Sampled(interp.GridExecutor):  # type: ignore[misc, valid-type]
+            def __call__(ex, *args_dev: Any, **kwargs: Any) -> Any:  # noqa: N805
+                tensors = [t for t in list(args_dev) + list(kwargs.values()) if torch.is_tensor(t)]
+                launch = {"tensors": tensors, "programs": [], "grid": 0, "sample": set(), "seconds": 0.0}
+                sampler.launches.append(launch)
+                real = ex.fn
+                ex.fn = _ProgramProxy(real, launch, builder)
+                try:
+                    return super().__call__(*args_dev, **kwargs)
+                finally:
+                    ex.fn = real
+
+        self._restore = (interp, interp.GridExecutor, builder)
+        builder.set_grid_dim = set_grid_dim
+        interp.GridExecutor = Sampled
+        return self
+
+    def _choose(self, nx: int, ny: int, nz: int) -> None:
+        launch = self.launches[-1]
+        total = nx * ny * nz
+        picks = {0, total - 1} | set(self.rng.sample(range(1, max(1, total - 1)), max(0, min(self.k - 2, total - 2))))
+        launch["grid"] = total
+        launch["sample"] = {(i // (ny * nz), (i // nz) % ny, i % nz) for i in picks}
+
+    def __exit__(self, *exc: object) -> None:
+        interp, cls, builder = self._restore
+        interp.GridExecutor = cls
+        builder.__dict__.pop("set_grid_dim", None)
+
+    def stats(self, out: Any) -> dict:
+        """Per output tensor, the launches that wrote into it: grid size and per sampled program the
+        elements it wrote there; and the estimated seconds of a full run."""
+        import torch
+
+        per_out = []
+        for o in _outputs(out):
+            entry: dict[str, Any] = {"launches": []}
+            if torch.is_tensor(o):
+                ptr = o.untyped_storage().data_ptr()
+                for launch in self.launches:
+                    idx = [i for i, t in enumerate(launch["tensors"]) if t.untyped_storage().data_ptr() == ptr]
+                    if idx:
+                        entry["launches"].append({"grid": launch["grid"],
+                                                  "filled": [sum(p[i] for i in idx) for p in launch["programs"]]})
+            per_out.append(entry)
+        full = sum(la["seconds"] / max(1, len(la["programs"])) * la["grid"] for la in self.launches)
+        return {"outputs": per_out, "launches": len(self.launches), "full_seconds": full,
+                "programs": sum(len(la["programs"]) for la in self.launches), "grid": sum(la["grid"] for la in self.launches)}
+
+
+def _sampled_call(family: Any, inputs: dict, config: dict, params: dict, k: int, seed: int) -> tuple[Any, dict]:
+    """One call of the entry point on the CPU interpreter with only sampled programs running (see
+    ``_ProgramSampler``): (outputs, with NaN where no sampled program wrote; the sampling stats)."""
+    _poison(2 * _tensor_bytes(inputs) + (1 << 20), "cpu")
+    cfg, prm = copy.deepcopy(config), copy.deepcopy(params)
+    _THREADS["in_call"] = True
+    try:
+        with _ProgramSampler(k, seed) as sampler:
+            out = family.run(inputs, cfg, prm)
+    finally:
+        _THREADS["in_call"] = False
+    if cfg != config or prm != params:
+        _sandbox.record_violation("the call changed the config or params it was handed (state kept across calls)")
+    return _clone_cpu(out), sampler.stats(out)
+
+
+def _launch_grids(family: Any, shape: dict, config: dict, dtype: Any, params: dict) -> list[tuple]:
+    """The grids the entry point launches on ``shape`` (interpreter mode; nothing runs)."""
+    from triton.runtime import interpreter as interp
+
+    grids: list[tuple] = []
+    original = interp.InterpretedFunction.run
+
+    def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> None:
+        g = grid(dict(zip(self.arg_names, args)) | kwargs) if callable(grid) else grid
+        grids.append(tuple(int(x) for x in g))
+
+    interp.InterpretedFunction.run = run
+    try:
+        family.run(family.make_inputs(shape, dtype, "cpu", 0, params), dict(config), dict(params))
+    finally:
+        interp.InterpretedFunction.run = original
+    return grids
+
+
+def wide_shape(family: Any, timed: dict, correctness: list[dict], config: dict, dtype: Any, params: dict) -> dict | None:
+    """``timed`` with every dimension that does not change the baseline's launch grids cut to its smallest
+    (1, else the smallest checked value): every program of the timed launch, the least work per program
+    (for a GEMM, M and N as timed and K = 1). None when no dimension can be cut."""
+    target = _launch_grids(family, timed, config, dtype, params)
+    shape = dict(timed)
+    for k in family.shape_keys:
+        for v in sorted({1, min(s[k] for s in correctness)}):
+            trial = {**shape, k: v}
+            if v < shape[k] and family.check_shape(trial) is None and _launch_grids(family, trial, config, dtype, params) == target:
+                shape = trial
+                break
+    return None if shape == timed else shape
+
+
+def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float) -> list[str]:
+    """What a sampled run of a timed shape shows that a full run would have to settle: a written element
+    that differs from the reference, a launch whose programs cannot cover the output (the largest amount
+    a sampled program wrote, times the grid, is less than the output), a sampled program that wrote
+    nothing where others of its launch did, no launch writing an output at all. Empty: nothing to settle."""
+    import torch
+
+    from kernels.measure import compare
+
+    out_l, ref_l = _outputs(out), _outputs(ref)
+    if len(out_l) != len(ref_l):
+        return [f"{len(out_l)} output(s), the reference has {len(ref_l)}"]
+    why: list[str] = []
+    for i, (o, r) in enumerate(zip(out_l, ref_l)):
+        if not torch.is_tensor(r):
+            continue
+        if not torch.is_tensor(o) or tuple(o.shape) != tuple(r.shape) or not o.is_floating_point():
+            why.append(f"output {i} is not a floating tensor of the reference's shape")
+            continue
+        launches = stats["outputs"][i]["launches"] if i < len(stats["outputs"]) else []
+        if not launches:
+            why.append(f"no launch wrote output {i}")
+            continue
+        reach = sum(max(la["filled"], default=0) * la["grid"] for la in launches)
+        if reach < o.numel():
+            why.append(f"output {i}: the launches reach at most {reach} of its {o.numel()} elements "
+                       f"(largest write of a sampled program x grid)")
+        for la in launches:
+            if la["filled"] and max(la["filled"]) > 0 and min(la["filled"]) == 0:
+                why.append(f"output {i}: a sampled program of a {la['grid']}-program launch wrote nothing")
+                break
+        written = ~torch.isnan(o)
+        if written.any():
+            res = compare(o[written], r[written], atol, rtol)
+            if not res["ok"]:
+                why.append(f"output {i}: {res['mismatches']} of {int(written.sum())} written elements differ from the reference")
+    return why
+
+
 def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
     """The job loop of a sandboxed child (reference or candidate); see ``judge_patches``."""
     import torch
@@ -267,6 +506,8 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     _guard_threads()
+    _guard_host_reads(sandbox.watched_files(spec.get("watch", [])))
+    guarded = _snapshot_guarded()
     from kregress.core.family import get_family
 
     state: dict[str, Any] = {"guarded": guarded, "kept": {}}
@@ -284,7 +525,7 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
         return
     sandbox.write_frame(wfd, {"hello": info, "violations": load_violations})
     jobs = {"prepare": _job_prepare, "run": _job_run, "compile": _job_compile, "bench": _job_bench,
-            "recheck": _job_recheck}
+            "recheck": _job_recheck, "full": _job_full}
     while True:
         msg = sandbox.read_frame(rfd)
         if msg is None:
@@ -306,6 +547,45 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
 
 _THREADS = {"in_call": False, "started": 0}
 
+# Calls candidate code never needs and the aten audit cannot see: tensor values handed to Python without
+# an aten op, and the switches that hide ops from the audit's dispatch mode.
+_HOST_READS = (("torch.Tensor", "tolist"), ("torch.Tensor", "numpy"), ("torch.Tensor", "__array__"),
+               ("torch.Tensor", "__dlpack__"), ("torch._tensor_str", "_str"))
+_AUDIT_SWITCHES = (("torch.utils._python_dispatch", "_disable_current_modes"),
+                   ("torch.utils._python_dispatch", "_pop_mode_temporarily"), ("torch.utils._python_dispatch", "_pop_mode"),
+                   ("torch._C", "_pop_torch_dispatch_stack"), ("torch._C", "_unset_dispatch_mode"))
+
+
+def _guard_host_reads(watch: frozenset) -> None:
+    """Record a violation when candidate code (a watched file, directly or through torch or the standard
+    library: ``str(t)``, ``print(t)``, ``np.asarray(t)``) reads tensor values into Python (host-side
+    compute or value sniffing), or switches off the dispatch mode the aten audit records with. The
+    harness's and Triton's own calls are not the candidate's."""
+    import torch
+
+    skip = _sandbox._stdlib_prefixes() + (os.path.dirname(torch.__file__) + os.sep,)
+    for owner_path, attr in _HOST_READS + _AUDIT_SWITCHES:
+        try:
+            owner = _resolve(owner_path)
+        except ImportError:
+            continue
+        original = getattr(owner, attr, None)
+        if original is None:
+            continue
+        why = ("read tensor values into Python ({}): host-side compute or value sniffing" if (owner_path, attr) in _HOST_READS
+               else "switched off the aten audit ({})").format(attr)
+
+        def guarded(*args: Any, _original: Any = original, _why: str = why, **kwargs: Any) -> Any:
+            if _sandbox.initiated_by(watch, skip):
+                _sandbox.record_violation(f"the candidate {_why}")
+            return _original(*args, **kwargs)
+
+        setattr(owner, attr, guarded)
+        _GUARDED_EXTRA.append((owner_path, attr))
+
+
+_GUARDED_EXTRA: list[tuple[str, str]] = []
+
 
 def _guard_threads() -> None:
     """Count the Python threads started while the entry point runs (3.11 has no audit event for it)."""
@@ -322,22 +602,25 @@ def _guard_threads() -> None:
     _thread.start_new_thread = start
 
 
-def _call(family: Any, inputs: dict, config: dict, params: dict, device: str, record: bool = True) -> tuple[Any, dict]:
-    """One call of the family's entry point: (outputs on the CPU, what was seen: the aten ops run, the
-    Python threads started, problems with the outputs)."""
+def _call(family: Any, inputs: dict, config: dict, params: dict, device: str, record: bool = True,
+          decoys: list | None = None, seed: int = 0) -> tuple[Any, dict]:
+    """One call of the family's entry point: (outputs on the CPU, what was seen: the aten ops run and
+    how many, the Python threads started, problems with the outputs). ``decoys``: fill fresh
+    allocations with finite stale values (see ``_OpRecorder``) instead of NaN."""
     import torch
 
     _poison(2 * _tensor_bytes(inputs) + (1 << 20), device)
-    rec = _OpRecorder() if record else None
+    rec = _OpRecorder(decoys, seed) if record else None
     problems: list[str] = []
     started = _THREADS["started"]
+    cfg, prm = copy.deepcopy(config), copy.deepcopy(params)
     _THREADS["in_call"] = True
     try:
         if rec is not None:
             with rec:
-                out = family.run(inputs, copy.deepcopy(config), copy.deepcopy(params))
+                out = family.run(inputs, cfg, prm)
         else:
-            out = family.run(inputs, copy.deepcopy(config), copy.deepcopy(params))
+            out = family.run(inputs, cfg, prm)
         # read the results on the current stream first (work left on a side stream is not waited for),
         # then synchronise and read again: the two must agree
         first = _clone_cpu(out)
@@ -350,7 +633,11 @@ def _call(family: Any, inputs: dict, config: dict, params: dict, device: str, re
             if torch.is_tensor(a) and not torch.equal(a.nan_to_num(0.123), b.nan_to_num(0.123)):
                 problems.append("outputs changed after the call returned (work left running on another stream)")
                 break
-    seen = {"ops": rec.ops if rec is not None else set(), "threads": _THREADS["started"] - started, "problems": problems}
+    if cfg != config or prm != params:
+        # state kept in the dicts it is handed survives a timing loop that passes the same dict every call
+        _sandbox.record_violation("the call changed the config or params it was handed (state kept across calls)")
+    ops = rec.ops if rec is not None else {}
+    seen = {"ops": set(ops), "op_count": sum(ops.values()), "threads": _THREADS["started"] - started, "problems": problems}
     return first, seen
 
 
@@ -385,13 +672,16 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
 
     threads = 0
 
+    op_count = 0
+
     def one(shape: dict, seed: int, dist: str) -> tuple[dict, Any, Any, set[str], str | None]:
-        nonlocal threads
+        nonlocal threads, op_count
         inputs = make(shape, seed, dist)
         ref = reference(inputs)
         dev_inputs = _to(inputs, device)
         out, seen = _call(family, dev_inputs, config, params, device)
         run_ops = seen["ops"]
+        op_count = max(op_count, seen["op_count"])
         threads += seen["threads"]
         atol, rtol = family.tolerance(shape, job["dtype"], base_tol, params)
         outs, refs = _outputs(out), _outputs(ref)
@@ -405,6 +695,21 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
         return inputs, ref, out, run_ops, None
 
     for group in job["groups"]:
+        if group.get("wide_of"):
+            try:
+                wide = wide_shape(family, group["wide_of"], job["correctness"], config, dtype, params)
+            except Exception as exc:  # noqa: BLE001 - a wrapper that needs real inputs to launch: not derived
+                wide = None
+                dropped.append(f"wide: no shape derived ({type(exc).__name__}: {str(exc)[:120]})")
+            if wide is None:
+                continue
+            group = dict(group, shapes=[wide])
+        if group.get("sample"):
+            case = _prepare_sampled(family, group, job, make, reference, dropped)
+            if case is not None:
+                case["payload"] = _sandbox.pack(case.pop("data"), out_blobs)
+                cases_out.append(case)
+            continue
         chosen = None
         tried = []
         for shape in group["shapes"]:
@@ -436,8 +741,9 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
             inputs2 = make(shape, s2["seed"], s2["dist"])
             ref2 = reference(inputs2)
             dev2 = _to(inputs2, device)
-            out2, seen2 = _call(family, dev2, config, params, device)
+            out2, seen2 = _call(family, dev2, config, params, device, decoys=_outputs(out), seed=s2["seed"])
             ops |= seen2["ops"]
+            op_count = max(op_count, seen2["op_count"])
             threads += seen2["threads"]
             payload.update({"inputs2": inputs2, "ref2": ref2, "base2": out2})
             case["dist2"] = s2["dist"]
@@ -445,7 +751,55 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
             state["kept"][group["id"]] = _to(inputs, device)
         case["payload"] = _sandbox.pack(payload, out_blobs)
         cases_out.append(case)
-    return {"cases": cases_out, "dropped": dropped, "ops": sorted(ops), "threads": threads}, out_blobs
+    return {"cases": cases_out, "dropped": dropped, "ops": sorted(ops), "op_count": op_count, "threads": threads}, out_blobs
+
+
+def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, reference: Callable, dropped: list) -> dict | None:
+    """Reference child: a timed shape for the sampled check, used only where it is cheap to make and the
+    baseline passes it (a family whose programs share their outputs, a split-K reduction, say, cannot be
+    checked by sampling) and a full run, what a suspicion escalates to, is affordable."""
+    from kernels.dtypes import DTYPE_BYTES
+
+    params, config = job["params"], job["config"]
+    shape = group["shapes"][0]
+    label = f"{group['kind']} {family.shape_label(shape)}"
+    if family.flops(shape, params) > SAMPLED_MAX_FLOPS or family.bytes_moved(shape, DTYPE_BYTES[job["dtype"]], params) > SAMPLED_MAX_BYTES:
+        dropped.append(f"{label}: too large for a float64 reference on the CPU (not sampled)")
+        return None
+    try:
+        inputs = make(shape, group["seed"], group["dist"])
+        ref = reference(inputs)
+        out, stats = _sampled_call(family, _to(inputs, "cpu"), config, params, SAMPLED_PROGRAMS, group["sample_seed"])
+    except Exception as exc:  # noqa: BLE001 - a family the sampler cannot run: the check is not used
+        dropped.append(f"{label}: the sampled run failed ({type(exc).__name__}: {str(exc)[:120]})")
+        return None
+    atol, rtol = family.tolerance(shape, job["dtype"], job["tolerance"], params)
+    why = sampled_problems(out, ref, stats, atol, rtol)
+    if why:
+        dropped.append(f"{label}: the baseline itself does not pass a sampled run ({'; '.join(why)[:200]})")
+        return None
+    if stats["full_seconds"] > SAMPLED_FULL_BUDGET_S:
+        dropped.append(f"{label}: a full run would take ~{stats['full_seconds']:.0f}s on the interpreter (not sampled)")
+        return None
+    return {"id": group["id"], "kind": group["kind"], "shape": shape, "seed_index": group["seed_index"], "dist": group["dist"],
+            "tol": [atol, rtol], "label": family.shape_label(shape), "sampled": True,
+            "full_seconds": stats["full_seconds"], "sample_seed": group["sample_seed"], "data": {"inputs": inputs, "ref": ref}}
+
+
+def _job_full(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """Candidate child: a full (unsampled) call on a sampled case's inputs, where the sampled run left
+    something to settle."""
+    sandbox = _sandbox
+    out_blobs: list[bytes] = []
+    results = []
+    for case in job["cases"]:
+        data = sandbox.unpack(case["payload"], blobs)
+        try:
+            out, seen = _call(state["family"], _to(data["inputs"], job["device"]), job["config"], job["params"], job["device"])
+            results.append({"id": case["id"], "problems": seen["problems"], "payload": sandbox.pack({"out": out}, out_blobs)})
+        except Exception as exc:  # noqa: BLE001 - a crashing candidate is a value
+            results.append({"id": case["id"], "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+    return {"results": results}, out_blobs
 
 
 def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
@@ -457,21 +811,33 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
     out_blobs: list[bytes] = []
     results = []
     ops: set[str] = set()
+    op_count = 0
     threads = 0
     for case in job["cases"]:
         data = sandbox.unpack(case["payload"], blobs)
         res: dict[str, Any] = {"id": case["id"]}
         try:
             inputs = _to(data["inputs"], device)
+            if case.get("sample"):
+                out, stats = _sampled_call(family, inputs, config, params, SAMPLED_PROGRAMS, int(case["sample"]))
+                res.update({"sampled": stats, "problems": [],
+                            "payload": sandbox.pack({"out": out, "after": _clone_cpu(inputs)}, out_blobs)})
+                results.append(res)
+                continue
             out, seen = _call(family, inputs, config, params, device)
             ops |= seen["ops"]
+            op_count = max(op_count, seen["op_count"])
             threads += seen["threads"]
             problems = list(seen["problems"])
             payload = {"out": out, "after": _clone_cpu(inputs)}
             if "inputs2" in data:
                 _write_inplace(inputs, data["inputs2"])
-                out2, seen2 = _call(family, inputs, config, params, device)
+                # the second call finds the first call's outputs (or random numbers) in what it allocates,
+                # not NaN: reading the output before writing it shows
+                out2, seen2 = _call(family, inputs, config, params, device, decoys=_outputs(out),
+                                    seed=int(case.get("decoy_seed", 0)))
                 ops |= seen2["ops"]
+                op_count = max(op_count, seen2["op_count"])
                 threads += seen2["threads"]
                 problems += seen2["problems"]
                 payload.update({"out2": out2, "after2": _clone_cpu(inputs)})
@@ -482,7 +848,7 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
         except Exception as exc:  # noqa: BLE001 - a crashing candidate is a value
             res["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         results.append(res)
-    return {"results": results, "ops": sorted(ops), "threads": threads}, out_blobs
+    return {"results": results, "ops": sorted(ops), "op_count": op_count, "threads": threads}, out_blobs
 
 
 def _job_bench(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
@@ -495,7 +861,8 @@ def _job_bench(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[b
     family = state["family"]
     inputs = state["kept"][job["case"]]
     config, params = job["config"], job["params"]
-    fn = lambda: family.run(inputs, config, params)  # noqa: E731
+    # fresh (shallow) copies each call, on both sides: state kept in the dicts does not survive the loop
+    fn = lambda: family.run(inputs, dict(config), dict(params))  # noqa: E731
     ident = device_identity()
     import torch
 
@@ -605,6 +972,16 @@ def derive_units(family: Any, config: dict, dtype: str, params: dict, captures: 
         known.add(id(fn))
         names = list(fn.arg_names)
         missing = [n for n in names if n not in u.signature]
+        # what the wrapper really launches (its tile sizes, warps, stages) is compiled too where it differs
+        # from what compile_units declares for the judged config: the stats are of the heaviest unit, so a
+        # wrapper that launches other tiles than the config says cannot hide their spills or shared memory
+        for cap in captures:
+            if cap.fn is fn and not _launch_matches(cap, u):
+                differs = {k: cap.constexprs[k] for k, v in u.constexprs.items() if k in cap.constexprs and cap.constexprs[k] != v}
+                differs.update({k: getattr(cap, k) for k in ("num_warps", "num_stages") if getattr(cap, k) != getattr(u, k)})
+                out.append(CompileUnit(cap.fn, dict(cap.signature), dict(cap.constexprs), cap.num_warps, cap.num_stages,
+                                       tuple(cap.divisible)))
+                notes.append(f"{fn.__name__}: launched with {differs}, not the judged config's values: compiled as launched too")
         if not missing and all(n in names for n in u.signature):
             out.append(CompileUnit(fn, dict(u.signature), dict(u.constexprs), u.num_warps, u.num_stages, tuple(u.divisible)))
             continue
@@ -642,6 +1019,13 @@ def derive_units(family: Any, config: dict, dtype: str, params: dict, captures: 
             out.append(CompileUnit(cap.fn, cap.signature, cap.constexprs, cap.num_warps, cap.num_stages, cap.divisible))
             notes.append(f"{cap.fn.__name__}: launched by the wrapper, not listed by compile_units: compiled as launched")
     return out, notes
+
+
+def _launch_matches(cap: Capture, unit: Any) -> bool:
+    """A captured launch runs the unit's code: the same values for the constexprs the unit fixes, and the
+    same warps and stages."""
+    same = all(cap.constexprs[k] == v for k, v in unit.constexprs.items() if k in cap.constexprs)
+    return same and cap.num_warps == unit.num_warps and cap.num_stages == unit.num_stages
 
 
 def _capture_shapes(family: Any, spec_shapes: list[dict], fallback: list[dict], dtype_bytes: int, params: dict,
@@ -799,14 +1183,21 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
             shapes = [s for s in ({**base, k: x} for x in dict.fromkeys(vals)) if ok(s)]
             if shapes:
                 groups.append({"kind": f"stretched_{k}", "shapes": shapes, "ascending": True, "budget_s": STRETCH_BUDGET_S})
+    if not on_gpu:
+        # each timed shape itself, a few programs of each launch (see _ProgramSampler): what only the
+        # timed size reaches (every dimension large at once, the program count) is checked on a CPU too
+        groups += [{"kind": "sampled", "shapes": [s], "sample": True, "sample_seed": rng.randrange(1, 2**31)} for s in timed]
+        # and every program of each timed launch with the least work each (see wide_shape): a launch that
+        # skips programs past a count, or maps them onto the same tiles, leaves part of the output unwritten
+        groups += [{"kind": "wide", "shapes": [], "wide_of": s} for s in timed]
     out = []
     for i, g in enumerate(groups):
-        if not g["shapes"]:
+        if not g["shapes"] and not g.get("wide_of"):
             continue
         d1, d2 = DISTRIBUTIONS[i % len(DISTRIBUTIONS)], DISTRIBUTIONS[(i + 1) % len(DISTRIBUTIONS)]
         s1, s2 = i % len(seeds), (i + 1) % len(seeds)
         # on the CPU the largest hidden shapes are called once (their cost is the interpreter's)
-        second = on_gpu or g["kind"] not in ("aligned", "hidden_odd") and not g["kind"].startswith("stretched")
+        second = on_gpu or g["kind"] not in ("aligned", "hidden_odd", "sampled", "wide") and not g["kind"].startswith("stretched")
         out.append({"id": f"g{i}", **g, "seed": seeds[s1], "seed_index": s1, "dist": d1,
                     "second": {"seed": seeds[s2], "dist": d2} if second else None})
     return out
@@ -828,6 +1219,24 @@ def _error_fractions(out: Any, ref: Any, atol: float, rtol: float) -> tuple[floa
     if frac.numel() == 0:
         return 0.0, 0.0, 0
     return float(frac.max()), float((frac * frac).sum()), int(frac.numel())
+
+
+def _structure_problem(out: Any, base: Any) -> str | None:
+    """Why the candidate's outputs are not shaped like the baseline's (count, tensor or not, shape, dtype),
+    or None. A non-tensor where the baseline returns a tensor (None, a list) has nothing to compare."""
+    import torch
+
+    outs, bases = _outputs(out), _outputs(base)
+    if len(outs) != len(bases):
+        return f"{len(outs)} output(s), the baseline returns {len(bases)}"
+    for i, (o, b) in enumerate(zip(outs, bases)):
+        if not torch.is_tensor(b):
+            continue
+        if not torch.is_tensor(o):
+            return f"output {i} is {type(o).__name__}, not a tensor like the baseline's"
+        if tuple(o.shape) != tuple(b.shape) or o.dtype != b.dtype:
+            return f"output {i} is {o.dtype} {tuple(o.shape)}, the baseline's {b.dtype} {tuple(b.shape)}"
+    return None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -877,6 +1286,10 @@ class _Tally:
             self.samples.append(f"[{label}] {len(outs)} output(s), reference has {len(refs)}")
             return
         for i, (o, r) in enumerate(zip(outs, refs)):
+            if torch.is_tensor(r) and not torch.is_tensor(o):
+                self.mismatches += 1
+                self.samples.append(f"[{label}] output {i} is {type(o).__name__}, not a tensor")
+                continue
             if not (torch.is_tensor(o) and torch.is_tensor(r)):
                 continue
             res = compare(o, r, atol, rtol)
@@ -947,6 +1360,36 @@ class JudgeOptions:
                    plausibility_factor=p.plausibility_factor, seeds=p.seeds, **kw)
 
 
+_MODULE_NAMES: dict[str, str | None] = {}
+
+
+def module_resolver() -> Callable[[str], str | None]:
+    """For the static gate: the name of the module a dotted name under torch, triton or math really is
+    (``triton.language.core.builtins`` -> ``builtins``), None when it is no module. Asks the module
+    objects of this (the judging) process, so a re-export a later Triton adds is found too; no
+    candidate code is involved, only the names the candidate wrote."""
+    import importlib
+    import types
+
+    def resolve(name: str) -> str | None:
+        if name in _MODULE_NAMES:
+            return _MODULE_NAMES[name]
+        parts = name.split(".")
+        out = None
+        if parts[0] in ("torch", "triton", "math") and not any(p.startswith("_") or not p.isidentifier() for p in parts):
+            try:
+                obj: Any = importlib.import_module(parts[0])
+                for p in parts[1:]:
+                    obj = getattr(obj, p)
+                out = obj.__name__ if isinstance(obj, types.ModuleType) else None
+            except Exception:  # noqa: BLE001 - no such attribute (or one that fails): not a module
+                out = None
+        _MODULE_NAMES[name] = out
+        return out
+
+    return resolve
+
+
 def static_stage(family: Any, es: EditableSet, texts: dict[str, str], base_hash: str, s: Any,
                  opts: JudgeOptions) -> Candidate:
     """Parse, apply (with the revert checked), region and static policy: the judgement of a patch that
@@ -977,7 +1420,8 @@ def static_stage(family: Any, es: EditableSet, texts: dict[str, str], base_hash:
     rep.patched_hash = source_snapshot_hash(family.name, new_texts)
     findings = check_region(es, patch, texts, new_texts, opts.max_changed_lines)
     if opts.static:
-        findings += static_gate(es.wrappers, [f for f in patch.files if f.path in es.files], texts, new_texts)
+        findings += static_gate(es.wrappers, [f for f in patch.files if f.path in es.files], texts, new_texts,
+                                module_resolver())
     rep.findings = findings
     if findings:
         cand.error, cand.detail = "patch_rejected", "; ".join(f.text() for f in findings)[:1500]
@@ -1047,6 +1491,7 @@ class _Judgement:
         d = self.work / name
         d.mkdir(parents=True, exist_ok=True)
         return {"root": str(root), "work": str(d), "interpret": interpret,
+                "watch": [str(root / rel) for rel in self.es.files],
                 "family": self.family.lookup or self.family.name, "params": self.spec.params, "purge": self.purge,
                 "limits": self.limits, "exec_allowed": self.tools, "allow_ctypes": self.on_gpu,
                 "isolate_network": self.opts.isolate_network, "sandbox": True}
@@ -1059,6 +1504,7 @@ class _Judgement:
         secret = opts.seed if opts.seed is not None else secrets.randbits(62)
         rng = random.Random(secret)
         seeds = [rng.randrange(1, 2**62) for _ in range(max(3, opts.seeds))]
+        self.decoy_seed = rng.randrange(1, 2**31)
         groups = shape_groups(self.family, spec.correctness_shapes, spec.shape_matrix, self.on_gpu, rng, seeds)
         self.log(f"judging {len(live)} patch(es) in sandboxed children ({'cuda' if self.on_gpu else 'interpreter'}); "
                  f"{len(groups)} case group(s), {len(seeds)} secret seeds, distributions {', '.join(DISTRIBUTIONS)}")
@@ -1084,6 +1530,7 @@ class _Judgement:
         self.ref = self.zyg.fork(self.child_spec(pristine, "reference", interpret=not self.on_gpu))
         t0 = time.perf_counter()
         head, blobs = self.ref.call({"job": "prepare", "groups": groups, "config": spec.baseline, "params": spec.params,
+                                     "correctness": spec.correctness_shapes,
                                      "dtype": spec.dtype, "tolerance": spec.constraints.numeric_tolerance,
                                      "device": self.device, "reference_device": self.device, "keep": self.on_gpu},
                                     timeout=max(self.timeout_s, 60.0) * 4)
@@ -1091,12 +1538,15 @@ class _Judgement:
             raise _sandbox.ChildFailed("runtime_error", f"the reference child failed: {head.get('detail')}")
         self.cases = head["cases"]
         self.base_ops = set(head["ops"])
+        self.base_op_count = int(head.get("op_count", 0))
         self.base_threads = int(head.get("threads", 0))
         self.dropped = head["dropped"]
         self.data = {c["id"]: _sandbox.unpack(c["payload"], blobs) for c in self.cases}
         self.base_tally = _Tally(self.family, spec.dtype)
         for c in self.cases:
             d = self.data[c["id"]]
+            if c.get("sampled"):
+                continue  # compared by sampled_problems; the baseline ran only sampled programs of it
             self.base_tally.add(f"{c['label']} {c['dist']}", d["base"], d["ref"], c["tol"])
             if "ref2" in d:
                 self.base_tally.add(f"{c['label']} {c['dist2']}", d["base2"], d["ref2"], c["tol"])
@@ -1181,7 +1631,9 @@ class _Judgement:
             payload = {"inputs": d["inputs"]}
             if "inputs2" in d:
                 payload["inputs2"] = d["inputs2"]
-            job_cases.append({"id": c["id"], "payload": _sandbox.pack(payload, blobs), "keep": c["kind"] == "timed"})
+            job_cases.append({"id": c["id"], "payload": _sandbox.pack(payload, blobs), "keep": c["kind"] == "timed",
+                              "decoy_seed": self.decoy_seed + len(job_cases),
+                              **({"sample": c["sample_seed"]} if c.get("sampled") else {})})
         t0 = time.perf_counter()
         try:
             child = self.zyg.fork(self.child_spec(root, name, interpret=not self.on_gpu))
@@ -1195,8 +1647,8 @@ class _Judgement:
             return {"error": exc.error, "detail": exc.detail, "violations": child.hello.get("violations", [])}
         head["violations"] = child.hello.get("violations", []) + head.get("violations", [])
         head["seconds"] = time.perf_counter() - t0
-        if self.on_gpu and not head.get("error"):
-            head["child"] = child  # kept for the timing loop
+        if (self.on_gpu or any(c.get("sampled") for c in self.cases)) and not head.get("error"):
+            head["child"] = child  # kept for the timing loop, or a full run of a sampled case
         else:
             child.end()
         return {"head": head, "blobs": rblobs}
@@ -1217,9 +1669,19 @@ class _Judgement:
             if head.get("threads") and self.base_threads == 0:
                 rep.runtime_violations.append(f"the call started {head['threads']} Python thread(s); the baseline starts none")
             extra = sorted(set(head.get("ops", [])) - self.base_ops - HARMLESS_OPS)
+            host = [op for op in extra if op in HOST_DATA_OPS]
+            if host:
+                rep.runtime_violations.append(f"the call ran aten.{', aten.'.join(host)}, which the baseline never runs: "
+                                              "it reads tensor values into Python (float(t), bool(t), .item()) or builds "
+                                              "tensors from Python data (host-side compute or value sniffing)")
+            extra = [op for op in extra if op not in HOST_DATA_OPS]
             if extra:
                 rep.runtime_violations.append(f"the call ran aten.{', aten.'.join(extra[:8])}, which the baseline never "
                                               "runs: torch computes instead of the kernel")
+            limit = OP_COUNT_FACTOR * self.base_op_count + OP_COUNT_MARGIN
+            if int(head.get("op_count", 0)) > limit:
+                rep.runtime_violations.append(f"a call ran {head['op_count']} aten ops, the baseline's at most "
+                                              f"{self.base_op_count} (limit {limit}): host-side work per element")
             if rep.runtime_violations:
                 row.error, row.error_detail = "patch_rejected", "sandbox: " + "; ".join(rep.runtime_violations)[:1200]
                 return
@@ -1233,7 +1695,7 @@ class _Judgement:
             if head.get("error"):
                 row.error, row.error_detail = "runtime_error", head.get("detail", "")
                 return
-            self._compare(row, rep, head, ran["blobs"])
+            self._compare(row, rep, head, ran["blobs"], child)
             rep.notes.append(f"cases {head.get('seconds', 0.0):.1f}s")
             if not row.correctness.ok:
                 row.error = "nan_inf" if row.correctness.nan_inf else "numeric_mismatch"
@@ -1250,10 +1712,39 @@ class _Judgement:
             if child is not None:
                 child.end()
 
-    def _compare(self, row: Any, rep: GateReport, head: dict, blobs: list[bytes]) -> None:
+    def _settle(self, settle: list[tuple[dict, list[str]]], tally: "_Tally", child: Any, config: dict) -> None:
+        """A full (unsampled) run of each sampled case whose sampled run left something to settle, in the
+        same child, compared element by element: a split-K or persistent design is slow to judge, never
+        wrong; a kernel that skips work on the timed shape is wrong."""
+        if child is None:
+            for c, why in settle:
+                tally.problem(f"[{c['label']} sampled] {'; '.join(why)[:300]}")
+            return
+        blobs: list[bytes] = []
+        job_cases = [{"id": c["id"], "payload": _sandbox.pack({"inputs": self.data[c["id"]]["inputs"]}, blobs)} for c, _ in settle]
+        budget = max(self.timeout_s, sum(4 * c.get("full_seconds", 0.0) + 30 for c, _ in settle))
+        head, rblobs = child.call({"job": "full", "cases": job_cases, "config": config, "params": self.spec.params,
+                                   "device": self.device}, blobs, timeout=budget)
+        if head.get("error"):
+            raise _sandbox.ChildFailed("runtime_error", f"the full run of a sampled case failed: {head.get('detail')}")
+        for res in head.get("results", []):
+            c = next(c for c, _ in settle if c["id"] == res["id"])
+            if res.get("error"):
+                tally.problem(f"[{c['label']}] the call raised {res['error']}")
+                continue
+            got = _sandbox.unpack(res["payload"], rblobs)
+            tally.add(f"{c['label']} {c['dist']} (full run)", got["out"], self.data[c["id"]]["ref"], c["tol"])
+            for p in res.get("problems", []):
+                tally.problem(f"[{c['label']}] {p}")
+        vio = head.get("violations") or []
+        if vio:
+            tally.problem("sandbox: " + "; ".join(vio)[:300])
+
+    def _compare(self, row: Any, rep: GateReport, head: dict, blobs: list[bytes], child: Any = None) -> None:
         tally = _Tally(self.family, self.spec.dtype)
         prec = _Tally(self.family, self.spec.dtype)
         by_id = {c["id"]: c for c in self.cases}
+        settle: list[tuple[dict, list[str]]] = []
         for res in head["results"]:
             c = by_id[res["id"]]
             d = self.data[c["id"]]
@@ -1263,6 +1754,20 @@ class _Judgement:
             got = _sandbox.unpack(res["payload"], blobs)
             for p in res.get("problems", []):
                 tally.problem(f"[{c['label']}] {p}")
+            if c.get("sampled"):
+                if not _same(got["after"], d["inputs"]):
+                    tally.problem(f"[{c['label']}] the inputs changed during the call (they must be left as they were)")
+                st = res.get("sampled") or {}
+                why = sampled_problems(got["out"], d["ref"], st, *c["tol"]) if st else ["no sampling statistics"]
+                rep.notes.append(f"sampled {c['label']}: {st.get('programs', 0)} of {st.get('grid', 0)} programs"
+                                 + (f"; to settle: {'; '.join(why)[:300]}" if why else ""))
+                if why:
+                    settle.append((c, why))
+                continue
+            for key, base_key in (("out", "base"), ("out2", "base2")):
+                why = _structure_problem(got.get(key), d.get(base_key)) if key in got else None
+                if why:
+                    tally.problem(f"[{c['label']}] {why}")
             tally.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
             prec.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
             if not _same(got["after"], d["inputs"]):
@@ -1272,6 +1777,8 @@ class _Judgement:
                 prec.add(f"{c['label']} {c['dist2']}", got["out2"], d["ref2"], c["tol"])
                 if not _same(got["after2"], d["inputs2"]):
                     tally.problem(f"[{c['label']}] the inputs changed during the second call")
+        if settle:
+            self._settle(settle, tally, child, row.config)
         row.correctness = tally.correctness()
         rep.precision = PrecisionMetrics(candidate_max=prec.frac_max, baseline_max=self.base_tally.frac_max,
                                          candidate_rms=prec.rms, baseline_rms=self.base_tally.rms, worst_case=prec.worst)

@@ -14,7 +14,11 @@ forks a child, which before loading anything:
 - installs an audit hook (``sys.addaudithook``, PEP 578) that refuses sockets, subprocesses (except
   the compiler tools of the Triton wheel where a compile needs them), ``os.system``/``exec``/``fork``,
   ctypes (on CPU hosts), file writes, renames and deletions outside the child's own folder, reading
-  other processes' ``/proc`` entries, and signals to other processes. A refusal
+  other processes' ``/proc`` entries, and signals to other processes; and, from the candidate's own
+  files (the patched kernel files: ``watch``), any file opened, directory listed or frame taken
+  (``sys._getframe``) by their code or by the standard library on their behalf, whatever the route
+  (``pathlib`` through an object the module already holds, ``inspect`` reached through another module),
+  while Triton's and torch's own file access (a compile cache) stays theirs. A refusal
   raises in the candidate *and* is recorded, so a candidate that swallows the error is still caught;
 - then puts the temporary copy of the family package first on ``sys.path`` and drops any loaded
   copy of that package, so the family is imported from the copy.
@@ -239,9 +243,54 @@ def set_limits(cpu_s: float, mem_bytes: int | None, fsize_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def install_audit_hook(write_roots: list[str], exec_allowed: list[str], allow_ctypes: bool) -> None:
+# Events refused when the candidate's own code causes them (see install_audit_hook): Triton's and torch's
+# own file access, compiles and imports are theirs.
+WATCHED_EVENTS = frozenset({"open", "sys._getframe", "sys._current_frames", "os.listdir", "os.scandir", "compile", "exec",
+                            "import", "builtins.input", "code.__new__", "function.__new__", "object.__setattr__",
+                            "object.__delattr__"})
+
+
+def _stdlib_prefixes() -> tuple[str, ...]:
+    """Where the standard library's code lives (not the installed packages beside it)."""
+    return (os.path.dirname(os.__file__) + os.sep, os.path.realpath(os.path.dirname(os.__file__)) + os.sep,
+            "<frozen", "<string>")
+
+
+def watched_files(files: list[str]) -> frozenset[str]:
+    """The names a candidate file's code objects may carry (as given, and resolved)."""
+    return frozenset(files) | frozenset(os.path.realpath(f) for f in files)
+
+
+def initiated_by(watch: frozenset[str], skip: tuple[str, ...], depth: int = 2) -> bool:
+    """Whether the code that caused this event is a watched (candidate) file: walking out from the
+    caller, frames in ``skip`` (the standard library, and whatever else the caller names) act on behalf
+    of the next frame out; the first other frame decides."""
+    if not watch:
+        return False
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return False
+    while f is not None:
+        name = f.f_code.co_filename
+        if "-packages" + os.sep in name and name not in watch:
+            return False  # an installed package (triton, torch, numpy) acts on its own account
+        if name in watch:
+            # the module body is the fixed skeleton (its imports, decorators): only the editable functions
+            # (and the lambdas and comprehensions in them) are the candidate's own code
+            return f.f_code.co_name != "<module>"
+        if not name.startswith(skip):
+            return False
+        f = f.f_back
+    return False
+
+
+def install_audit_hook(write_roots: list[str], exec_allowed: list[str], allow_ctypes: bool,
+                       watch: frozenset[str] = frozenset()) -> None:
     """Refuse (raise, and record) what a kernel never needs; see the module docstring."""
     roots = tuple(os.path.realpath(r) + os.sep for r in write_roots) + ("/dev/null",)
+    stdlib = _stdlib_prefixes()
+    busy = threading.local()
     tools = {os.path.realpath(t) for t in exec_allowed}
     me = str(os.getpid())
     O_WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -280,7 +329,21 @@ def install_audit_hook(write_roots: list[str], exec_allowed: list[str], allow_ct
                 return False
         return True
 
+    def by_candidate() -> bool:
+        # sys._getframe raises its own audit event: the walk must not re-enter
+        if getattr(busy, "on", False):
+            return False
+        busy.on = True
+        try:
+            return initiated_by(watch, stdlib, depth=3)
+        finally:
+            busy.on = False
+
     def hook(event: str, args: tuple) -> None:
+        if watch and event in WATCHED_EVENTS and by_candidate():
+            what = os.fsdecode(args[0]) if event in ("open", "import") and args and isinstance(args[0], (str, bytes)) else ""
+            refuse(f"{event} {what}".strip() + " by the candidate's code (file access, directory listing, frame "
+                   "introspection, dynamic code or imports)")
         if event == "open":
             path, mode, flags = (list(args) + [None, None, None])[:3]
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & O_WRITE)
@@ -362,7 +425,8 @@ def enter_child(spec: dict, fds: tuple[int, int]) -> dict:
 
     importlib.invalidate_caches()
     if spec.get("sandbox", True):
-        install_audit_hook([work], spec.get("exec_allowed", []), allow_ctypes=bool(spec.get("allow_ctypes")))
+        install_audit_hook([work], spec.get("exec_allowed", []), allow_ctypes=bool(spec.get("allow_ctypes")),
+                           watch=watched_files(spec.get("watch", [])))
     return {"pid": os.getpid(), "network": net, "sandbox": bool(spec.get("sandbox", True))}
 
 

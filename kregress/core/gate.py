@@ -12,6 +12,12 @@ Order (each stage puts its cause on the verdict):
    (``eval``, ``getattr``, ``__import__``, ``importlib``), imports, classes (Tensor subclasses),
    attribute and item assignment and in-place changes of inputs or globals (module-level state);
    and it requires the kernels to stay ``@triton.jit`` and launched by the unchanged entry point.
+   Module chains are judged by the module they really reach: ``tl.core.builtins.exec`` is ``builtins.exec``
+   (a ``resolve`` callable from the caller, which may import, names the module a dotted name stands for).
+   What a value is checked by never matters more than how it can be used: a device may only be passed on
+   (``device=``) or compared where a mismatch raises; an object aliased from an argument or a module-level
+   object may not be mutated; module-level objects (kernels, functions) are only called or launched, never
+   looked into; tensor data is never read into Python (``tolist``, ``numpy``, ``item``) nor built from it.
    Each finding names its rule, file and line.
 2. sandbox and 3. correctness (REGRESS ``wrong``) run elsewhere (``kernels/sandbox.py``,
    ``kernels/candidate.py``); their outcome is a ``GateReport``.
@@ -89,7 +95,15 @@ TRITON_ALLOWED = frozenset({"cdiv", "next_power_of_2", "jit", "heuristics", "lan
 TRITON_BANNED = {"testing": "timer", "runtime": "environment", "knobs": "environment", "compiler": "environment",
                  "backends": "environment", "tools": "environment", "autotune": "decorator", "Config": "decorator",
                  "profiler": "timer", "instrumentation": "environment"}
-TL_BANNED = {"inline_asm_elementwise": "inline_asm"}
+TL_BANNED = {"inline_asm_elementwise": "inline_asm", "globaltimer": "timer", "clock": "timer", "clock64": "timer",
+             "smid": "environment"}
+# Modules the allowed roots re-export (triton.language.core imports builtins, inspect, triton.knobs, ...): a chain
+# through one of these names reaches that module. Used when no resolver is given (the judge passes one that asks
+# the real module objects, so a re-export added by a later Triton is found too).
+REEXPORTED = {"builtins": "builtins", "inspect": "inspect", "knobs": "triton.knobs", "pkgutil": "pkgutil",
+              "typing": "typing", "ir": "triton._C.libtriton.ir", "sys": "sys", "os": "os", "importlib": "importlib",
+              "np": "numpy", "numpy": "numpy", "functools": "functools", "operator": "operator", "time": "time"}
+ALLOWED_ROOTS = frozenset({"torch", "triton", "math"})  # modules kernel code may reach (and their submodules)
 
 # Tensor methods that compute: a wrapper that calls them computes with torch instead of its kernel.
 COMPUTE_METHODS = frozenset({
@@ -105,6 +119,9 @@ COMPUTE_METHODS = frozenset({
     "maximum", "minimum", "fmax", "fmin", "logaddexp", "hypot", "atan2", "polar", "bitwise_and", "bitwise_or",
     "bitwise_xor", "repeat_interleave", "apply_", "map_", "map2_", "register_hook", "backward",
 })
+# Tensor data read into Python, or Python data made into tensors: host-side compute and value sniffing.
+HOST_DATA_ATTRS = frozenset({"tolist", "numpy", "item", "new_tensor", "as_tensor", "from_numpy", "frombuffer",
+                             "to_dlpack", "from_dlpack", "asarray"})
 MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "remove",
                       "add", "discard", "sort", "reverse", "__setitem__"})
 DEVICE_SNIFF_ATTRS = frozenset({"is_cuda", "is_cpu", "is_meta", "is_xpu", "is_mps", "device_type", "get_device",
@@ -150,6 +167,9 @@ RULES = {
     "no_launch": "the entry point no longer launches its kernel",
     "decorator": "a decorator other than triton.jit / triton.heuristics",
     "context_manager": "a with-block other than torch.cuda.device",
+    "identity": "an identity test (`is`) on values: which object a call returns tells where it runs",
+    "host_data": "reads tensor data into Python or builds tensors from Python data (host-side compute)",
+    "kernel_object": "looks into a module-level object (a kernel, a function): its attributes are state every call shares",
 }
 
 
@@ -283,14 +303,90 @@ class _Walker:
     """Checks the changed nodes of one editable function."""
 
     def __init__(self, file: str, facts: FileFacts, fn: ast.FunctionDef, changed: set[int], jit: bool,
-                 all_jit: set[str], out: list[Finding]):
+                 all_jit: set[str], out: list[Finding], resolver: Callable[[str], str | None] | None = None):
         self.file, self.facts, self.fn, self.changed, self.jit = file, facts, fn, changed, jit
         self.all_jit = all_jit
         self.out = out
+        self.resolver = resolver
         self.local = _locals_of(fn)
         self.params = _params_of(fn)
         self.parent = {c: p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
         self.seen: set[tuple[str, int]] = set()
+        self.aliased, self.device_locals = self._aliases()
+
+    # -- what a local name holds
+    def _global_object(self, n: str) -> bool:
+        """A module-level object that is not a module (a kernel, a function, an imported object, a table)."""
+        f = self.facts
+        return n not in self.local and n not in f.aliases and (
+            n in self.all_jit or n in f.functions or n in f.imported_objects or n in f.other_globals
+            or n in f.constants or n in f.wrappers)
+
+    def _outlives_call(self, node: ast.AST, aliased: set[str]) -> bool:
+        """Whether ``node`` evaluates to an object that outlives the call: an argument, a module-level object,
+        something reached from one (attribute, item, method result), or a container holding one. A call of a
+        builtin or a module function (``dict(config)``, ``torch.empty(...)``) makes a fresh object."""
+        if isinstance(node, ast.Name):
+            return node.id in aliased or node.id in self.params or self._global_object(node.id)
+        if isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+            return self._outlives_call(node.value, aliased)
+        if isinstance(node, ast.Call):
+            # a method of an outliving object may hand back part of it (config.setdefault("memo", {}))
+            f = node.func
+            return isinstance(f, ast.Attribute) and not self._is_module_chain(f) and self._outlives_call(f.value, aliased)
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return any(self._outlives_call(e, aliased) for e in node.elts)
+        if isinstance(node, ast.Dict):
+            return any(self._outlives_call(v, aliased) for v in node.values)
+        if isinstance(node, ast.IfExp):
+            return self._outlives_call(node.body, aliased) or self._outlives_call(node.orelse, aliased)
+        if isinstance(node, ast.BoolOp):
+            return any(self._outlives_call(v, aliased) for v in node.values)
+        if isinstance(node, ast.NamedExpr):
+            return self._outlives_call(node.value, aliased)
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            return self._outlives_call(node.elt, aliased | self._comp_targets(node, aliased))
+        if isinstance(node, ast.DictComp):
+            return self._outlives_call(node.value, aliased | self._comp_targets(node, aliased))
+        return False
+
+    def _comp_targets(self, node: ast.AST, aliased: set[str]) -> set[str]:
+        out = set()
+        for g in getattr(node, "generators", []):
+            if self._outlives_call(g.iter, aliased):
+                out |= {n.id for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+        return out
+
+    def _is_module_chain(self, node: ast.AST) -> bool:
+        ch = dotted(node)
+        return ch is not None and ch[0].split(".")[0] in self.facts.aliases and ch[0].split(".")[0] not in self.local
+
+    def _aliases(self) -> tuple[set[str], set[str]]:
+        """(local names bound to objects that outlive the call, local names bound to a tensor's device)."""
+        binds: list[tuple[ast.AST, ast.AST]] = []
+        for n in ast.walk(self.fn):
+            if isinstance(n, ast.Assign):
+                binds += [(t, n.value) for t in n.targets]
+            elif isinstance(n, (ast.AnnAssign, ast.NamedExpr)) and n.value is not None:
+                binds.append((n.target, n.value))
+            elif isinstance(n, (ast.For, ast.comprehension)):
+                binds.append((n.target, n.iter))
+            elif isinstance(n, ast.withitem) and n.optional_vars is not None:
+                binds.append((n.optional_vars, n.context_expr))
+        aliased: set[str] = set()
+        for _ in range(8):
+            grown = False
+            for target, value in binds:
+                if self._outlives_call(value, aliased):
+                    for t in ast.walk(target):
+                        if isinstance(t, ast.Name) and t.id not in aliased and t.id not in self.params:
+                            aliased.add(t.id)
+                            grown = True
+            if not grown:
+                break
+        devices = {t.id for target, value in binds for t in [target]
+                   if isinstance(t, ast.Name) and isinstance(value, ast.Attribute) and value.attr == "device"}
+        return aliased, devices
 
     def hit(self, node: ast.AST) -> bool:
         return any(n in self.changed for n in _own_lines(node))
@@ -329,6 +425,17 @@ class _Walker:
             self.flag("introspection" if any(p.startswith("__") for p in parts) else "torch_compute" if top == "torch"
                       else "environment", node, f"`{chain}` (private attribute)")
             return True
+        if top in ALLOWED_ROOTS:
+            real = self._canonical(full)
+            if real.split(".")[0] not in ALLOWED_ROOTS:
+                reached = real.split(".")[0]
+                self.flag(BANNED_MODULES.get(reached, "import"), node, f"`{chain}` reaches the module `{reached}`")
+                return True
+            if real != full:
+                full, parts, top = real, real.split("."), real.split(".")[0]
+            if self.resolver is not None and self.resolver(full) is not None and not isinstance(self.parent.get(node), ast.Attribute):
+                self.flag("dynamic_code", node, f"the module `{chain}` used as a value")
+                return True
         if top == "torch":
             sub = parts[1] if len(parts) > 1 else ""
             if not sub:
@@ -358,9 +465,9 @@ class _Walker:
         if top == "triton":
             sub = parts[1] if len(parts) > 1 else ""
             if sub == "language":
-                leaf = parts[2] if len(parts) > 2 else ""
-                if leaf in TL_BANNED:
-                    self.flag(TL_BANNED[leaf], node, f"`{chain}`")
+                banned = [p for p in parts[2:] if p in TL_BANNED]
+                if banned:
+                    self.flag(TL_BANNED[banned[0]], node, f"`{chain}`")
                 return True
             if sub and sub not in TRITON_ALLOWED:
                 self.flag(TRITON_BANNED.get(sub, "environment"), node, f"`{chain}`")
@@ -375,11 +482,38 @@ class _Walker:
         if first in self.facts.imported_objects:
             if first not in self.facts.used_by_region and first not in self.all_jit:
                 self.flag("reference", node, f"`{first}`")
+            elif rest:
+                self.flag("kernel_object", node, f"`{chain}`")
             return True
         return False
 
+    def _canonical(self, full: str) -> str:
+        """``full`` with any prefix that is really another module replaced by that module's name
+        (``triton.language.core.builtins.exec`` -> ``builtins.exec``)."""
+        for _ in range(8):
+            parts = full.split(".")
+            new = full
+            if self.resolver is not None:
+                for i in range(len(parts), 1, -1):
+                    real = self.resolver(".".join(parts[:i]))
+                    if real is not None and real != ".".join(parts[:i]):
+                        new = ".".join([real] + parts[i:])
+                        break
+            else:
+                for i, p in enumerate(parts[1:], 1):
+                    if p in REEXPORTED and not ".".join(parts[:i + 1]).startswith(REEXPORTED[p]):
+                        new = ".".join([REEXPORTED[p]] + parts[i + 1:])
+                        break
+            if new == full:
+                return full
+            full = new
+        return full
+
     def check_name(self, node: ast.Name) -> None:
         n = node.id
+        if n in self.device_locals and not self._device_use_ok(node):
+            self.flag("environment", node, f"`{n}` (a device) used other than passed on: {ast.unparse(self.parent.get(node, node))[:60]}")
+            return
         if n in self.local:
             return
         if n.startswith("__"):
@@ -414,17 +548,33 @@ class _Walker:
 
     # -- the walk
     def walk(self) -> None:
+        # a decorator's arguments (triton.heuristics lambdas) run on the host with the launch's arguments:
+        # they are host code, whatever the function they decorate
+        jit, self.jit = self.jit, False
+        for d in self.fn.decorator_list:
+            self.visit(d)
+        self.jit = jit
         self.visit(self.fn, top=True)
 
     def visit(self, node: ast.AST, top: bool = False) -> None:
         if not top and isinstance(node, ast.FunctionDef) and self.hit(node) and node.decorator_list:
             self.flag("module_state", node, f"decorator on nested function `{node.name}`")
+        if not top and isinstance(node, (ast.Lambda, ast.FunctionDef)) and self.hit(node):
+            # a default is evaluated once, when the function is made: a lambda in a decorator lives as long
+            # as the module, so a mutable default (lambda args, seen=[]: ...) is state every call shares
+            for d in node.args.defaults + [k for k in node.args.kw_defaults if k is not None]:
+                if not _is_literal(d) or isinstance(d, (ast.List, ast.Dict, ast.Set)):
+                    self.flag("module_state", d, f"default `{ast.unparse(d)[:40]}`: a default is made once and shared by every call")
         if self.hit(node) and not top:
             self.check_node(node)
         elif top:
             self.check_node(node, header_only=True)
-        for child in ast.iter_child_nodes(node):
-            self.visit(child)
+        for field_name, value in ast.iter_fields(node):
+            if top and field_name == "decorator_list":
+                continue
+            for child in (value if isinstance(value, list) else [value]):
+                if isinstance(child, ast.AST):
+                    self.visit(child)
 
     def check_node(self, node: ast.AST, header_only: bool = False) -> None:
         if header_only:
@@ -459,6 +609,10 @@ class _Walker:
                                   else "mutates_input", sub, f"writes `{ast.unparse(sub)[:60]}`")
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             self.flag("torch_compute", node, "the @ operator")
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            operands = [node.left] + list(node.comparators)
+            if not any(isinstance(o, ast.Constant) and o.value in (None, True, False, ...) for o in operands):
+                self.flag("identity", node, f"`{ast.unparse(node)[:60]}`")
         elif isinstance(node, ast.Attribute):
             self.check_attribute(node)
         elif isinstance(node, ast.Name):
@@ -471,6 +625,33 @@ class _Walker:
             up = node.value.upper()
             if any(s in up for s in SNIFF_STRINGS) or node.value.split(":")[0].lower() in DEVICE_STRINGS:
                 self.flag("environment", node, f"string {node.value[:40]!r}")
+
+    def _mutates_shared(self, f: ast.Attribute, is_module_chain: bool) -> bool:
+        """``f`` (``x.append``, ``x.setdefault``, ...) changes an object that outlives the call: an argument,
+        a module-level object or an alias of one, or an object inside a module (not a module's own function,
+        ``tl.sort``, which only a resolver can tell apart)."""
+        if is_module_chain:
+            ch = dotted(f.value)
+            if ch is None or self.resolver is None:
+                return False
+            first, _, rest = ch[0].partition(".")
+            base = self.resolve(first)
+            return base is not None and self.resolver(f"{base}.{rest}" if rest else base) is None
+        return self._root_is_global(f.value) or self._outlives_call(f.value, self.aliased)
+
+    @staticmethod
+    def _plain_template(node: ast.AST) -> bool:
+        """A literal ``str.format`` template whose fields name no attribute or item (``{0.device.type}``
+        is ``getattr`` in disguise)."""
+        import string
+
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            return False
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(node.value) if f is not None]
+        except ValueError:
+            return False
+        return not any("." in f or "[" in f for f in fields)
 
     def _root(self, node: ast.AST) -> ast.AST:
         cur = node
@@ -497,9 +678,21 @@ class _Walker:
         if a in DEVICE_SNIFF_ATTRS or (isinstance(node.value, ast.Attribute) and node.value.attr == "device"):
             self.flag("environment", node, f"`{ast.unparse(node)[:60]}`")
             return
-        if a == "device" and self._device_inspected(node):
+        if a == "device" and isinstance(node.ctx, ast.Load) and not self._device_use_ok(node):
             self.flag("environment", node, f"`{ast.unparse(self.parent.get(node, node))[:60]}`")
             return
+        base = node.value
+        if isinstance(base, ast.Name) and self._global_object(base.id) and base.id not in self.facts.constants:
+            self.flag("kernel_object", node, f"`{ast.unparse(node)[:60]}`")
+            return
+        if not self.jit and not self._is_module_chain(node):
+            if a in HOST_DATA_ATTRS:
+                self.flag("host_data", node, f"`.{a}`")
+                return
+            p = self.parent.get(node)
+            if a in COMPUTE_METHODS and not (isinstance(p, ast.Call) and p.func is node):
+                self.flag("torch_compute", node, f"`.{a}` (a compute method taken as a value)")
+                return
         if a in IDENTITY_ATTRS:
             self.flag("cache_by_identity", node, f"`.{a}`")
             return
@@ -517,17 +710,30 @@ class _Walker:
         elif a.startswith("_") and isinstance(self._root(node), ast.Name) and self._root(node).id not in self.local:
             self.flag("introspection", node, f"`.{a}` (private attribute)")
 
-    def _device_inspected(self, node: ast.Attribute) -> bool:
-        """``x.device`` turned into something a branch can test (str(), an f-string, a comparison with
-        anything but another tensor's device): which device the call runs on, i.e. who is watching."""
+    def _device_use_ok(self, node: ast.AST) -> bool:
+        """A tensor's device (``x.device``, or a local bound to one) may be passed on (``device=...``,
+        ``.to(...)``, ``torch.cuda.device(...)``), bound to a local (whose uses follow the same rule), or
+        compared where a mismatch only raises (an ``assert``, an ``if`` whose body raises, a message).
+        Anything else turns it into a value a branch can test: which device the call runs on, i.e. who is
+        watching (``len(dev.type)``, ``probe.device == a.device`` with a CPU probe, ``str(...)``)."""
         p = self.parent.get(node)
-        if isinstance(p, ast.FormattedValue):
+        if isinstance(p, ast.keyword) and p.arg == "device":
             return True
-        if isinstance(p, ast.Call) and node in p.args and isinstance(p.func, ast.Name) and p.func.id in ("str", "repr", "format"):
+        if isinstance(p, ast.Call) and node in p.args:
+            ch = dotted(p.func)
+            if isinstance(p.func, ast.Attribute) and p.func.attr == "to":
+                return True
+            if ch is not None and self.resolve(ch[0].split(".")[0]) == "torch" and ch[0].split(".")[1:] == ["cuda", "device"]:
+                return True
+        if isinstance(p, ast.Assign) and len(p.targets) == 1 and isinstance(p.targets[0], ast.Name) and p.value is node:
             return True
-        if isinstance(p, ast.Compare):
-            others = [p.left] + list(p.comparators)
-            return not all(isinstance(o, ast.Attribute) and o.attr == "device" for o in others)
+        cur, child = p, node
+        while cur is not None and not isinstance(cur, ast.stmt):
+            child, cur = cur, self.parent.get(cur)
+        if isinstance(cur, (ast.Raise, ast.Assert)):
+            return True
+        if isinstance(cur, ast.If) and child is cur.test and not cur.orelse and all(isinstance(b, ast.Raise) for b in cur.body):
+            return True
         return False
 
     def check_call(self, node: ast.Call) -> None:
@@ -542,8 +748,12 @@ class _Walker:
                     self.flag("torch_compute", node, f"`.{method}(...)`")
                 elif method.endswith("_") and not method.endswith("__") and self._root_is_param(f.value):
                     self.flag("mutates_input", node, f"`{ast.unparse(f)[:60]}(...)`")
-            if method in MUTATORS and self._root_is_global(f.value) and not is_module_chain:
-                self.flag("module_state", node, f"`{ast.unparse(f)[:60]}(...)` on a module-level object")
+            if method in MUTATORS and self._mutates_shared(f, is_module_chain):
+                root = self._root(f.value)
+                rule = "mutates_input" if isinstance(root, ast.Name) and root.id in self.params else "module_state"
+                self.flag(rule, node, f"`{ast.unparse(f)[:60]}(...)` on an object that outlives the call")
+            if method in ("format", "format_map") and not self._plain_template(f.value):
+                self.flag("dynamic_code", node, f"`{ast.unparse(f)[:60]}(...)`: a format template that reads attributes or items")
             if self.jit and ch is not None and not is_module_chain:
                 root = ch[0].split(".")[0]
                 if root not in self.local and root not in self.all_jit:
@@ -588,10 +798,11 @@ def _check_decorators(file: str, fn: ast.FunctionDef, changed: set[int], out: li
 
 
 def static_findings(file: str, old_source: str, new_source: str, added: set[int], wrappers: tuple[str, ...],
-                    other_jit: set[str] = frozenset()) -> list[Finding]:
+                    other_jit: set[str] = frozenset(), resolver: Callable[[str], str | None] | None = None) -> list[Finding]:
     """Every static-policy finding of one patched file. ``added``: new-side line numbers the patch adds
     or changes; ``wrappers``: the launch wrappers the file holds (empty for a helper file);
-    ``other_jit``: jit function names of the family's other files (helpers the kernels may call)."""
+    ``other_jit``: jit function names of the family's other files (helpers the kernels may call);
+    ``resolver``: the module a dotted name under torch/triton/math really is (None when it is no module)."""
     out: list[Finding] = []
     try:
         new_tree = ast.parse(new_source)
@@ -636,12 +847,12 @@ def static_findings(file: str, old_source: str, new_source: str, added: set[int]
             continue
         if jit:
             _check_decorators(file, node, added, out)
-        _Walker(file, facts, node, added, jit, all_jit, out).walk()
+        _Walker(file, facts, node, added, jit, all_jit, out, resolver).walk()
     return out
 
 
 def static_gate(es_wrappers: dict[str, tuple[str, ...]], patch_files: list[Any], old_texts: dict[str, str],
-                new_texts: dict[str, str]) -> list[Finding]:
+                new_texts: dict[str, str], resolver: Callable[[str], str | None] | None = None) -> list[Finding]:
     """``static_findings`` over every file of a patch (``patch_files``: ``FilePatch`` objects of the
     family's editable files). The jit functions of every editable file are known to each other."""
     all_jit: set[str] = set()
@@ -661,7 +872,7 @@ def static_gate(es_wrappers: dict[str, tuple[str, ...]], patch_files: list[Any],
         if rel not in new_texts or rel not in old_texts:
             continue
         added = {n for h in fp.hunks for n, t in h.added_new_lines()}
-        out += static_findings(rel, old_texts[rel], new_texts[rel], added, es_wrappers.get(rel, ()), all_jit)
+        out += static_findings(rel, old_texts[rel], new_texts[rel], added, es_wrappers.get(rel, ()), all_jit, resolver)
     return out
 
 
