@@ -27,7 +27,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from kregress.core import paths, stats
-from kregress.core.records import Verdict, VariantResult
+from kregress.core.records import VariantResult, Verdict
 from kregress.core.spec import TaskSpec
 
 

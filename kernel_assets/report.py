@@ -12,9 +12,9 @@ import pandas as pd
 
 from kregress.core.names import MAX_GRAPH_ROUNDS, MEASURED_EVIDENCE
 from kregress.core.paths import REPO_ROOT
-from kregress.core.records import Verdict, VariantResult, config_label
-from kregress.core.stats import DEFAULT_MIN_SHIFT as MIN_SHIFT
+from kregress.core.records import VariantResult, Verdict, config_label
 from kregress.core.spec import TaskSpec
+from kregress.core.stats import DEFAULT_MIN_SHIFT as MIN_SHIFT
 
 COLUMNS = [
     "variant_id", "round", "source", "config_label", "error", "error_detail", "latency_p50_ms", "latency_p20_ms",
@@ -251,10 +251,10 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
                 else:
                     bar = ax.bar(x, r - bottom, bottom=bottom, color=color, label=label)[0]
                 bar.set_gid(f"variant:{vid}")
-                l, h = lo.get(vid), hi.get(vid)
-                if rec.get("evidence") in MEASURED_EVIDENCE and l is not None and h is not None \
-                        and not _isnan(l) and not _isnan(h):
-                    ax.errorbar(x, r, yerr=[[r - l / scale], [h / scale - r]], color="black", lw=0.8, capsize=2)
+                low, h = lo.get(vid), hi.get(vid)
+                if rec.get("evidence") in MEASURED_EVIDENCE and low is not None and h is not None \
+                        and not _isnan(low) and not _isnan(h):
+                    ax.errorbar(x, r, yerr=[[r - low / scale], [h / scale - r]], color="black", lw=0.8, capsize=2)
             else:  # no latency: a marker on the axis and the reason, no bar
                 mark = ax.plot([x], [bottom * 1.12], marker="x", color=color, ms=6, mew=1.5, ls="none", label=label)[0]
                 mark.set_gid(f"variant:{vid}")

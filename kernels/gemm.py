@@ -22,10 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, register
 from kernels.dtypes import TRITON_PTR
 from kernels.latency import tile_gemm_ms
 from kernels.tiles import TILES_FILE, grouped_pid
+from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, register
 
 
 @triton.jit

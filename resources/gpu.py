@@ -36,13 +36,13 @@ from typing import Any, Callable, ClassVar
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from kernels.compile import cache_key
+from kernels.measure import model_measurements
 from kregress.core import paths
 from kregress.core.bind import BoundSpec
 from kregress.core.family import ExternalFamily, Family, KernelFamily, RecordedFamily, TritonFamily
 from kregress.core.records import CompileStats, Correctness, Measurement, Suggestion, VariantResult, variant_hash
 from kregress.core.spec import TaskSpec
-from kernels.compile import cache_key
-from kernels.measure import model_measurements
 from resources.workers import WorkerPool, worker_env
 
 

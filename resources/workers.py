@@ -21,8 +21,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from kregress.core.paths import REPO_ROOT
 from kernels.worker import PREFIX
+from kregress.core.paths import REPO_ROOT
 
 
 class WorkerDied(Exception):

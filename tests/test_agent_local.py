@@ -6,8 +6,8 @@ import math
 
 from kernel_assets.agent.base import AgentContext
 from kernel_assets.agent.local import LocalPolicy
-from kregress.core.records import CompileStats, Measurement, VariantResult, config_hash
 from kregress.core.family import get_family
+from kregress.core.records import CompileStats, Measurement, VariantResult, config_hash
 from kregress.core.spec import parse_spec
 
 GEMM = get_family("gemm")
@@ -256,7 +256,7 @@ def test_moves_that_never_changed_the_objective_are_not_proposed():
             merged = {valid.keys[j] for j, c in enumerate(classes) if len(set(c.tolist())) < len(c)}
             assert merged <= {"num_stages", "GROUP_M"}, merged  # only what the estimate ignores
 
-            def canon(cfg):
+            def canon(cfg, classes=classes):
                 return tuple(int(c[q]) for c, q in zip(classes, valid.position(cfg)))
 
             measured = {canon(r.config) for r in history}

@@ -1,4 +1,4 @@
-"""Budgets that hold against a server that bills more than the gateway reserved (issue 11, item 3).
+"""Budgets that hold against a server that bills more than the gateway reserved.
 
 The old gateway reserved its estimate, settled with whatever the server reported and let the next call
 through: 4 parallel sweeps each spent 2x their round budget, and a 5 MB reply recorded 1.3 M tokens with

@@ -4,8 +4,8 @@ jobs through the CLI's progress display)."""
 from __future__ import annotations
 
 import io
-import re
 import logging
+import re
 
 import dagster as dg
 

@@ -1,4 +1,4 @@
-"""A classified gateway error leaves a Dagster step with its one line intact (issue 11, item 6): Dagster wraps
+"""A classified gateway error leaves a Dagster step with its one line intact: Dagster wraps
 step errors, and the CLI finds ``[class] ... Fix: ...`` in the failure with ``gateway_error_line``."""
 
 from __future__ import annotations

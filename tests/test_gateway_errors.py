@@ -1,4 +1,4 @@
-"""Classification of error answers, with bodies shaped as OpenAI, vLLM and OpenRouter send them (issue 11, item 5).
+"""Classification of error answers, with bodies shaped as OpenAI, vLLM and OpenRouter send them.
 
 Status and the body's code / type / param decide first, message text last: the old classifier sent any 400
 mentioning "model" to "model id ... is not served" (a max_tokens error got the model-id fix).
@@ -41,7 +41,7 @@ CASES = [
     ("openai 400 max_tokens param", 400, {"error": {"message": "max_tokens is too large: 100000. This model supports at most 16384 "
                                                     "completion tokens, whereas you provided 100000.", "type": "invalid_request_error",
                                                     "param": "max_tokens", "code": None}}, RequestError, MAX_TOKENS_FIX),
-    ("issue 11: max_tokens too large for this model", 400,
+    ("short max_tokens message, no param", 400,
      {"error": {"message": "max_tokens is too large for this model", "type": "invalid_request_error", "code": None}},
      RequestError, MAX_TOKENS_FIX),
     ("openai 400 unsupported temperature", 400, {"error": {"message": "Unsupported parameter: 'temperature' is not supported with this "

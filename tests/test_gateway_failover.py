@@ -1,5 +1,5 @@
 """Key failover on rejected credentials, retries bounded by time, and cooldowns shared across processes
-(issue 11, items 7 and 8), against the fake server through the real openai SDK."""
+against the fake server through the real openai SDK."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ Plain arithmetic on real compile-fact shapes; no compile, no GPU."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +15,6 @@ from kernels.latency import grouped_order, wave_traffic
 from kregress.core.family import get_family
 from kregress.core.records import CompileStats
 from kregress.core.spec import HardwareLimits, load_spec
-
-from pathlib import Path
 
 SPEC = load_spec(Path(__file__).resolve().parent.parent / "specs" / "gemm_h100_bf16.yaml")
 GEMM = get_family("gemm")

@@ -1,4 +1,4 @@
-"""`kill -9` of a running `kregress sweep`, then the same command again (issue 11.1).
+"""`kill -9` of a running `kregress sweep`, then the same command again.
 
 The first sweep SIGKILLs itself (test hook KREGRESS_TEST_KILL_AT) right after round 1's first variant is
 compiled, while its benchmark step holds the only slot of the `gpu` pool. The resume must: say it found the

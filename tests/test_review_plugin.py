@@ -1,4 +1,4 @@
-"""A plugin's kernel is reviewed in the plugin's own repository (issue 10 item 4).
+"""A plugin's kernel is reviewed in the plugin's own repository.
 
 The family lives outside this repository, in a throwaway git repository with a src layout
 (``src/plugk/scale.py``, imported as ``plugk.scale:FAMILY``). With no repo_dir, the review finds that

@@ -15,8 +15,8 @@ import pytest
 
 from kernel_assets.agent.base import AgentContext
 from kernel_assets.agent.local import LocalPolicy
-from kregress.core.records import Measurement, VariantResult, config_hash
 from kregress.core.family import Family, Rule, Space
+from kregress.core.records import Measurement, VariantResult, config_hash
 from kregress.core.spec import parse_spec
 
 _spec = importlib.util.spec_from_file_location("search_bench", Path(__file__).resolve().parents[1] / "bench" / "search.py")
@@ -155,7 +155,7 @@ def test_short_run_writes_the_json_schema(tmp_path, capsys):
     assert "toy.json.gz" in text and "target:" in text
     res = json.loads(out.read_text())
     assert list(res) == ["toy.json.gz"] and sorted(res["toy.json.gz"]) == sorted(methods)
-    for m, s in res["toy.json.gz"].items():
+    for s in res["toy.json.gz"].values():
         assert s["seeds"] == 2 and 0 <= s["reached_1"] <= 2 and s["policy_s_per_round"] >= 0
         assert s["policy_s_per_round_max"] >= s["policy_s_per_round"]
         for k in ("evals_to_5_q", "evals_to_1_q"):

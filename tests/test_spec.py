@@ -158,7 +158,7 @@ def test_content_hash_changes_with_content(tmp_path):
     assert a.content_hash() == load_spec(write(tmp_path, SMOKE, "c.yaml")).content_hash()
 
 
-# --- strict specs (issue 11.9): at least 40 malformed specs, each reported with its field ---------
+# --- strict specs: at least 40 malformed specs, each reported with its field ---------
 
 
 def _set(path: str, value):

@@ -71,8 +71,8 @@ import numpy as np
 import optuna
 
 from kernel_assets.agent.base import AgentContext, Proposal, validate_and_dedupe
-from kregress.core.records import Suggestion, VariantResult, config_label
 from kregress.core.family import Space
+from kregress.core.records import Suggestion, VariantResult, config_label
 from kregress.core.spec import HardwareLimits
 
 optuna.logging.set_verbosity(logging.WARNING)
@@ -393,7 +393,7 @@ def value_classes(rows: np.ndarray, values: np.ndarray, levels: list[int]) -> li
                     else:
                         differ.add(pair)
 
-            def find(v: int) -> int:
+            def find(v: int, root=root) -> int:
                 while root[v] != v:
                     v = int(root[v])
                 return v
