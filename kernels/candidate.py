@@ -506,7 +506,7 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     _guard_threads()
-    _guard_host_reads(sandbox.watched_files(spec.get("watch", [])))
+    _guard_host_reads(sandbox.watched_files(spec.get("watch", []), spec.get("watch_wrappers")))
     guarded = _snapshot_guarded()
     from kregress.core.family import get_family
 
@@ -556,7 +556,7 @@ _AUDIT_SWITCHES = (("torch.utils._python_dispatch", "_disable_current_modes"),
                    ("torch._C", "_pop_torch_dispatch_stack"), ("torch._C", "_unset_dispatch_mode"))
 
 
-def _guard_host_reads(watch: frozenset) -> None:
+def _guard_host_reads(watch: dict) -> None:
     """Record a violation when candidate code (a watched file, directly or through torch or the standard
     library: ``str(t)``, ``print(t)``, ``np.asarray(t)``) reads tensor values into Python (host-side
     compute or value sniffing), or switches off the dispatch mode the aten audit records with. The
@@ -1492,6 +1492,7 @@ class _Judgement:
         d.mkdir(parents=True, exist_ok=True)
         return {"root": str(root), "work": str(d), "interpret": interpret,
                 "watch": [str(root / rel) for rel in self.es.files],
+                "watch_wrappers": {str(root / rel): list(self.es.wrappers.get(rel, ())) for rel in self.es.files},
                 "family": self.family.lookup or self.family.name, "params": self.spec.params, "purge": self.purge,
                 "limits": self.limits, "exec_allowed": self.tools, "allow_ctypes": self.on_gpu,
                 "isolate_network": self.opts.isolate_network, "sandbox": True}

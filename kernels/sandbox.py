@@ -256,15 +256,33 @@ def _stdlib_prefixes() -> tuple[str, ...]:
             "<frozen", "<string>")
 
 
-def watched_files(files: list[str]) -> frozenset[str]:
-    """The names a candidate file's code objects may carry (as given, and resolved)."""
-    return frozenset(files) | frozenset(os.path.realpath(f) for f in files)
+def watched_files(files: list[str], wrappers: dict[str, list[str]] | None = None) -> dict[str, tuple | None]:
+    """The names a candidate file's code objects may carry (as given, and resolved), each with the line spans
+    of its editable code: its ``@triton.jit`` functions and the launch wrappers ``wrappers`` names for it
+    (decorators included; ``kregress.core.patch.regions_of`` on the file as patched). The rest of such a
+    file (its module body, ``make_inputs``, the reference) is the family's fixed code, which a patch cannot
+    change. None: every function of the file counts as the candidate's (no wrapper list given, or the file
+    is unreadable). Read before any candidate code runs."""
+    out: dict[str, tuple | None] = {}
+    for f in files:
+        spans = None
+        if wrappers is not None:
+            from kregress.core.patch import regions_of
+
+            try:
+                spans = tuple((r.start, r.end) for r in regions_of(Path(f).read_text(), f, tuple(wrappers.get(f, ()))))
+            except (OSError, SyntaxError, UnicodeDecodeError):
+                spans = None
+        out[f] = out[os.path.realpath(f)] = spans
+    return out
 
 
-def initiated_by(watch: frozenset[str], skip: tuple[str, ...], depth: int = 2) -> bool:
-    """Whether the code that caused this event is a watched (candidate) file: walking out from the
-    caller, frames in ``skip`` (the standard library, and whatever else the caller names) act on behalf
-    of the next frame out; the first other frame decides."""
+def initiated_by(watch: dict[str, tuple | None], skip: tuple[str, ...], depth: int = 2) -> bool:
+    """Whether the code that caused this event is the candidate's: walking out from the caller, frames in
+    ``skip`` (the standard library, and whatever else the caller names) act on behalf of the next frame
+    out, and so does the fixed code in a candidate's file (outside its editable spans: the family's
+    ``make_inputs`` reading its own values is the harness's doing, unless candidate code called it); the
+    first other frame decides: editable code of a watched file is the candidate's, anything else is not."""
     if not watch:
         return False
     try:
@@ -272,13 +290,16 @@ def initiated_by(watch: frozenset[str], skip: tuple[str, ...], depth: int = 2) -
     except ValueError:
         return False
     while f is not None:
-        name = f.f_code.co_filename
-        if "-packages" + os.sep in name and name not in watch:
-            return False  # an installed package (triton, torch, numpy) acts on its own account
+        code = f.f_code
+        name = code.co_filename
         if name in watch:
-            # the module body is the fixed skeleton (its imports, decorators): only the editable functions
-            # (and the lambdas and comprehensions in them) are the candidate's own code
-            return f.f_code.co_name != "<module>"
+            spans = watch[name]
+            if code.co_name != "<module>" and (spans is None or any(s <= code.co_firstlineno <= e for s, e in spans)):
+                return True
+            f = f.f_back  # fixed code of the family's file: on behalf of whoever called it
+            continue
+        if "-packages" + os.sep in name:
+            return False  # an installed package (triton, torch, numpy) acts on its own account
         if not name.startswith(skip):
             return False
         f = f.f_back
@@ -426,7 +447,7 @@ def enter_child(spec: dict, fds: tuple[int, int]) -> dict:
     importlib.invalidate_caches()
     if spec.get("sandbox", True):
         install_audit_hook([work], spec.get("exec_allowed", []), allow_ctypes=bool(spec.get("allow_ctypes")),
-                           watch=watched_files(spec.get("watch", [])))
+                           watch=watched_files(spec.get("watch", []), spec.get("watch_wrappers")))
     return {"pid": os.getpid(), "network": net, "sandbox": bool(spec.get("sandbox", True))}
 
 

@@ -1,7 +1,8 @@
-"""The red-team corpus (tests/redteam/corpus.yaml) through `kregress judge`'s code path on the CPU
-interpreter: every cheat is REGRESS or NEEDS_REVIEW with its cause, every legitimate patch is correct and
-not REGRESS. One judgement per family: one sandbox zygote, the secret cases made once, the candidates
-judged side by side; the seconds per judged patch are printed (pytest -s)."""
+"""The red-team corpora (tests/redteam/corpus.yaml and the independent set, tests/redteam/independent/)
+through `kregress judge`'s code path on the CPU interpreter: every cheat is REGRESS or NEEDS_REVIEW with its
+cause, every legitimate patch is correct and not REGRESS, and a cheat only a GPU can see is never PASS. One
+judgement per family for both corpora together: one sandbox zygote, the secret cases made once, the
+candidates judged side by side; the seconds per judged patch are printed (pytest -s)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,19 @@ from kernel_assets.judge import judge, read_patch_args
 REPO = Path(__file__).resolve().parents[1]
 REDTEAM = REPO / "tests" / "redteam"
 CORPUS = yaml.safe_load((REDTEAM / "corpus.yaml").read_text())
-ENTRIES = {e["patch"]: dict(e, legit=False) for e in CORPUS["cheats"]} | {e["patch"]: dict(e, legit=True) for e in CORPUS["legit"]}
+INDEPENDENT = yaml.safe_load((REDTEAM / "independent" / "corpus.yaml").read_text())
+CORPORA = ((CORPUS, REDTEAM), (INDEPENDENT, REDTEAM / "independent"))
+SPECS = {fam: spec for corpus, _ in CORPORA for fam, spec in corpus["specs"].items()}
+ENTRIES = {e["patch"]: dict(e, legit=False, gpu_only=False, dir=d) for c, d in CORPORA for e in c["cheats"]} | \
+    {e["patch"]: dict(e, legit=False, gpu_only=True, dir=d) for c, d in CORPORA for e in c.get("gpu_only", [])} | \
+    {e["patch"]: dict(e, legit=True, gpu_only=False, dir=d) for c, d in CORPORA for e in c["legit"]}
+CHEATS = [e["patch"] for c, _ in CORPORA for e in c["cheats"]]
+LEGIT = [e["patch"] for c, _ in CORPORA for e in c["legit"]]
+GPU_ONLY = [e["patch"] for c, _ in CORPORA for e in c.get("gpu_only", [])]
 
 
 def _family(name: str) -> str:
-    return next(f for f in CORPUS["specs"] if name.startswith(f + "_"))
+    return next(f for f in SPECS if name.startswith(f + "_"))
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +40,10 @@ def judged(tmp_path_factory):
         mp.setenv("DAGSTER_HOME", str(home))
         out, timing = {}, {}
         before = {p: p.read_bytes() for p in (REPO / "kernels").glob("*.py")}
-        for fam, spec in CORPUS["specs"].items():
+        for fam, spec in SPECS.items():
             names = [n for n in ENTRIES if _family(n) == fam]
             t0 = time.perf_counter()
-            res = judge(REPO / spec, read_patch_args([str(REDTEAM / f"{n}.patch") for n in names]), log=lambda m: None)
+            res = judge(REPO / spec, read_patch_args([str(ENTRIES[n]["dir"] / f"{n}.patch") for n in names]), log=lambda m: None)
             timing[fam] = (time.perf_counter() - t0, len(names))
             for row in res.rows:
                 out[row.variant_id] = (row, res.verdicts[row.variant_id], res.report_dir)
@@ -47,7 +56,13 @@ def judged(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", [e["patch"] for e in CORPUS["cheats"]])
+def test_corpus_names_are_unique():
+    names = [e["patch"] for c, _ in CORPORA for key in ("cheats", "gpu_only", "legit") for e in c.get(key, [])]
+    assert len(names) == len(set(names))
+    assert all((ENTRIES[n]["dir"] / f"{n}.patch").is_file() for n in names)
+
+
+@pytest.mark.parametrize("name", CHEATS)
 def test_cheat_is_caught_with_its_cause(judged, name):
     row, verdict, _ = judged[name]
     want = ENTRIES[name]
@@ -56,7 +71,18 @@ def test_cheat_is_caught_with_its_cause(judged, name):
     assert verdict.verdict != "PASS"
 
 
-@pytest.mark.parametrize("name", [e["patch"] for e in CORPUS["legit"]])
+@pytest.mark.parametrize("name", GPU_ONLY)
+def test_gpu_only_cheat_is_never_pass_on_the_interpreter(judged, name):
+    """The trick works under the interpreter (the kernel does what it is asked there), so the CPU verdict
+    cannot name it; it is still never PASS (latency from the model is NEEDS_REVIEW), and a GPU judgement
+    must give the entry's verdict (tests/test_judge_gpu.py)."""
+    row, verdict, _ = judged[name]
+    allowed = [tuple(x) for x in ENTRIES[name]["cpu"]]
+    assert (verdict.verdict, verdict.cause) in allowed, (verdict.reasons, row.error_detail)
+    assert verdict.verdict != "PASS"
+
+
+@pytest.mark.parametrize("name", LEGIT)
 def test_legitimate_patch_is_correct_and_not_regress(judged, name):
     row, verdict, _ = judged[name]
     assert verdict.verdict != "REGRESS", (verdict.reasons, row.error_detail)
@@ -65,6 +91,19 @@ def test_legitimate_patch_is_correct_and_not_regress(judged, name):
     assert gate.round_trip_ok and gate.seeds >= 3 and len(gate.distributions) == 4
     assert gate.cases >= 8 and len(gate.hidden_shapes) >= 3
     assert row.compile is not None and row.compile.regs_per_thread > 0  # the patched kernel, AOT-compiled for sm_90
+
+
+def test_the_independent_set_reaches_every_layer(judged):
+    """The independent cheats are refused statically, at run time in the sandbox, as wrong on the secret,
+    hidden or timed shapes (sampled programs, every program of the timed grid), for precision and for the
+    compiled launch: each layer of the gate catches some, and the timed shape is checked on the CPU."""
+    causes = {judged[e["patch"]][1].cause for e in INDEPENDENT["cheats"]}
+    assert {"rejected", "wrong", "precision", "infeasible"} <= causes
+    details = " ".join(judged[e["patch"]][0].error_detail or "" for e in INDEPENDENT["cheats"])
+    assert "sandbox:" in details and "(full run)" in details and "1024x1024x1 " in details
+    assert len(INDEPENDENT["cheats"]) + len(INDEPENDENT["gpu_only"]) >= 30 and len(INDEPENDENT["legit"]) >= 10
+    row, _, _ = judged["gemm_legit_persistent"]
+    assert any(n.startswith("sampled 1024x1024x1024") and "to settle" not in n for n in row.gate.notes), row.gate.notes
 
 
 def test_every_issue_class_is_covered():

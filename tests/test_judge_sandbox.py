@@ -41,6 +41,10 @@ ESCAPES = {
 }
 RUNTIME = ["gemm_cheat_torch_matmul", "gemm_cheat_getattr_dispatch", "gemm_cheat_reference_call", "gemm_cheat_cache_by_pointer",
            "gemm_cheat_timer_patch", "gemm_cheat_thread", "gemm_cheat_mutate_inputs_host", "gemm_cheat_frame_peek"]
+# from the independent set: what the static policy refuses by name, refused again by what the code does
+INDEPENDENT_RUNTIME = ["gemm_cheat_builtins_exec", "gemm_cheat_tolist_alias", "gemm_cheat_inspect_bench_sniff",
+                       "gemm_cheat_file_counter", "gemm_cheat_config_memo", "gemm_cheat_str_parse",
+                       "gemm_cheat_stale_output_reuse", "gemm_cheat_return_none", "gemm_cheat_nan_poison_sniff"]
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +53,8 @@ def judged(tmp_path_factory):
     family = get_family("gemm")
     sugg = [Suggestion(variant_id=n, config=spec.baseline, patch_summary=n, round=1, source="test",
                        patch=(REDTEAM / f"{n}.patch").read_text()) for n in RUNTIME]
+    sugg += [Suggestion(variant_id=n, config=spec.baseline, patch_summary=n, round=1, source="test",
+                        patch=(REDTEAM / "independent" / f"{n}.patch").read_text()) for n in INDEPENDENT_RUNTIME]
     sugg += [Suggestion(variant_id=f"escape_{n}", config=spec.baseline, patch_summary=n, round=1, source="test",
                         patch=wrapper_patch(code)) for n, code in ESCAPES.items()]
     Path("/tmp/kregress-sandbox-escape").unlink(missing_ok=True)
@@ -83,11 +89,31 @@ def test_changed_inputs_are_wrong(judged):
     assert row.error in ("numeric_mismatch", "nan_inf") and "the inputs changed" in row.error_detail
 
 
-def test_no_reference_result_exists_in_the_candidate_process(judged):
-    """The frame-peeking cheat finds no expected output to copy: the reference lives in another process,
-    so it falls through to the kernel, whose result is right."""
+def test_frames_taken_by_the_candidate_are_refused(judged):
+    """The frame-peeking cheat is refused at run time (sys._getframe from the candidate's own code). Had it
+    looked, it would have found no expected output to copy: the reference lives in another process."""
     row, _ = judged["gemm_cheat_frame_peek"]
-    assert row.error is None and row.correctness.ok
+    assert row.error == "patch_rejected" and "sys._getframe by the candidate's code" in row.error_detail
+
+
+@pytest.mark.parametrize("name,error,why", [
+    ("gemm_cheat_builtins_exec", "patch_rejected", "compile by the candidate's code"),
+    ("gemm_cheat_tolist_alias", "patch_rejected", "read tensor values into Python (tolist)"),
+    ("gemm_cheat_inspect_bench_sniff", "patch_rejected", "sys._getframe by the candidate's code"),
+    ("gemm_cheat_file_counter", "patch_rejected", "/home/calls by the candidate's code"),
+    ("gemm_cheat_config_memo", "patch_rejected", "changed the config or params it was handed"),
+    ("gemm_cheat_str_parse", "patch_rejected", "host-side work per element"),
+    ("gemm_cheat_nan_poison_sniff", "patch_rejected", "aten._local_scalar_dense"),
+    ("gemm_cheat_stale_output_reuse", "numeric_mismatch", "2nd call, same buffers"),
+    ("gemm_cheat_return_none", "numeric_mismatch", "NoneType, not a tensor"),
+])
+def test_runtime_layers_catch_the_independent_cheats(judged, name, error, why):
+    """Each caught by what it does, with the static policy off: files, frames, exec and imports from the
+    candidate's code are refused; tensor values read into Python and per-element host work are seen; the
+    config must come back unchanged; stale finite values (not NaN) in the second call's fresh memory show
+    a kernel that reuses what it finds; an output that is no tensor is wrong."""
+    row, _ = judged[name]
+    assert row.error == error and why in row.error_detail, (row.error, row.error_detail)
 
 
 @pytest.mark.parametrize("name,why", [("socket", "socket."), ("file_write", "write to /tmp/kregress-sandbox-escape"),
