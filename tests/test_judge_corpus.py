@@ -15,6 +15,9 @@ import yaml
 
 from kernel_assets.judge import judge, read_patch_args
 
+# One judgement of ~105 patches (about 12 s each on a 2-core CPU host: full-size sampled launches in the
+# interpreter) happens in the module fixture, which pytest-timeout counts against the first test.
+pytestmark = pytest.mark.timeout(3600)
 REPO = Path(__file__).resolve().parents[1]
 REDTEAM = REPO / "tests" / "redteam"
 CORPUS = yaml.safe_load((REDTEAM / "corpus.yaml").read_text())
