@@ -25,7 +25,7 @@ from kernel_assets.agent import policy_for
 from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, OWNERS, ROUNDS, SPECS_PARTITIONS
 from kernel_assets.executors import benchmark_op_tags, benchmark_pool
-from kernel_assets.report import _md_table, md_image, overview_markdown, tables, verdict_records, write_report
+from kernel_assets.report import _md_table, evidence_text, md_image, overview_markdown, tables, verdict_records, write_report
 from kernel_assets.specs_resource import SpecStore
 from kregress.core import paths
 from kregress.core.bind import BoundSpec
@@ -307,7 +307,7 @@ def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource
     overview = overview_markdown(res["variants"], spec.regression_guard.not_worse_than_baseline_ratio)
     md = {
         "summary": res["summary_line"],
-        "evidence": ("model: analytic estimates, nothing was timed" if res["evidence"] == "model" else res["evidence"]),
+        "evidence": evidence_text(state.history),
         **({"next_step": res["next_step"]} if res["next_step"] else {}),
         **({"latency_overview": dg.MetadataValue.md(overview)} if overview else {}),
         # a table with a schema: the asset page shows it as a table, not behind a markdown dialog

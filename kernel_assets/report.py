@@ -379,6 +379,8 @@ def _fmt(v) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
     if isinstance(v, float):
+        if v.is_integer() and abs(v) >= 1e4:
+            return str(int(v))  # byte counts (smem_bytes 49152), never 4.915e+04
         return f"{v:.4g}"
     return str(v).replace("|", "\\|").replace("\n", " ")
 
@@ -417,8 +419,9 @@ def verdict_view(verdict_df: pd.DataFrame, verdicts: dict[str, Verdict], kind: s
     view = verdict_df.copy()
     view["vs_baseline"] = [reading(verdicts.get(v)) for v in view["variant_id"]]
     generic = "analytic estimate (evidence=model)"
-    # a model-evidence NEEDS_REVIEW has one reason, said once above the table: its row stays quiet
-    view["why"] = [("" if verdicts.get(v) is None or (verdicts[v].method == "model" and verdicts[v].verdict == "NEEDS_REVIEW")
+    # a model-evidence NEEDS_REVIEW has one reason, said in full once above the table: its row says it short
+    view["why"] = [("" if verdicts.get(v) is None else
+                    MODEL_ONLY if verdicts[v].method == "model" and verdicts[v].verdict == "NEEDS_REVIEW"
                     else "; ".join(verdicts[v].reasons)) for v in view["variant_id"]]
     view["why"] = view["why"].astype("object").map(lambda t: str(t).replace(generic, "model estimate"))
     view["why_short"] = [_short_why(verdicts.get(v), w) for v, w in zip(view["variant_id"], view["why"])]
@@ -431,6 +434,18 @@ def verdict_view(verdict_df: pd.DataFrame, verdicts: dict[str, Verdict], kind: s
     headers = {"vs_baseline": "measured vs baseline [interval]" if kind == "measured" else "vs baseline",
                "config_label": "config"}
     return view, cols, headers
+
+
+MODEL_ONLY = "model estimate only: PASS or REGRESS needs cuda or replay evidence"
+
+
+def evidence_text(history: list[VariantResult]) -> str:
+    """The evidence behind a sweep's latencies, in words (the UI's ``evidence`` field)."""
+    kinds = {r.evidence for r in history if r.measurements}
+    if kinds & MEASURED_EVIDENCE:
+        said = {"cuda": "cuda: timed on this host's GPU", "replay": "replay: recorded GPU runs, nothing timed on this host"}
+        return "; ".join(said.get(k, k) for k in sorted(kinds & MEASURED_EVIDENCE))
+    return "model: analytic estimates, nothing was timed" if kinds else "none: no variant has a latency"
 
 
 def _short_why(v: Verdict | None, why: str) -> str:
@@ -817,9 +832,14 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
         cols += [c for c in ("error", "verdict", "cause") if c == "verdict" or sub[c].notna().any()]
         lines += [f"### Round {rnd}", "", _md_table(sub, cols)]
     lines += patch_section(state.history, verdicts)
-    failed = [r for r in state.history if r.error]
+    from kernel_assets.sweep import constraint_violations
+
+    failed = [f"- {r.variant_id} [{config_label(r.config)}]: **{r.error}**: {' '.join(r.error_detail.split())[:300]}"
+              for r in state.history if r.error]
+    failed += [f"- {r.variant_id} [{config_label(r.config)}]: **over a constraint**: {'; '.join(v)}"
+               for r in state.history if not r.error and (v := constraint_violations(r, spec))]
     lines += ["## Failures", ""]
-    lines += [f"- {r.variant_id} [{config_label(r.config)}]: **{r.error}**: {' '.join(r.error_detail.split())[:300]}" for r in failed] or ["_none_"]
+    lines += failed or ["_none_"]
     lines += ["", "## Dropped proposals", ""]
     lines += [f"- round {d.round} ({d.source}): {d.reason}: `{d.raw[:160]}`" for d in state.dropped] or ["_none_"]
     if state.notes:

@@ -208,3 +208,21 @@ def test_report_of_a_sweep_with_no_variant(model_history, tmp_path):
     view, cols, _ = res["verdict_view"]
     assert report.verdict_records(view, cols)[1] == []
     assert report.overview_markdown(res["variants"], 1.03) is None or len(report.overview_markdown(res["variants"], 1.03)) < 1000
+
+
+def test_first_report_reads_true_for_a_new_user(tmp_path, model_history):
+    """What a first look at a model-evidence report and the UI showed: each NEEDS_REVIEW row says why, a
+    variant over a constraint is listed with the failures, byte counts print whole, and the evidence field
+    names recorded runs as recorded."""
+    verdicts = {r.variant_id: verdict_for(r, model_history[0], SPEC) for r in model_history[1:]}
+    report.write_report(tmp_path, SPEC, "specs/gemm_smoke.yaml", _state(model_history), verdicts, [])
+    md = (tmp_path / "report.md").read_text()
+    table = md[md.index("| variant_id"):].split("\n\n")[0]
+    row = next(line for line in table.splitlines() if line.startswith("| r1-a |"))
+    assert report.MODEL_ONLY in row
+    failures = md[md.index("## Failures"):md.index("## Dropped proposals")]
+    assert "r1-spill" in failures and "over a constraint" in failures and "spill" in failures
+    assert report._fmt(49152.0) == "49152" and report._fmt(0.5981) == "0.5981" and report._fmt(3.0) == "3"
+    assert report.evidence_text(model_history) == "model: analytic estimates, nothing was timed"
+    replayed = [_row("baseline", 0, _measured(np.random.default_rng(0), [0.6, 0.9]), "replay")]
+    assert report.evidence_text(replayed).startswith("replay: recorded GPU runs")
