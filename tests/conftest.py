@@ -12,7 +12,17 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 REPO = Path(__file__).resolve().parent.parent
 
 
+# The slow tier: modules whose tests run whole sweeps, servers, sandboxed judgements or killed processes
+# (each over ~20 s on 2 cores, measured with --durations=0). `pytest -m "not slow"` is the fast tier;
+# the README's test command and .ci/run run both. A test can also carry @pytest.mark.slow itself.
+SLOW_MODULES = frozenset()
+
+
 def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        if item.path.name in SLOW_MODULES:
+            item.add_marker(slow)
     try:
         import torch
 

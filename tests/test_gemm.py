@@ -153,7 +153,7 @@ def test_checks_differing_only_in_launch_options_share_one_interpreter_run(tmp_p
             Suggestion(variant_id="a-w2", config=dict(base, num_warps=2), patch_summary="x", round=1),
             Suggestion(variant_id="b", config=dict(base, BLOCK_K=16), patch_summary="x", round=1)]
     lines: list[str] = []
-    rows, stats = bench.evaluate(spec, GEMM, sugg, log=lines.append)
+    rows, stats = bench.evaluate(bind(spec), sugg, log=lines.append)
     assert stats.compiles == 4 and stats.correctness_runs == 2 and stats.correctness_shared == 2
     by_id = {r.variant_id: r for r in rows}
     assert all(r.error is None and r.correctness.ok for r in rows), [r.error_detail for r in rows]
@@ -164,7 +164,7 @@ def test_checks_differing_only_in_launch_options_share_one_interpreter_run(tmp_p
     assert not any(" b:" in ln or " of b " in ln for ln in shared)
     assert by_id["a-s3"].compile.smem_bytes != by_id["a"].compile.smem_bytes  # compiled apart: different facts
     # the shared result is cached under the same key: a later round answers all three from the cache
-    rows2, stats2 = bench.evaluate(spec, GEMM, sugg[:3], log=lambda m: None)
+    rows2, stats2 = bench.evaluate(bind(spec), sugg[:3], log=lambda m: None)
     assert stats2.correctness_runs == 0 and stats2.correctness_cache_hits == 3
 
 
@@ -178,11 +178,11 @@ def test_worker_pools_keep_their_size_and_start_workers_ahead(tmp_path):
     bench.setup_for_execution(dg.build_init_resource_context())  # as a Dagster run does: workers live for the run
     try:
         one = [Suggestion(variant_id="baseline", config=CONFIGS[0], patch_summary="x", round=0)]
-        _, stats = bench.evaluate(spec, GEMM, one, log=lambda m: None)
+        _, stats = bench.evaluate(bind(spec), one, log=lambda m: None)
         assert bench._pools["compile"].size == 2 and bench._pools["correctness"].size == 2
         assert stats.workers_spawned == 2  # one per pool for one job, the checker started with the compiler
         two = [Suggestion(variant_id=f"r1-{i}", config=c, patch_summary="x", round=1) for i, c in enumerate(CONFIGS[1:])]
-        _, stats = bench.evaluate(spec, GEMM, two, log=lambda m: None)
+        _, stats = bench.evaluate(bind(spec), two, log=lambda m: None)
         assert stats.workers_spawned == 4 and stats.compiles == 2  # two jobs: the second worker of each pool
     finally:
         bench.teardown_after_execution(dg.build_init_resource_context())
