@@ -55,10 +55,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Rule, Space, TritonFamily, register
 from kernels.dtypes import TRITON_PTR
 from kernels.latency import HBM_US, L2_HIT_US, SUSTAINED
 from kernels.softmax import SOFTMAX_FILE, online_softmax_step
-from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, check_bool_param, check_positive_number, check_seqlens_param, register
 
 
 @triton.jit

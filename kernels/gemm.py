@@ -22,10 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dtypes import TRITON_PTR
-from kernels.latency import tile_gemm_ms
-from kernels.tiles import TILES_FILE, grouped_pid
 from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, register
+from kernels.dtypes import TRITON_PTR
+from kernels.tiles import TILES_FILE, grouped_pid
 
 
 @triton.jit
@@ -148,6 +147,8 @@ class GemmFamily(TritonFamily):
         pattern; clocks and power limits. Once the pipeline hides the latency, more stages or another
         GROUP_M change nothing here, though they may on the GPU.
         """
+        from kernels.latency import tile_gemm_ms  # here, not at the top: the import block is patch context
+
         bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
         mma_eff = min(1.0, (bm * bn) / (128 * 128)) ** 0.35 * min(1.0, bk / 64) ** 0.25
         return tile_gemm_ms(shape["M"], shape["N"], shape["K"], bm, bn, bk, config["GROUP_M"], config["num_stages"],

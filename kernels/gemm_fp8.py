@@ -49,9 +49,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kregress.core.family import check_positive_number, check_seqlens_param, CompileUnit, Rule, Space, TritonFamily, register
 from kernels.latency import tile_gemm_ms
 from kernels.tiles import TILES_FILE, grouped_pid
-from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, check_positive_number, check_seqlens_param, register
 
 SCALE_BLOCK = 128  # DeepGEMM's scaling granularity: 1x128 for A, 128x128 for B
 ALIGN_M = 128  # contiguous layout: each group's rows are padded to a multiple of this
