@@ -307,7 +307,7 @@ def initiated_by(watch: dict[str, tuple | None], skip: tuple[str, ...], depth: i
 
 
 def install_audit_hook(write_roots: list[str], exec_allowed: list[str], allow_ctypes: bool,
-                       watch: frozenset[str] = frozenset()) -> None:
+                       watch: dict[str, tuple | None] | None = None) -> None:
     """Refuse (raise, and record) what a kernel never needs; see the module docstring."""
     roots = tuple(os.path.realpath(r) + os.sep for r in write_roots) + ("/dev/null",)
     stdlib = _stdlib_prefixes()

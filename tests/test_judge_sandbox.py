@@ -119,9 +119,12 @@ def test_runtime_layers_catch_the_independent_cheats(judged, name, error, why):
 @pytest.mark.parametrize("name,why", [("socket", "socket."), ("file_write", "write to /tmp/kregress-sandbox-escape"),
                                       ("parent_environ", "read of /proc/"), ("subprocess", "subprocess")])
 def test_sandbox_refuses_escapes(judged, name, why):
+    """Refused by the first layer that sees it: what the candidate's own frames do (the socket's import of
+    its codec, the open() call), else the child's fixed rules (tests/test_sandbox_attribution.py runs
+    those alone)."""
     row, rep = judged[f"escape_{name}"]
     assert row.error == "patch_rejected", (row.error, row.error_detail)
-    assert why in row.error_detail
+    assert why in row.error_detail or "by the candidate's code" in row.error_detail, row.error_detail
     assert not Path("/tmp/kregress-sandbox-escape").exists()
 
 

@@ -63,3 +63,33 @@ def test_no_wrapper_list_blames_every_function(tmp_path):
     ns, watch = _load(tmp_path, None)
     assert watch[str(tmp_path / "fam.py")] is None
     assert ns["make_inputs"]() is True and ns["launch"]() is True
+
+
+def test_fixed_rules_hold_without_attribution(tmp_path):
+    """The child's own rules, with no candidate file watched (so nothing is refused for who did it): writes
+    outside its roots, other processes' /proc entries and environ, sockets and programs are refused."""
+    import subprocess
+
+    code = f'''
+import os, socket, subprocess, sys
+from kernels import sandbox
+sandbox.install_audit_hook([{str(tmp_path / "work")!r}], [], allow_ctypes=False)
+def attempt(what, fn):
+    try:
+        fn()
+        print(what, "ALLOWED")
+    except PermissionError as exc:
+        print(what, "refused:", exc)
+attempt("write", lambda: open({str(tmp_path / "escape")!r}, "w"))
+attempt("environ", lambda: open(f"/proc/{{os.getppid()}}/environ").read())
+attempt("socket", lambda: socket.socket().connect(("127.0.0.1", 9)))
+attempt("program", lambda: subprocess.run(["true"]))
+'''
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(sandbox.Path(sandbox.__file__).resolve().parents[1]))
+    lines = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
+    assert set(lines) == {"write", "environ", "socket", "program"}, out.stdout + out.stderr
+    assert lines["write"].startswith("refused: sandbox: write to") and not (tmp_path / "escape").exists()
+    assert lines["environ"].startswith("refused: sandbox: read of /proc/")
+    assert lines["socket"].startswith("refused: sandbox: socket.")
+    assert lines["program"].startswith("refused: sandbox: subprocess")
