@@ -133,7 +133,7 @@ def test_default_sweep_causes_and_per_shape_verdicts(swept):
     md = _metadata(first, "verdict_report")
     causes = {c: int((regress["cause"] == c).sum()) for c in ("slower", "wrong", "infeasible")}
     line = (f"REGRESS {len(regress)} (slower {causes['slower']}, wrong {causes['wrong']}, "
-            f"infeasible {causes['infeasible']}, rejected 0)")
+            f"infeasible {causes['infeasible']})")  # `rejected` is named once a patch was judged
     assert line in report and line in md["summary"]
     assert {f"n_REGRESS_{c}": n for c, n in causes.items()}.items() <= md.items()
     assert "Estimated best (model evidence, not a measurement)" in report and md["best_kind"] == "estimated best"
