@@ -394,11 +394,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     last = _unchanged(home, spec, args)  # answered before anything heavy is imported
     if last is not None:
         return _say_unchanged(spec.task_id, last)
-    _say(f"kregress: sweep {spec.task_id}: spec valid; binding family {spec.kernel_family}, starting workers and "
-         f"Dagster (seconds before the first step)")
     bound = _bind(spec)  # the run's one binding: the family's checks, the kernel hash
     if bound is None:
         return EXIT_BAD_SPEC
+    _say(f"kregress: sweep {spec.task_id}: spec valid, family {spec.kernel_family} bound; starting workers and "
+         f"Dagster (seconds before the first step)")
     loaded, (bound, home, resources, instance) = spec, _prepare(args, bound, start_workers=True)
     spec = bound.spec
     import dagster as dg
