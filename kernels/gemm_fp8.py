@@ -503,8 +503,16 @@ class GroupedGemmFp8Family(Fp8FamilyBase):
         return [_unit(config, LAYOUT_MASKED if _layout(params) == "masked" else LAYOUT_CONTIGUOUS)]
 
     def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):
-        """The dense FP8 GEMM's estimate (``GemmFp8Family.model_latency_ms``: what it sees and ignores) over
-        the groups' padded rows (masked: every group's grid)."""
+        """The tiled-GEMM estimate at the FP8 peak over the groups' padded rows (masked: every group's grid) (``_model_ms``, kernels/latency.py).
+
+        Sees: the tile grid over the SMs; the tensor-core efficiency of the tile shape and the fp32
+        promotion's FFMAs; pipelining depth (num_stages - 1 K-slabs in flight per resident block, blocks
+        from the compile's registers and shared memory); L2 reuse of the A and B bands within a wave in
+        GROUP_M order; fp8 operands with their fp32 scales, bf16 output; spills; a 4 us launch.
+
+        Ignores: num_warps except through the resident blocks; L2 reuse between waves; L2 and shared-memory
+        bandwidth; the scale loads' latency; clocks and power limits.
+        """
         sizes = group_sizes(shape, params)
         if _layout(params) == "masked":  # every group's grid column runs; tiles past masked_m exit at once
             return _model_ms(max(max(sizes), 1), shape["N"], shape["K"], shape["groups"], config, stats, hw, params,
