@@ -349,8 +349,10 @@ def _prepare(args: argparse.Namespace, spec, start_workers: bool = False):
 def _start_cpu_workers(args: argparse.Namespace, bound) -> None:
     """On a CPU sweep, start the compile and interpreter workers now: each imports torch and Triton for
     seconds, which then overlap this process's Dagster import and instance set-up instead of following
-    them. The interpreter backend's pools adopt them (same environment); none are started for a GPU
-    sweep, a recorded family or an external kernel (only Triton families compile)."""
+    them, and once ready they compile and check the baseline (its answers go to the first step, which
+    would otherwise start on them only then). The interpreter backend's pools adopt them (same
+    environment); none are started for a GPU sweep, a recorded family or an external kernel (only Triton
+    families compile)."""
     from kregress.core.family import TritonFamily
 
     if _times_on_a_gpu(args) or args.backend == "cuda" or not isinstance(bound.family, TritonFamily):
@@ -361,6 +363,10 @@ def _start_cpu_workers(args: argparse.Namespace, bound) -> None:
     root = paths.cache_dir()
     reserve(worker_env(root, interpret=False), n)
     reserve(worker_env(root, interpret=True), n)
+    if args.backend in (None, "", "auto", "interpreter"):
+        from resources.gpu import run_baseline_ahead
+
+        run_baseline_ahead(bound, root)
 
 
 def _budget_verdict(resources: dict, spec, run_id: str) -> list[str]:

@@ -14,6 +14,7 @@ import math
 import re
 import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,6 +41,60 @@ _SASS_CLASSES = (
     ("ISETP", "integer"), ("SEL", "integer"), ("PRMT", "integer"),
     ("BRA", "control"), ("EXIT", "control"), ("BSSY", "control"), ("BSYNC", "control"),
 )
+
+
+class _OverSharedLimit(Exception):
+    def __init__(self, shared: int):
+        super().__init__(shared)
+        self.shared = shared
+
+
+# The shared-memory limit of the compile running in this thread (None: no early stop). Triton knows a
+# kernel's shared memory once it has lowered it to LLVM IR, before PTX and ptxas, which on a config that
+# cannot launch anyway (a deep pipeline of big tiles) spend seconds allocating registers it will never use.
+_SHARED_LIMIT = threading.local()
+_HOOK_KEY = "kregress-shared-limit-stop"
+
+
+def _stages_hook(*args: Any) -> Any:
+    """Triton's stages-inspection hook (``knobs.runtime.add_stages_inspection_hook``): called with no
+    arguments for a cache key, else with the backend's stage table, whose PTX stage it wraps: past the
+    limit, the compile ends there with ``_OverSharedLimit`` instead of going on to PTX and a cubin."""
+    if not args:
+        return _HOOK_KEY, _HOOK_KEY
+    stages = next((a for a in args if isinstance(a, dict) and "ptx" in a), None)
+    if stages is None:
+        return None
+    make_ptx = stages["ptx"]
+
+    def ptx_within_limit(src: Any, metadata: dict) -> Any:
+        limit, shared = getattr(_SHARED_LIMIT, "value", None), metadata.get("shared")
+        if limit is not None and isinstance(shared, int) and shared > limit:
+            raise _OverSharedLimit(shared)
+        return make_ptx(src, metadata)
+
+    stages["ptx"] = ptx_within_limit
+    return None
+
+
+def _install_stages_hook() -> bool:
+    """Install the hook once per process, where this Triton has the knob and no other hook is set."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is None or not hasattr(type(runtime), "add_stages_inspection_hook"):
+        return False
+    current = runtime.add_stages_inspection_hook
+    if current is _stages_hook:
+        return True
+    if current is not None:
+        return False  # someone else's hook (a profiler, a plugin): leave the pipeline as it is
+    runtime.add_stages_inspection_hook = _stages_hook
+    return True
+
+
+def _shared_over_limit(smem: int, arch: str, limits: Any) -> CompileError:
+    return CompileError(
+        "out_of_resources", f"needs {smem} bytes of shared memory per block; {arch} allows {limits.max_shared_memory_per_block}"
+    )
 
 
 class CompileError(Exception):
@@ -123,45 +178,53 @@ def _tool(name: str) -> str:
     return str(path)
 
 
-def compile_units(units: list, arch: str, limits: Any) -> CompileStats:
-    """Compile every unit of a variant for ``arch`` and return the stats of the heaviest one."""
+def compile_units(units: list, arch: str, limits: Any, sass: bool = True) -> CompileStats:
+    """Compile every unit of a variant for ``arch`` and return the stats of the heaviest one. ``sass``:
+    also disassemble the cubin for its instruction mix (``nvdisasm``, about 0.4 s a kernel: a review
+    compares the mix of two revisions; a sweep reads registers, spills and shared memory only, and skips it)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     cap = arch_capability(arch)
     t0 = time.perf_counter()
     per_unit = []
+    early_stop = _install_stages_hook()
     for unit in units:
         attrs = {(unit.fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in unit.divisible}
         src = ASTSource(fn=unit.fn, signature=unit.signature, constexprs=unit.constexprs, attrs=attrs)
+        _SHARED_LIMIT.value = limits.max_shared_memory_per_block if early_stop else None
         try:
             compiled = triton.compile(
                 src, target=GPUTarget("cuda", cap, 32), options={"num_warps": unit.num_warps, "num_stages": unit.num_stages}
             )
+        except _OverSharedLimit as exc:  # known from the LLVM IR: no PTX, no ptxas (the same verdict, sooner)
+            raise _shared_over_limit(exc.shared, arch, limits) from None
         except Exception as exc:  # Triton raises many types; all of them mean "did not compile"
             text = str(exc)
             kind = "out_of_resources" if re.search(r"out of resource|shared memory|too many resources", text, re.I) else "compile_failed"
             raise CompileError(kind, _first_line(text) or type(exc).__name__) from None
+        finally:
+            _SHARED_LIMIT.value = None
         smem = int(compiled.metadata.shared)
+        if smem > limits.max_shared_memory_per_block:  # a variant is as constrained as its heaviest kernel
+            raise _shared_over_limit(smem, arch, limits)
         with tempfile.TemporaryDirectory() as tmp:
             cubin = Path(tmp) / "k.cubin"
             cubin.write_bytes(compiled.asm["cubin"])
             usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
             # nvdisasm straight on the cubin (what `cuobjdump -sass` runs), code sections only, without the
             # dataflow pass (-ndf: it only annotates branch targets): the same instructions in under half the time
-            sass = subprocess.run([_tool("nvdisasm"), "-c", "-ndf", str(cubin)], capture_output=True, text=True, check=True).stdout
+            text = subprocess.run([_tool("nvdisasm"), "-c", "-ndf", str(cubin)], capture_output=True, text=True,
+                                  check=True).stdout if sass else None
         res = parse_resource_usage(usage).get(compiled.metadata.name)
         if res is None:
             raise CompileError("compile_failed", f"cuobjdump printed no resource usage for {compiled.metadata.name}")
-        total, mix = sass_mix(sass)
+        total, mix = sass_mix(text) if text is not None else (None, {})
         per_unit.append((unit, res, max(smem, res.get("SHARED", 0)), total, mix))
     # A variant is as constrained as its heaviest kernel (e.g. the split-K main kernel, not the combine).
     unit, res, smem, total, mix = max(per_unit, key=lambda u: (u[1]["REG"] * u[0].num_warps, u[2]))
-    if smem > limits.max_shared_memory_per_block:
-        raise CompileError(
-            "out_of_resources",
-            f"needs {smem} bytes of shared memory per block; {arch} allows {limits.max_shared_memory_per_block}",
-        )
+    if smem > limits.max_shared_memory_per_block:  # the cubin's static shared memory on top
+        raise _shared_over_limit(smem, arch, limits)
     occ, blocks, limiter = occupancy(res["REG"], smem, unit.num_warps, limits)
     return CompileStats(
         arch=arch,

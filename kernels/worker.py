@@ -38,7 +38,7 @@ def handle(job: dict) -> dict:
 
         try:
             units = family.compile_units(job["config"], job["dtype"], job.get("params", {}))
-            stats = compile_units(units, job["arch"], _limits(job["limits"]))
+            stats = compile_units(units, job["arch"], _limits(job["limits"]), sass=job.get("sass", True))
         except CompileError as exc:
             return {"error": exc.error, "detail": exc.detail}
         return {"stats": stats.model_dump()}

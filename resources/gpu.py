@@ -58,6 +58,7 @@ class EvaluationStats:
     measure_seconds: list[float] = field(default_factory=list)
     workers_spawned: int = 0
     workers_adopted: int = 0  # of those, started ahead by the CLI (resources.workers.reserve)
+    answered_ahead: int = 0  # jobs answered by the CLI's run ahead (the baseline's compile and check)
     wall_s: float = 0.0  # the whole evaluate: compiles and checks overlap inside it
 
     def as_metadata(self) -> dict[str, Any]:
@@ -74,6 +75,7 @@ class EvaluationStats:
             "correctness_s_per_variant": mean(self.correctness_seconds),
             "workers_spawned": self.workers_spawned,
             "workers_adopted": self.workers_adopted,
+            "answered_ahead": self.answered_ahead,
             "evaluate_s": round(self.wall_s, 3),
             "compile_s_total": round(sum(self.compile_seconds), 3),
             "correctness_s_total": round(sum(self.correctness_seconds), 3),
@@ -190,6 +192,7 @@ class BenchmarkBackend(dg.ConfigurableResource):
             stats.wall_s = time.perf_counter() - t0
             stats.workers_spawned = sum(p.spawned for p in self._pools.values())
             stats.workers_adopted = sum(p.adopted for p in self._pools.values())
+            stats.answered_ahead = sum(p.answered_ahead for p in self._pools.values())
             if not self._managed:
                 self.close()
         return rows, stats
@@ -197,6 +200,57 @@ class BenchmarkBackend(dg.ConfigurableResource):
     def _evaluate(self, bound: BoundSpec, suggestions: list[Suggestion],
                   log: Callable[[str], None], stats: EvaluationStats) -> list[VariantResult]:
         raise NotImplementedError
+
+
+def compile_key(family: Family, spec: TaskSpec, src_hash: str, config_hash: str) -> str:
+    """The compile cache's key of one config (a file under ``<cache>/compile/``)."""
+    return cache_key(family.name, src_hash, config_hash, spec.dtype, spec.hardware.arch, spec.params)
+
+
+def compile_job(family: Family, spec: TaskSpec, config: dict) -> dict:
+    """The worker job that compiles ``config`` for the spec's arch (``kernels/worker.py``, op ``compile``):
+    registers, spills, shared memory and occupancy, without the SASS disassembly (no sweep reads it)."""
+    hw = spec.hardware
+    return {"op": "compile", "family": family.lookup or family.name, "config": config, "dtype": spec.dtype,
+            "arch": hw.arch, "limits": hw.limits.model_dump(), "params": spec.params, "sass": False}
+
+
+def correctness_key(family: Family, spec: TaskSpec, src_hash: str, config: dict, interpret: bool,
+                    patched: bool = False) -> str:
+    """The correctness cache's key. In the interpreter, a config-only variant is keyed without the
+    family's ``interpreter_ignores`` (launch options the interpreter drops): those checks are one run."""
+    ignored = set(family.interpreter_ignores) if interpret and not patched else set()
+    ident = variant_hash({k: v for k, v in config.items() if k not in ignored})
+    return cache_key(family.name, src_hash, ident, spec.dtype, "interpreter" if interpret else spec.hardware.arch,
+                     {"p": spec.params, "shapes": spec.correctness_shapes, "tol": spec.constraints.numeric_tolerance})
+
+
+def correctness_job(family: Family, spec: TaskSpec, config: dict, interpret: bool) -> dict:
+    """The worker job that checks ``config`` against the float64 reference on the correctness shapes."""
+    return {"op": "correctness", "family": family.lookup or family.name, "config": config,
+            "dtype": spec.dtype, "shapes": spec.correctness_shapes, "tolerance": spec.constraints.numeric_tolerance,
+            "params": spec.params, "device": "cpu" if interpret else "cuda", "interpret": interpret}
+
+
+def run_baseline_ahead(bound: BoundSpec, cache_root: Path) -> list[str]:
+    """Start the baseline's compile and interpreter check now, on workers reserved for a CPU sweep
+    (``resources.workers.reserve``), unless the cache already holds them: the sweep's first step then takes
+    their answers instead of running them (``WorkerPool.submit``). Returns the ops started."""
+    from resources.workers import run_ahead
+
+    spec, family = bound.spec, bound.family
+    if not isinstance(family, TritonFamily) or family.space.check(spec.baseline, spec.params, spec.hardware.limits):
+        return []
+    timeout = spec.benchmark.timeout_s
+    started = []
+    if cache_get(cache_root / "compile" / f"{compile_key(family, spec, bound.kernel_hash, variant_hash(spec.baseline))}.json") is None:
+        run_ahead(worker_env(cache_root, interpret=False), compile_job(family, spec, spec.baseline), timeout)
+        started.append("compile")
+    key = correctness_key(family, spec, bound.kernel_hash, spec.baseline, interpret=True)
+    if cache_get(cache_root / "correctness" / f"{key}.json") is None:
+        run_ahead(worker_env(cache_root, interpret=True), correctness_job(family, spec, spec.baseline, True), timeout)
+        started.append("correctness")
+    return started
 
 
 class CompiledBackend(BenchmarkBackend):
@@ -237,14 +291,13 @@ class CompiledBackend(BenchmarkBackend):
             if not isinstance(family, TritonFamily):
                 compiled[i] = None
                 continue
-            key = cache_key(family.name, src_hash, s.config_hash, spec.dtype, hw.arch, spec.params)
+            key = compile_key(family, spec, src_hash, s.config_hash)
             hit = cache_get(root / "compile" / f"{key}.json")
             if hit is not None:
                 stats.compile_cache_hits += 1
                 _apply_compile(rows[i], hit, compiled, i, cache_hit=True)
                 continue
-            jobs.append({"op": "compile", "family": family.lookup or family.name, "config": s.config, "dtype": spec.dtype,
-                         "arch": hw.arch, "limits": hw.limits.model_dump(), "params": spec.params, "_key": key})
+            jobs.append({**compile_job(family, spec, s.config), "_key": key})
             idx.append(i)
         if stats.compile_cache_hits:
             log(f"compile cache: {stats.compile_cache_hits} of {len(suggestions)} variant(s) already compiled for {hw.arch}")
@@ -334,12 +387,7 @@ class _Checks:
         self.cached: set[int] = set()
 
     def _key(self, s: Suggestion) -> str:
-        ignored = set(self.family.interpreter_ignores) if self.interpret and not s.patch else set()
-        ident = variant_hash({k: v for k, v in s.config.items() if k not in ignored}) if ignored else s.config_hash
-        spec = self.spec
-        return cache_key(self.family.name, self.src_hash, ident, spec.dtype,
-                         "interpreter" if self.interpret else spec.hardware.arch,
-                         {"p": spec.params, "shapes": spec.correctness_shapes, "tol": spec.constraints.numeric_tolerance})
+        return correctness_key(self.family, self.spec, self.src_hash, s.config, self.interpret, patched=bool(s.patch))
 
     def announce(self, candidates: list[int]) -> None:
         """Answer what the cache holds, and say what will be checked."""
@@ -370,10 +418,7 @@ class _Checks:
                 return
             self.running[key] = [i]
             self.owner[key] = i
-        spec = self.spec
-        job = {"op": "correctness", "family": self.family.lookup or self.family.name, "config": s.config,
-               "dtype": spec.dtype, "shapes": spec.correctness_shapes, "tolerance": spec.constraints.numeric_tolerance,
-               "params": spec.params, "device": "cpu" if self.interpret else "cuda", "interpret": self.interpret}
+        job = correctness_job(self.family, self.spec, s.config, self.interpret)
         size = self.backend.pool_size() if self.interpret else 1  # one GPU: one check at a time
         pool = self.backend.pool("correctness", size, interpret=self.interpret)
         self.futures.append(pool.submit(job, self.timeout, on_done=lambda res: self._done(key, i, res)))

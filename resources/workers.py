@@ -63,6 +63,7 @@ class Worker:
             text=True, bufsize=1, cwd=str(cwd or REPO_ROOT), env=env,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
+        self.ready = False  # its "ready" line has been read (a worker handed on after a job is)
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
@@ -82,7 +83,9 @@ class Worker:
         return json.loads(line)
 
     def wait_ready(self, timeout: float) -> None:
-        self._read(timeout)
+        if not self.ready:
+            self._read(timeout)
+            self.ready = True
 
     def call(self, job: dict, timeout: float) -> dict:
         assert self.proc.stdin is not None
@@ -127,11 +130,73 @@ def _claim(env: dict[str, str]) -> Worker | None:
         return waiting.pop(0) if waiting else None
 
 
+# Jobs run ahead on reserved workers (``run_ahead``), by environment and job: the first pool that submits the
+# same job with the same environment gets that run's answer instead of running it again.
+_AHEAD: dict[str, Future] = {}
+
+
+def _job_identity(env: dict[str, str], job: dict) -> str:
+    """What makes two jobs the same run: the worker's environment and the job, less the caller's own keys
+    (``_``-prefixed: a cache key, say, which the worker never reads)."""
+    return json.dumps([_env_key(env), {k: v for k, v in job.items() if not k.startswith("_")}], sort_keys=True, default=str)
+
+
+def _call(worker: Worker, job: dict, timeout: float) -> tuple[dict, bool]:
+    """(the answer, whether the worker can take another job): a timeout or a dead worker is an answer too."""
+    try:
+        return worker.call(job, timeout), True
+    except TimeoutError:
+        worker.kill()
+        return {"error": "timeout", "detail": f"no answer within {timeout:.0f} s; child process killed"}, False
+    except WorkerDied as exc:
+        worker.kill()
+        return {"error": "crashed", "detail": f"child process died: {exc}"}, False
+
+
+def run_ahead(env: dict[str, str], job: dict, timeout: float, startup_timeout: float = 120.0) -> None:
+    """Run ``job`` now, in a thread of its own, on a worker reserved with ``env`` (``reserve``; a new one if
+    none is left), and hand the worker back to the reserve afterwards. The CLI runs the baseline's compile
+    and check this way while it imports Dagster: the first ``WorkerPool`` with the same environment that
+    submits the same job is answered by this run (``wall_s`` is this run's) instead of running it again."""
+    ident = _job_identity(env, job)
+    fut: Future = Future()
+    with _RESERVE_LOCK:
+        if ident in _AHEAD:
+            return
+        _AHEAD[ident] = fut
+
+    def go() -> None:
+        worker = _claim(env) or Worker(env)
+        try:
+            worker.wait_ready(startup_timeout)
+            t0 = time.perf_counter()  # the job's own time, as a pool's job with a ready worker counts it
+            res, reusable = _call(worker, job, timeout)
+        except BaseException as exc:  # noqa: BLE001 - a worker that never started: the pool runs the job itself
+            worker.kill()
+            with _RESERVE_LOCK:
+                _AHEAD.pop(ident, None)
+            fut.set_exception(exc)
+            return
+        res["wall_s"] = time.perf_counter() - t0
+        if reusable:
+            with _RESERVE_LOCK:
+                _RESERVE.setdefault(_env_key(env), []).append(worker)
+        fut.set_result(res)
+
+    threading.Thread(target=go, daemon=True, name="kregress-ahead").start()
+
+
+def _take_ahead(env: dict[str, str], job: dict) -> Future | None:
+    with _RESERVE_LOCK:
+        return _AHEAD.pop(_job_identity(env, job), None)
+
+
 @atexit.register
 def _end_reserve() -> None:
     with _RESERVE_LOCK:
         left = [w for ws in _RESERVE.values() for w in ws]
         _RESERVE.clear()
+        _AHEAD.clear()
     for w in left:
         w.kill()
 
@@ -158,6 +223,7 @@ class WorkerPool:
         self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="kregress-worker")
         self.spawned = 0  # workers started over the pool's life (a warm re-run should start none)
         self.adopted = 0  # of those, how many were already started by ``reserve``
+        self.answered_ahead = 0  # jobs answered by a run ahead (``run_ahead``) instead of a worker of this pool
 
     def _spawn(self) -> Worker:
         """A ready worker (a reserved one if any, else a new one); the caller has counted it in ``_alive``."""
@@ -236,33 +302,45 @@ class WorkerPool:
 
     def _run_one(self, job: dict, timeout: float, on_done: Callable[[dict], None] | None) -> dict:
         t0 = time.perf_counter()
-        worker: Worker | None = None
         try:
             worker = self._take()
-            res = worker.call(job, timeout)
-        except TimeoutError:
-            res = {"error": "timeout", "detail": f"no answer within {timeout:.0f} s; child process killed"}
-            if worker is not None:
-                worker.kill()
-                self._forget(worker)
-            worker = None
+        except TimeoutError:  # a fresh worker that never got ready (the pool has already forgotten it)
+            worker, res = None, {"error": "timeout", "detail": f"worker not ready within {self.startup_timeout:.0f} s"}
         except WorkerDied as exc:
-            res = {"error": "crashed", "detail": f"child process died: {exc}"}
-            if worker is not None:
-                worker.kill()
-                self._forget(worker)
-            worker = None
-        finally:
-            if worker is not None:
+            worker, res = None, {"error": "crashed", "detail": f"child process died: {exc}"}
+        if worker is not None:
+            try:
+                res, reusable = _call(worker, job, timeout)
+            except BaseException:
                 self._give_back(worker)
+                raise
+            if reusable:
+                self._give_back(worker)
+            else:
+                self._forget(worker)
         res["wall_s"] = time.perf_counter() - t0
+        if on_done is not None:
+            on_done(res)
+        return res
+
+    def _answer_from(self, ahead: Future, job: dict, timeout: float, on_done: Callable[[dict], None] | None) -> dict:
+        try:
+            res = dict(ahead.result())
+        except BaseException:  # noqa: BLE001 - the run ahead never got a worker: run the job here
+            return self._run_one(job, timeout, on_done)
+        with self._cond:
+            self.answered_ahead += 1
         if on_done is not None:
             on_done(res)
         return res
 
     def submit(self, job: dict, timeout: float, on_done: Callable[[dict], None] | None = None) -> Future:
         """Queue one job; the Future's result is the worker's answer (``error`` set for a timeout or crash).
-        ``on_done(result)`` runs on the pool's thread before the Future completes."""
+        ``on_done(result)`` runs on the pool's thread before the Future completes. A job already run ahead
+        with this pool's environment (``run_ahead``) is answered by that run."""
+        ahead = _take_ahead(self.env, job)
+        if ahead is not None:
+            return self._executor.submit(self._answer_from, ahead, job, timeout, on_done)
         return self._executor.submit(self._run_one, job, timeout, on_done)
 
     def run(self, jobs: list[dict], timeout: float, on_done: Callable[[int, dict], None] | None = None) -> list[dict]:

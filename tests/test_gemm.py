@@ -60,12 +60,25 @@ def test_sm90_compile_stats_behave():
     assert deeper.smem_bytes > large.smem_bytes  # each pipeline stage holds another A+B slab
 
 
-def test_over_shared_memory_is_out_of_resources_not_a_crash():
+def test_over_shared_memory_is_out_of_resources_not_a_crash(monkeypatch, tmp_path):
+    """Past the limit the compile ends once Triton knows the kernel's shared memory (its LLVM IR): no PTX,
+    no ptxas, no disassembly, the same verdict. A config within the limit still goes the whole way."""
+    from triton import knobs
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path))  # compile for real: nothing from Triton's cache
+
+    ptx_calls = []
+    make_ptx = CUDABackend.make_ptx
+    monkeypatch.setattr(CUDABackend, "make_ptx", lambda self, *a, **k: ptx_calls.append(1) or make_ptx(self, *a, **k))
     cfg = dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_stages=4, num_warps=8)
     assert GEMM.space.check(cfg) is None  # inside the space: only the compile can tell
     with pytest.raises(CompileError) as exc:
         _stats(cfg)
     assert exc.value.error == "out_of_resources" and "232448" in exc.value.detail
+    assert ptx_calls == []  # stopped before PTX
+    ok = _stats(dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=4, num_stages=2, num_warps=4))
+    assert ptx_calls == [1] and ok.smem_bytes > 0 and ok.regs_per_thread > 0
 
 
 def test_occupancy_limits():
@@ -187,6 +200,39 @@ def test_worker_pools_keep_their_size_and_start_workers_ahead(tmp_path):
     finally:
         bench.teardown_after_execution(dg.build_init_resource_context())
     assert bench._pools == {}
+
+
+def test_the_baseline_run_ahead_answers_the_first_step(tmp_path):
+    """The CLI compiles and checks the baseline on reserved workers while it imports Dagster; the first
+    step's pools take those answers (no worker of theirs runs the jobs again) and the cache gets them as
+    from any compile. A job that differs from the one run ahead runs as usual."""
+    import dagster as dg
+
+    from resources.gpu import run_baseline_ahead
+    from resources.workers import reserve
+
+    spec = parse_spec(SMOKE)
+    bound = bind(spec)
+    for interpret in (False, True):
+        reserve(worker_env(tmp_path, interpret), 2)  # as the CLI does: one runs ahead, the pool adopts the other
+    assert run_baseline_ahead(bound, tmp_path) == ["compile", "correctness"]
+    bench = InterpreterBackend(cache_dir=str(tmp_path), workers=2)
+    bench.setup_for_execution(dg.build_init_resource_context())
+    try:
+        base = [Suggestion(variant_id="baseline", config=spec.baseline, patch_summary="x", round=0)]
+        lines: list[str] = []
+        (row,), stats = bench.evaluate(bound, base, log=lines.append)
+        assert row.error is None and row.correctness.ok and row.compile.regs_per_thread > 0
+        assert row.compile.cache_hit is False and stats.compiles == 1 and stats.correctness_runs == 1
+        # both answers came from the runs ahead: no worker of the pools ran the baseline again
+        assert {k: p.answered_ahead for k, p in bench._pools.items()} == {"compile": 1, "correctness": 1}
+        assert list((tmp_path / "compile").glob("*.json")) and list((tmp_path / "correctness").glob("*.json"))
+        other = [Suggestion(variant_id="other", config=CONFIGS[1], patch_summary="x", round=1)]
+        (row2,), stats2 = bench.evaluate(bound, other, log=lines.append)
+        assert row2.error is None and stats2.compiles == 1 and row2.compile.regs_per_thread > 0
+    finally:
+        bench.teardown_after_execution(dg.build_init_resource_context())
+    assert run_baseline_ahead(bound, tmp_path) == []  # both in the cache now: nothing to run ahead
 
 
 def test_pool_prestart_and_submit(tmp_path):

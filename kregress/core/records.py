@@ -123,8 +123,8 @@ class CompileStats(BaseModel):
     occupancy: float  # theoretical active warps / max warps per SM, 0..1
     blocks_per_sm: int
     occupancy_limiter: str
-    sass_instructions: int
-    sass_mix: dict[str, int]  # opcode class -> count (HMMA/HGMMA, LDG, LDS, STG, BAR, ...)
+    sass_instructions: int | None = None  # None: not disassembled (a sweep's compile; a review's has them)
+    sass_mix: dict[str, int] = {}  # opcode class -> count (HMMA/HGMMA, LDG, LDS, STG, BAR, ...)
     compile_seconds: float
     cache_hit: bool = False
 
