@@ -262,7 +262,18 @@ def watched_files(files: list[str], wrappers: dict[str, list[str]] | None = None
     (decorators included; ``kregress.core.patch.regions_of`` on the file as patched). The rest of such a
     file (its module body, ``make_inputs``, the reference) is the family's fixed code, which a patch cannot
     change. None: every function of the file counts as the candidate's (no wrapper list given, or the file
-    is unreadable). Read before any candidate code runs."""
+    is unreadable). Read once per process, before any candidate code runs: a later call with the same
+    arguments (the run-time guard after the audit hook) gets the same answer without reading again."""
+    key = json.dumps([list(files), wrappers], sort_keys=True, default=str)
+    if key not in _WATCHED:
+        _WATCHED[key] = _read_watched(files, wrappers)
+    return dict(_WATCHED[key])
+
+
+_WATCHED: dict[str, dict[str, tuple | None]] = {}
+
+
+def _read_watched(files: list[str], wrappers: dict[str, list[str]] | None) -> dict[str, tuple | None]:
     out: dict[str, tuple | None] = {}
     for f in files:
         spans = None
