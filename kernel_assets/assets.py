@@ -25,7 +25,7 @@ from kernel_assets.agent import policy_for
 from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, OWNERS, ROUNDS, SPECS_PARTITIONS
 from kernel_assets.executors import benchmark_op_tags, benchmark_pool
-from kernel_assets.report import _md_table, evidence_text, md_image, overview_markdown, tables, verdict_records, write_report
+from kernel_assets.report import _md_table, evidence_of, evidence_text, latency_label, md_image, narrative_origin, overview_markdown, tables, verdict_records, write_report
 from kernel_assets.specs_resource import SpecStore
 from kregress.core import paths
 from kregress.core.bind import BoundSpec
@@ -70,8 +70,14 @@ def _rows_md(rows: list[VariantResult]) -> str:
     if not rows:
         return "_no variants this round_"
     df, _, _ = tables(rows, {}, [])
-    return _md_table(df, ["variant_id", "config_label", "error", "latency_p50_ms", "tflops", "regs_per_thread",
-                          "spill_bytes", "smem_bytes", "occupancy", "max_abs_err", "evidence"])
+    # as in report.md: an analytic estimate is never called a p50, and a column with nothing in it (compile
+    # facts of recorded runs, errors of a round where nothing failed) is left out
+    est = evidence_of(rows) == "model"
+    headers = {"latency_p50_ms": latency_label("model"), "tflops": "est_tflops"} if est else {}
+    cols = [c for c in ("variant_id", "config_label", "error", "latency_p50_ms", "tflops", "regs_per_thread", "spill_bytes",
+                        "smem_bytes", "occupancy", "max_abs_err", "evidence")
+            if c in ("variant_id", "latency_p50_ms") or (c in df and df[c].notna().any() and df[c].astype(str).ne("").any())]
+    return _md_table(df, cols, headers=headers)
 
 
 # A round the sweep did not run (max_rounds reached, or a stop rule fired) still materializes, as every
@@ -129,7 +135,7 @@ def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench:
         md.update(regs_per_thread=row.compile.regs_per_thread, smem_bytes=row.compile.smem_bytes,
                   spill_bytes=row.compile.spill_bytes, occupancy=row.compile.occupancy)
     if state.best_value is not None:
-        md["objective_ms"] = dg.FloatMetadataValue(state.best_value)
+        md["estimated_ms (model)" if row.evidence == "model" else "objective_ms"] = dg.FloatMetadataValue(state.best_value)
     # A recorded (replay) family has no kernel to re-check: its runs were validated when recorded.
     correct = row.error is None and ((c is not None and c.ok) or (c is None and isinstance(fam, RecordedFamily)))
     check_md = {"error": str(row.error)}
@@ -254,7 +260,8 @@ def build_round(k: int):
               "stopped": state.stopped or "no", "measured_so_far": len(state.history),
               "profile_summary": dg.MetadataValue.md(f"```\n{state.summary}\n```")}
         if state.best_value is not None:
-            md["best_objective_ms"] = dg.FloatMetadataValue(state.best_value)
+            est = evidence_of(state.history) == "model"
+            md["best_estimated_ms (model)" if est else "best_objective_ms"] = dg.FloatMetadataValue(state.best_value)
         return dg.MaterializeResult(value=state, metadata=md)
 
     return [suggestions, variants, profiles]
@@ -322,6 +329,7 @@ def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource
         "best_kind": res["best"]["kind"],
         "best_variant": state.best_id,
         "narrative_source": source,
+        "narrative_by": narrative_origin(source),
         "baseline_vs_history": past.verdict,
     }
     best = next((r for r in state.history if r.variant_id == state.best_id), baseline)

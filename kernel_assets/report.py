@@ -410,7 +410,12 @@ def reading(v: Verdict | None) -> str:
 
     ci = ""
     if v.ratio_ci_low is not None and v.ratio_ci_high is not None:
-        ci = f" [{(v.ratio_ci_low - 1) * 100:+.1f}%, {(v.ratio_ci_high - 1) * 100:+.1f}%]"
+        lo, hi = (v.ratio_ci_low - 1) * 100, (v.ratio_ci_high - 1) * 100
+        # runs that barely vary (recorded runs often spread by under 0.5%) give an interval narrower than
+        # 0.1%: more decimals, so it does not print as a point, and "< 0.01% wide" when even those agree
+        digits = 1 if hi - lo >= 0.1 else 2
+        ci = f" [{lo:+.{digits}f}%, {hi:+.{digits}f}%]" if f"{lo:.{digits}f}" != f"{hi:.{digits}f}" else \
+            f" [{lo:+.{digits}f}%, interval < 0.01% wide]"
     return f"{pct(v.ratio)}{ci}"
 
 
@@ -695,6 +700,19 @@ def _baseline_lines(baseline: VariantResult, recorded: bool) -> list[str]:
     return lines
 
 
+def narrative_origin(source: str) -> str:
+    """Who wrote the narrative, in words: ``llm:<key alias>:<model>`` or ``fallback: <why>`` (the source's
+    machine form, kept in the metadata) as a reader would say it."""
+    if source.startswith("fallback: "):
+        why = source.removeprefix("fallback: ")
+        hint = "; export TAOTOKEN_API_KEY for a model's" if why.startswith("no TAOTOKEN key") else ""
+        return f"written by kregress without a model ({why}{hint})"
+    if source.startswith("llm:"):
+        _, alias, model = (source.split(":", 2) + ["", ""])[:3]
+        return f"written by {model or 'the model'} (key {alias})"
+    return source
+
+
 def _nonzero_cols(df: pd.DataFrame, cols: list[str]) -> list[str]:
     """``cols`` without the ones that hold nothing but zeros or blanks (e.g. GB/s of a recording with no byte count)."""
     out = []
@@ -755,7 +773,7 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     baseline = state.history[0]
     rg = spec.regression_guard
     kind = evidence_of(state.history)
-    recorded = bool(getattr(family, "recorded", False))
+    recorded = family.kind == "recorded"
     shapes = [m.shape for m in baseline.measurements]
     follow = next_step(kind, spec, spec_path)
     lat = latency_label(kind)
@@ -848,7 +866,7 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     for title, text in extra_sections:
         lines += ["", f"## {title}", "", text]
     if narrative:
-        lines += ["", "## Narrative", "", f"_{narrative_source}_", "", narrative]
+        lines += ["", "## Narrative", "", f"_{narrative_origin(narrative_source)}_", "", narrative]
     if token_table is not None and len(token_table):
         lines += ["", "## Tokens", "", _md_table(token_table, list(token_table.columns))]
     lines += ["", "## Files", "", "- `variants.parquet` (every row, baseline first; `latency_p50_ms` is the model's "

@@ -38,5 +38,11 @@ def test_replay_sweep_gives_measured_verdicts(dagster_home, monkeypatch, tmp_pat
     # the local policy improved on the (median) baseline using the recorded runs
     base = pd.read_parquet(out / "variants.parquet").iloc[0]["latency_p50_ms"]
     assert v["latency_p50_ms"].min() < 0.9 * base
+    # the report says what recorded runs are, and keeps no column that recorded runs cannot fill
+    text = (out / "report.md").read_text()
+    assert "compile: none: recorded runs" in text and "not re-checked: recorded runs" in text
+    rounds = text.split("## Rounds", 1)[1].split("## Failures", 1)[0]
+    assert "### Round 1" in rounds and "regs_per_thread" not in rounds and "occupancy" not in rounds
+    assert "None" not in text.split("## Baseline", 1)[1].split("## Rounds", 1)[0]
     table = ReplayTable.load(shipped_path())
     assert base == pytest.approx(float(pd.Series(table.median().times).median()), rel=0.05)

@@ -226,3 +226,36 @@ def test_first_report_reads_true_for_a_new_user(tmp_path, model_history):
     assert report.evidence_text(model_history) == "model: analytic estimates, nothing was timed"
     replayed = [_row("baseline", 0, _measured(np.random.default_rng(0), [0.6, 0.9]), "replay")]
     assert report.evidence_text(replayed).startswith("replay: recorded GPU runs")
+
+
+def test_readings_of_narrow_intervals_and_who_wrote_the_narrative():
+    """An interval narrower than the one-decimal display (recorded runs often vary by under 0.5%) is printed
+    with more decimals, never as a point; the narrative's source reads as words."""
+    from kregress.core.records import Verdict
+
+    v = lambda lo, r, hi: Verdict(variant_id="v", verdict="PASS", reasons=[], ratio=r, ratio_ci_low=lo,  # noqa: E731
+                                  ratio_ci_high=hi, evidence="replay", method="hodges-lehmann/shift")
+    assert report.reading(v(0.95, 0.96, 0.97)) == "4.0% faster [-5.0%, -3.0%]"
+    assert report.reading(v(0.5977, 0.5981, 0.5984)) == "40.2% faster [-40.23%, -40.16%]"
+    assert report.reading(v(0.59810, 0.59810, 0.59810)) == "40.2% faster [-40.19%, interval < 0.01% wide]"
+    assert report.narrative_origin("fallback: no TAOTOKEN key for role report") == (
+        "written by kregress without a model (no TAOTOKEN key for role report; export TAOTOKEN_API_KEY for a model's)")
+    assert report.narrative_origin("fallback: BudgetExceeded: sweep total") == \
+        "written by kregress without a model (BudgetExceeded: sweep total)"
+    assert report.narrative_origin("llm:report#ab12:deepseek-v3") == "written by deepseek-v3 (key report#ab12)"
+
+
+def test_the_ui_results_table_labels_estimates_and_leaves_out_empty_columns(model_history):
+    """The assets' results tables (the UI) say what the report says: an estimate is est_ms (model), never a
+    p50; columns with nothing in them (compile facts of recorded runs) are left out."""
+    from kernel_assets.assets import _rows_md
+
+    head = _rows_md(model_history).splitlines()[0]
+    assert "est_ms (model)" in head and "est_tflops" in head and "latency_p50_ms" not in head
+    assert "regs_per_thread" in head and "error" in head
+    rng = np.random.default_rng(0)
+    recorded = [r.model_copy(update={"compile": None, "correctness": None, "error": None}) for r in
+                [_row("baseline", 0, _measured(rng, [0.6, 0.9]), "replay"), _row("r1-a", 1, _measured(rng, [0.5, 0.8]), "replay")]]
+    head = _rows_md(recorded).splitlines()[0]
+    assert "latency_p50_ms" in head and "est_ms" not in head
+    assert not any(c in head for c in ("regs_per_thread", "smem_bytes", "occupancy", "max_abs_err", "| error |"))

@@ -160,9 +160,11 @@ def section(history: Sequence[VariantResult], models: Mapping[int, str] | None =
     lines = [
         "Each proposal's forecast (speedup = baseline p50 / variant p50, with an 80% interval) was stored before the "
         "variant was measured; it orders work and never decides a verdict. It is scored only on measured evidence "
-        "(cuda, replay); on model evidence the measurement is itself an estimate and the forecast cannot be scored.",
+        "(cuda, replay); on model evidence the measurement is itself an estimate and the forecast cannot be scored. "
+        "Both columns here are speedups (above 1 is faster); the verdict table's `ratio` is the other way round "
+        "(variant time / baseline time, above 1 is slower).",
         "",
-        "| variant | round | policy | model | forecast | 80% interval | measured | inside | evidence |",
+        "| variant | round | policy | model | forecast speedup | 80% interval | measured speedup | inside | evidence |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
