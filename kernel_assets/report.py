@@ -175,7 +175,7 @@ def latency_plot(variants: pd.DataFrame, title: str, measurements: pd.DataFrame 
 
     fig = latency_figure(variants, title, measurements, guard, by_shape)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
+    fig.savefig(buf, format="png", bbox_inches="tight", dpi=150)  # its 6-7 pt labels stay readable
     plt.close(fig)
     return buf.getvalue()
 
@@ -255,8 +255,9 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
                 if rec.get("evidence") in MEASURED_EVIDENCE and low is not None and h is not None \
                         and not _isnan(low) and not _isnan(h):
                     ax.errorbar(x, r, yerr=[[r - low / scale], [h / scale - r]], color="black", lw=0.8, capsize=2)
-            else:  # no latency: a marker on the axis and the reason, no bar
-                mark = ax.plot([x], [bottom * 1.12], marker="x", color=color, ms=6, mew=1.5, ls="none", label=label)[0]
+            else:  # no latency: no bar and no height (neither fast nor slow), a marker under the axis and the reason
+                mark = ax.plot([x], [-0.035], marker="x", color=color, ms=6, mew=1.5, ls="none", clip_on=False,
+                               transform=ax.get_xaxis_transform(), label=f"{label} (no time: x under the axis)")[0]
                 mark.set_gid(f"variant:{vid}")
                 ax.text(x, 0.12, _short_reason(rec), rotation=90, fontsize=6.5, ha="center", va="bottom",
                         transform=ax.get_xaxis_transform(), color="#212121")
@@ -264,8 +265,8 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
             base_label = "baseline (its estimate)" if kind == "model" else "baseline p50"
             ax.axhline(1.0, ls="--", color=CATEGORY_COLORS["BASELINE"], lw=1, label=base_label)
             if guard:
-                ax.axhspan(1.0, guard, color="#c62828", alpha=0.18, lw=0, label=f"guard x{guard:g}")
-                ax.axhline(guard, ls=":", color="#c62828", lw=1.0)
+                ax.axhspan(1.0, guard, color="#c62828", alpha=0.18, lw=0)
+                ax.axhline(guard, ls=":", color="#c62828", lw=1.2, label=f"guard x{guard:g} (shaded: within it)")
         ax.set_yscale("log", base=2)
         ax.set_ylim(bottom, top)
         span = math.log2(top / bottom)
@@ -290,7 +291,7 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
             handles.setdefault(lab, h)
     fig.tight_layout()
     fig.legend(list(handles.values()), list(handles.keys()), fontsize=7, loc="upper center",
-               bbox_to_anchor=(0.5, 0.0), ncol=min(4, max(1, len(handles))), frameon=False)
+               bbox_to_anchor=(0.5, 0.0), ncol=min(3, max(1, len(handles))), frameon=False)
     return fig
 
 
