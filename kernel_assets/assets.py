@@ -343,7 +343,10 @@ def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource
     return dg.MaterializeResult(value=summary, metadata=md, check_results=[
         dg.AssetCheckResult(
             check_name="regression_guard", passed=not problems, severity=dg.AssetCheckSeverity.WARN,
-            description="; ".join(problems)[:500] or None,
+            description="; ".join(problems)[:500] or (
+                None if evidence_of(state.history) == "measured" else
+                "correct and within constraints; whether it is a regression is unknown: nothing was timed "
+                "(analytic estimates only; the guard compares cuda or replay timings)"),
             metadata={"best": best.variant_id, "verdict": best_verdict.verdict if best_verdict else "BASELINE",
                       "problems": "; ".join(problems) or "none", **{f"n_{k}": v for k, v in counts.items()}},
         ),

@@ -102,6 +102,12 @@ def test_sweep_produces_report_files(swept):
         assert section in report
     md = _metadata(first, "verdict_report")
     assert md["n_PASS"] + md["n_REGRESS"] + md["n_NEEDS_REVIEW"] == 6
+    # on model evidence the guard says what it could not check, not a bare "passed"
+    (guard,) = [e.event_specific_data for e in first.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"
+                and e.event_specific_data.check_name == "regression_guard"]
+    assert "nothing was timed" in (guard.description or "")
+    # the UI's results tables call an estimate an estimate
+    assert "est_ms (model)" in _metadata(first, "baseline_metrics")["results"]
 
 
 def test_default_sweep_causes_and_per_shape_verdicts(swept):
