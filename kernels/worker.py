@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 import traceback
 
 PREFIX = "@@kregress "
@@ -84,7 +86,23 @@ def handle(job: dict) -> dict:
     return {"error": "runtime_error", "detail": f"unknown op {op!r}"}
 
 
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """End this worker within ``poll_s`` of its parent's death (a killed sweep), even mid-job: nobody is
+    left to read the answer. (PR_SET_PDEATHSIG would fire when the parent *thread* that started the worker
+    ends, and pools start workers from short-lived threads.)"""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="kregress-parent-watch").start()
+
+
 def main() -> None:
+    _exit_with_parent()
     out = sys.stdout
     sys.stdout = sys.stderr  # library prints must not corrupt the protocol
     out.write(PREFIX + json.dumps({"ready": os.getpid()}) + "\n")

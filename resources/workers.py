@@ -133,6 +133,7 @@ def _claim(env: dict[str, str]) -> Worker | None:
 # Jobs run ahead on reserved workers (``run_ahead``), by environment and job: the first pool that submits the
 # same job with the same environment gets that run's answer instead of running it again.
 _AHEAD: dict[str, Future] = {}
+_AHEAD_BUSY: set[Worker] = set()  # workers running a job ahead right now (ended at exit like the reserve)
 
 
 def _job_identity(env: dict[str, str], job: dict) -> str:
@@ -167,6 +168,8 @@ def run_ahead(env: dict[str, str], job: dict, timeout: float, startup_timeout: f
 
     def go() -> None:
         worker = _claim(env) or Worker(env)
+        with _RESERVE_LOCK:
+            _AHEAD_BUSY.add(worker)
         try:
             worker.wait_ready(startup_timeout)
             t0 = time.perf_counter()  # the job's own time, as a pool's job with a ready worker counts it
@@ -177,6 +180,9 @@ def run_ahead(env: dict[str, str], job: dict, timeout: float, startup_timeout: f
                 _AHEAD.pop(ident, None)
             fut.set_exception(exc)
             return
+        finally:
+            with _RESERVE_LOCK:
+                _AHEAD_BUSY.discard(worker)
         res["wall_s"] = time.perf_counter() - t0
         if reusable:
             with _RESERVE_LOCK:
@@ -194,9 +200,10 @@ def _take_ahead(env: dict[str, str], job: dict) -> Future | None:
 @atexit.register
 def _end_reserve() -> None:
     with _RESERVE_LOCK:
-        left = [w for ws in _RESERVE.values() for w in ws]
+        left = [w for ws in _RESERVE.values() for w in ws] + list(_AHEAD_BUSY)
         _RESERVE.clear()
         _AHEAD.clear()
+        _AHEAD_BUSY.clear()
     for w in left:
         w.kill()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kernels.compile import CompileError, compile_units
@@ -280,3 +282,37 @@ def test_workers_run_one_blas_thread_unless_told_otherwise(tmp_path, monkeypatch
     assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert worker_env(tmp_path, interpret=True)["OMP_NUM_THREADS"] == "3"
+
+
+def test_a_worker_ends_with_its_parent(tmp_path):
+    """A killed sweep (SIGKILL, no atexit) leaves no worker behind, not even one in the middle of a job
+    (an idle one sees its stdin close; a busy one would run to the end of its job without the watch)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys, time; from pathlib import Path; from resources.workers import Worker, worker_env; "
+            f"w = Worker(worker_env(Path({str(tmp_path)!r}), True)); w.wait_ready(120); "
+            # a check that runs for minutes in the interpreter: the worker is mid-job when its parent dies
+            "import json; w.proc.stdin.write(json.dumps({'op': 'correctness', 'family': 'gemm', 'config': "
+            "{'BLOCK_M': 16, 'BLOCK_N': 16, 'BLOCK_K': 16, 'GROUP_M': 1, 'num_stages': 2, 'num_warps': 4}, "
+            "'dtype': 'bf16', 'shapes': [{'M': 2048, 'N': 2048, 'K': 2048}], 'tolerance': 0.01, 'params': {}, "
+            "'device': 'cpu', 'interpret': True}) + '\\n'); w.proc.stdin.flush(); "
+            "print(w.proc.pid, flush=True); time.sleep(600)")
+    repo = Path(__file__).resolve().parent.parent
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=str(repo))
+    try:
+        child = int(parent.stdout.readline())
+        assert Path(f"/proc/{child}").exists()
+        time.sleep(3)  # the job is under way
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and Path(f"/proc/{child}").exists() and \
+                "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
+            time.sleep(0.2)
+        alive = Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]
+        assert not alive, "the worker outlived its parent"
+    finally:
+        parent.kill()
