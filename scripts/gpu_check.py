@@ -373,9 +373,11 @@ def _run_batch_item(p: Part, w, label: str, spec, fam, baseline: dict, variants:
         ok = bool(ident.get("gpu_name")) and not ident.get("clocks_locked")
         return ("ok" if ok else "failed"), data
     data.update(error=res.get("error"), detail=(res.get("detail") or "")[:600])
+    if res.get("error") == "timeout":  # past its time in either mode (the part's limit can cut a job first)
+        return "timeout", data
     if p.mode == "dry":
         return ("planned" if no_cuda_error(res.get("detail", "")) else "failed"), data
-    return ("timeout" if res.get("error") == "timeout" else "failed"), data
+    return "failed", data
 
 
 def part_timing(p: Part) -> None:
