@@ -29,6 +29,12 @@ A/B median 0.60 (0.27-1.84: the load moved more than the code). One cold run at 
 benchmark work 27.0 s, graph 2.3 s, 17 compiles, 15 interpreter checks (2 from the cache through shared
 keys), 4 workers started. A now stops after 2 rounds (16 variants; B ran 24): its latency model sees the
 pipelining and L2 effects and finds no round-2 gain of 1% over the baseline, so the stop rule fires.
+
+Later figures (2026-12-04, the same 2-core machine idle, load average 0.7-1.8): cold CLI sweeps 21.3 and 23.1 s
+wall (32.8 s CPU), 17 compiles in 17.3 job-s (1.0 s each: no SASS disassembly in a sweep, and the config past the
+shared-memory limit stops at its LLVM IR instead of taking ptxas's 3-15 s), 2 jobs (the baseline's compile and
+check) run ahead while Dagster imported; ``--vs`` against the revision before those changes, 3 pairs: A 19.1-19.8 s
+vs B 24.7-26.3 s wall, A/B median wall 0.80, CPU 0.86.
 """
 
 from __future__ import annotations
