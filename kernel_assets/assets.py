@@ -128,7 +128,7 @@ def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench:
     c = row.correctness
     md = {
         "backend": row.backend, "evidence": str(row.evidence), "config": config_label(row.config),
-        "spec_hash": bound.spec_hash, "kernel_hash": bound.kernel_hash, "error": str(row.error), "results": dg.MetadataValue.md(_rows_md([row])),
+        "spec_hash": bound.spec_hash, "kernel_hash": bound.kernel_hash, "error": row.error or "none", "results": dg.MetadataValue.md(_rows_md([row])),
         **ev.as_metadata(),
     }
     if row.compile:
@@ -138,7 +138,7 @@ def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench:
         md["estimated_ms (model)" if row.evidence == "model" else "objective_ms"] = dg.FloatMetadataValue(state.best_value)
     # A recorded (replay) family has no kernel to re-check: its runs were validated when recorded.
     correct = row.error is None and ((c is not None and c.ok) or (c is None and isinstance(fam, RecordedFamily)))
-    check_md = {"error": str(row.error)}
+    check_md = {"error": row.error or "none"}
     if c is not None:
         check_md.update(max_abs_err=c.max_abs_err, max_rel_err=c.max_rel_err, shapes=", ".join(c.shapes_checked))
     violations = sweep.constraint_violations(row, spec)

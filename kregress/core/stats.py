@@ -134,7 +134,10 @@ class RatioCI:
 
     def describe(self) -> str:
         """``p50 ratio 1.071 [1.052, 1.090] at 95%`` (``shift ratio`` for Hodges-Lehmann)."""
-        return f"{self.label} {_fmt(self.ratio)} [{_fmt(self.low)}, {_fmt(self.high)}] at {_pct(self.confidence)}"
+        # an interval narrower than the 3-decimal display (runs that barely vary) gets 4 decimals, not a point
+        d = 4 if all(math.isfinite(x) for x in (self.low, self.high)) and f"{self.low:.3f}" == f"{self.high:.3f}" else 3
+        return (f"{self.label} {_fmt(self.ratio, d)} [{_fmt(self.low, d)}, {_fmt(self.high, d)}] at "
+                f"{_pct(self.confidence)}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -370,8 +373,8 @@ def _hodges_lehmann_interval(
 # verdicts
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.3f}" if math.isfinite(x) else str(x)
+def _fmt(x: float, digits: int = 3) -> str:
+    return f"{x:.{digits}f}" if math.isfinite(x) else str(x)
 
 
 def _pct(confidence: float) -> str:
