@@ -308,11 +308,15 @@ def test_a_worker_ends_with_its_parent(tmp_path):
         time.sleep(3)  # the job is under way
         parent.send_signal(signal.SIGKILL)
         parent.wait()
+        def alive() -> bool:  # a process that exists and is not a zombie (its state follows the ")" in stat)
+            try:
+                return not Path(f"/proc/{child}/stat").read_text().rpartition(")")[2].strip().startswith("Z")
+            except OSError:
+                return False
+
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and Path(f"/proc/{child}").exists() and \
-                "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
+        while time.monotonic() < deadline and alive():
             time.sleep(0.2)
-        alive = Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]
-        assert not alive, "the worker outlived its parent"
+        assert not alive(), "the worker outlived its parent"
     finally:
         parent.kill()

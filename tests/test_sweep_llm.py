@@ -77,7 +77,7 @@ def test_llm_sweep_end_to_end_and_no_key_leaks(tmp_path, dagster_home, monkeypat
     assert set(verdicts["source"]) == {"llm"} and len(verdicts) == 3  # 2 + 1 (one invalid, one duplicate dropped)
     report = (report_dir / "report.md").read_text()
     assert "outside the space" in report and "already measured" in report
-    assert "_llm:report#" in report and "every latency verdict waits" in report  # narrative written once, by the model
+    assert "(key report#" in report and "without a model" not in report and "every latency verdict waits" in report  # narrative written once, by the model
     assert "## Tokens" in report and "suggest#" in report
 
     from resources.ledger import LedgerResource
