@@ -272,7 +272,7 @@ def test_moves_that_never_changed_the_objective_are_not_proposed():
 
 
 # --- the stagnation switch, on a synthetic recorded space with a planted lone optimum
-def _lone_space(tmp_path):
+def _lone_space(tmp_path, kind: str = "lone"):
     import importlib.util
     from pathlib import Path
 
@@ -283,8 +283,8 @@ def _lone_space(tmp_path):
     spec = importlib.util.spec_from_file_location("synth_spaces_for_test", path)
     synth = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(synth)
-    table = ReplayTable.load(synth.write_space(tmp_path, "lone", "small", seed=0))
-    fam = Family(name="lone", space=table.space, shape_keys=("M",), headline_metric="tflops")
+    table = ReplayTable.load(synth.write_space(tmp_path, kind, "small", seed=0))
+    fam = Family(name=kind, space=table.space, shape_keys=("M",), headline_metric="tflops")
     return table, fam
 
 
@@ -374,3 +374,84 @@ def test_a_space_too_large_to_enumerate_gets_forecasts_from_a_main_effects_model
         widths.append(max(math.log(s.expected_speedup_high / s.expected_speedup_low) for s in p.suggestions))
         history += [row(s.variant_id, s.config, rnd) for s in p.suggestions]
     assert math.isclose(widths[0], 2 * L.Z80 * L.PRIOR_LOG_SD) and widths[1] < widths[0]
+
+
+def test_the_explorers_find_a_three_way_interaction_the_pairwise_search_cannot(tmp_path):
+    """The space: three tunables at three given values pay only together (each pair of them alone is 1.25x
+    slower), and the best of the rest is 1.19x the optimum (bench/synth_spaces.py, kind threeway). Within 160
+    evaluations, on four seeds: without the explorers the search finds the optimum once at most (it stays
+    on the plateau); with them (the three-way cover, restarts around surprising configs, the stagnation
+    switch) on three seeds at least."""
+    import numpy as np
+
+    table, fam = _lone_space(tmp_path, "threeway")
+    optimum = min(float(np.median(r.times)) for r in table.records())
+    found = {False: 0, True: 0}
+    for seed in range(4):
+        for switch in (False, True):
+            seq = _search(table, fam, seed, 160, switch)
+            assert len({config_hash(c) for c, _ in seq}) == len(seq) and all(table.check(c) is None for c, _ in seq)
+            found[switch] += min(v for _, v in seq if v is not None) / optimum <= 1.01
+    assert found[False] <= 1 and found[True] >= 3, found
+
+
+def test_the_cover_picks_configs_with_unmeasured_three_way_cells():
+    """The explorer's cover: each pick lands in three-way value cells no measured config has; eight picks
+    from a 2x2x2x4 space cover more cells than uniform random picks do (every seed of 50 random draws
+    but a few), and it is deterministic given the generator's seed."""
+    import numpy as np
+
+    from kernel_assets.agent.local import ValidSet, _triple_cells
+    from kregress.core.family import Space
+
+    space = Space(params={"A": (0, 1), "B": (0, 1), "C": (0, 1), "D": (0, 1, 2, 3)})
+    valid = ValidSet(space, {})
+    cells = _triple_cells(valid)
+    assert len(cells) == 4 and sorted(n for _, n in cells) == [8, 16, 16, 16]
+
+    def covered(rows) -> int:
+        return sum(len(set(ids[list(rows)].tolist())) for ids, _ in cells)
+
+    seen = [0]
+    cand = np.arange(1, len(valid))
+    picks = LocalPolicy._explore(valid, seen, cand, 8, np.random.default_rng(7), True)
+    assert picks == LocalPolicy._explore(valid, seen, cand, 8, np.random.default_rng(7), True)
+    assert len(set(picks)) == 8 and 0 not in picks
+    # the first pick shares no three-way cell with the measured config (one exists: all values differ)
+    assert all(ids[picks[0]] != ids[0] for ids, _ in cells)
+    rng = np.random.default_rng(0)
+    random_cover = [covered(seen + list(rng.choice(cand, 8, replace=False))) for _ in range(50)]
+    assert covered(seen + picks) >= max(random_cover) and covered(seen + picks) > np.median(random_cover)
+    # cover=False is plain uniform sampling without replacement
+    plain = LocalPolicy._explore(valid, seen, cand, 8, np.random.default_rng(7), False)
+    assert len(set(plain)) == 8 and set(plain) <= set(cand.tolist())
+
+
+def test_a_config_far_faster_than_the_model_predicts_becomes_a_restart_point():
+    """Restarts from other basins: a measured config the model, fitted to the others, predicts far too slow
+    (a shoulder of a basin it cannot see), at least two changes from the incumbent, is the root of the next
+    local search; on a smooth space there is none."""
+    import numpy as np
+
+    from kernel_assets.agent.local import NOISE_VAR, Posterior, ValidSet, _features
+    from kregress.core.family import Space
+
+    space = Space(params={k: tuple(range(5)) for k in "ABCD"})
+    valid = ValidSet(space, {})
+    feats = _features(valid)
+    rng = np.random.default_rng(3)
+    rows = sorted(rng.choice(len(valid), 120, replace=False).tolist())
+    y = np.array([0.05 * float(np.sum((valid.idx[r] - 1.0) ** 2)) for r in rows])  # a smooth bowl around 1,1,1,1
+    y += 0.01 * rng.standard_normal(len(y))
+    incumbent = tuple(valid.idx[rows[int(np.argmin(y))]])
+
+    def root(values):
+        ys = (values - values.mean()) / values.std()
+        post = Posterior(feats.design(np.asarray(rows)), ys, feats.prior_var, NOISE_VAR)
+        return LocalPolicy._surprise_root(valid, feats, post, rows, values, incumbent)
+
+    assert root(y) is None
+    far = [i for i, r in enumerate(rows) if (valid.idx[r] != np.asarray(incumbent)).sum() >= 3 and y[i] > np.median(y)]
+    y2 = y.copy()
+    y2[far[0]] = float(np.min(y)) + 0.02  # a far, slow-looking config that runs nearly as fast as the best
+    assert root(y2) == rows[far[0]]

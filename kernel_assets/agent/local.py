@@ -39,14 +39,28 @@ per process and space) get the model-based search:
   synthetic spaces of bench/synth_spaces.py (lone optimum, three-way interaction): without the switch
   the 5-seed median best/optimum at 400 evaluations stays at the plateau, 1.189 and 1.195; with it,
   1.000 on both (see the README's figures for 20 seeds).
+* Two standing explorers, in every round from the second, because a trap must be found before the
+  search has stalled on it, not after (measured on the synthetic traps: a three-way cell found by 100
+  evaluations on 3 of 20 seeds when exploration waited for the switch):
+
+  - the three-way cover (``COVER_SLOTS``, and the picks of round 1 that are not the baseline's neighbours): the
+    config most likely to land in a paying combination of three values whose tunables and values are
+    unknown, i.e. the one whose joint values of three tunables are unmeasured in the most (and the most
+    nearly exhausted) triples (``_explore``). Uniform sampling hits a given cell of 1/40 of the space
+    after 28 draws in the median; the cover walks through the cells of every triple at once;
+  - restarts from other basins (``SURPRISE_SLOTS``): the nearest unmeasured configs of the best measured
+    config that the model, fitted to the others, predicted far too slow (leave-one-out residual below
+    ``-SURPRISE_Z`` sd) and that differs from the incumbent in ``SURPRISE_HAMMING`` tunables or more. One
+    cover pick in a three-way cell, or one on a lone optimum's shoulder, is such a config: the search
+    then climbs that basin while the main search stays where it is, and moves over once it is better.
+
 * Moves that cannot change the objective: when measured configs that differ only in one tunable have
   given exactly the same objective, in at least ``EQUAL_MIN`` contexts and never a different one (a
   model estimate blind to that tunable: pipeline depth, L2 grouping), its values are equivalent, and a
   config equivalent to a measured one is not proposed (``value_classes``). Measurements are never
   exactly equal, so on measured evidence this never fires.
-* Round 1 (the baseline alone): uniform random picks first (they cover the space), then a quarter of
-  the round as the baseline's nearest valid configs; random picks until the model has ``MODEL_MIN``
-  points.
+* Round 1 (the baseline alone): cover picks first (they spread over the space), then a quarter of the
+  round as the baseline's nearest valid configs; cover picks until the model has ``MODEL_MIN`` points.
 * Forecasts: every proposal carries ``expected_speedup`` (baseline objective / predicted objective, the
   pairwise posterior mean of log objective) and an 80% interval (``Z80`` predictive sd: the posterior
   spread of the mean plus the model's residual variance). Before the model has ``MODEL_MIN`` points
@@ -214,6 +228,11 @@ TRIPLE_BLOCKS_MAX = 24  # three-way blocks per round (a seeded random subset whe
 TRIPLE_PRIOR_VAR = 0.1  # prior variance of one three-way cell (standardised log objective)
 TRIPLE_CANDIDATES_MAX = 4_000  # candidates the three-way model scores per round
 TRIPLE_RADIUS = 3  # the three-way model's picks change at most this many tunables of the incumbent
+# The standing explorer and restarts from other basins (see the module docstring):
+COVER_SLOTS = 1  # proposals per model round that cover three-way value cells no measured config has
+SURPRISE_SLOTS = 1  # proposals per round that are the nearest unmeasured configs of the best surprising config
+SURPRISE_Z = 2.0  # surprising: its leave-one-out residual is this many sd below the model's prediction
+SURPRISE_HAMMING = 2  # ... and it differs from the incumbent in at least this many tunables
 EQUAL_RTOL = 1e-9  # two objectives this close are "exactly equal" (a model estimate, not a measurement)
 EQUAL_MIN = 2  # equal pairs (in different contexts) before two values of a tunable count as equivalent
 # Forecasts: an 80% interval is mean +- Z80 sd of log(variant / baseline). Before the model has MODEL_MIN
@@ -309,6 +328,20 @@ class Features:
             for b in range(self.cat.shape[1]):
                 out += w[self.cat[rows, b]]
         return out
+
+
+def _triple_cells(valid: ValidSet) -> list[tuple[np.ndarray, int]]:
+    """For every three tunables of more than one value: each valid config's joint-value cell id, and the
+    number of cell ids (cached on the valid set)."""
+    out = getattr(valid, "_triple_cells", None)
+    if out is None:
+        lv = [len(v) for v in valid.values]
+        active = [j for j, n in enumerate(lv) if n > 1]
+        idx = valid.idx.astype(np.int64)
+        out = [((idx[:, a] * lv[b] + idx[:, b]) * lv[c] + idx[:, c], lv[a] * lv[b] * lv[c])
+               for a, b, c in itertools.combinations(active, 3)]
+        valid._triple_cells = out  # type: ignore[attr-defined]
+    return out
 
 
 def _features(valid: ValidSet) -> Features:
@@ -472,7 +505,8 @@ class LocalPolicy:
     """Thompson sampling on a second-order model of the measured history, with a failure model, the
     incumbent's nearest neighbours, and a switch to wider exploration when the search stops finding
     better configs (see the module docstring). ``stagnation_switch=False`` keeps the search as it was
-    before the switch existed (pairwise model, nearest moves and line search only): for comparisons."""
+    before the switch and the explorers existed (pairwise model, nearest moves and line search, uniform
+    random picks in round 1 only): for comparisons."""
 
     name = "local"
 
@@ -632,7 +666,7 @@ class LocalPolicy:
                 cand = free[~taken[free]]
             k = min(n - len(picked), len(cand))
             n_near = len(picked)
-            for i in rng.choice(cand, k, replace=False) if k > 0 else []:
+            for i in self._explore(valid, all_rows + picked, cand, k, rng, self.stagnation_switch) if k > 0 else []:
                 pick(i)
             picked[:] = picked[n_near:] + picked[:n_near]  # the random picks first: they cover the space
             return self._with_forecasts(valid, feats, picked, post, len(ok_rows), y_mu, y_sd, ctx, ok_rows, ok_y)
@@ -641,10 +675,19 @@ class LocalPolicy:
         # the pairwise model cannot do: draws from a model with three-way blocks (a combination of three
         # values that pays only together, which the pairwise model has averaged away), and a diverse pick.
         explore = self.stagnation_switch and stale >= EXPLORE_AFTER
+        # A standing second local search: around the best config the model did not expect (another basin).
+        if self.stagnation_switch and SURPRISE_SLOTS and anchor_pos is not None:
+            root = self._surprise_root(valid, feats, posterior(), ok_rows, y_all, anchor_pos)
+            if root is not None:
+                mask = taken.copy()
+                mask[free[~feasible]] = True
+                for i in valid.nearest(tuple(valid.idx[root]), mask, min(SURPRISE_SLOTS, n - len(picked)), tie_rng):
+                    pick(i)
         s = n - len(picked)
-        k_rand = min(s, RANDOM_SLOTS + (stale - EXPLORE_AFTER) // RANDOM_GROWTH) if explore else 0
-        k_tri = min(TRIPLE_SLOTS, s - k_rand) if explore and feats.triples() else 0
-        k_pair = s - k_rand - k_tri
+        k_cover = min(s, COVER_SLOTS) if self.stagnation_switch else 0  # the standing explorer, in every round
+        k_rand = min(s - k_cover, RANDOM_SLOTS + (stale - EXPLORE_AFTER) // RANDOM_GROWTH) if explore else 0
+        k_tri = min(TRIPLE_SLOTS, s - k_cover - k_rand) if explore and feats.triples() else 0
+        k_pair = s - k_cover - k_rand - k_tri
 
         def thompson(model: Features, mpost: Posterior, k: int, cand: np.ndarray) -> None:
             if k <= 0 or not len(cand):
@@ -686,13 +729,81 @@ class LocalPolicy:
             if len(cand) > TRIPLE_CANDIDATES_MAX:
                 cand = np.sort(rng.choice(cand, TRIPLE_CANDIDATES_MAX, replace=False))
             thompson(ext, tpost, k_tri - k_near, cand)
-        if k_rand:
+        # The explorers that no model can mislead: the three-way cover, then (a stalled search) uniform random
+        # picks, which no structure biases (a lone optimum is anywhere; the cover prefers unusual configs).
+        for k, cover in ((k_cover, True), (k_rand, False)):
+            if not k:
+                continue
             cand = free[feasible_of(free) & ~taken[free]]
             if not len(cand):
                 cand = free[~taken[free]]
-            for i in rng.choice(cand, min(k_rand, len(cand)), replace=False) if len(cand) else []:
+            for i in self._explore(valid, all_rows + picked, cand, k, rng, cover) if len(cand) else []:
                 pick(int(i))
         return self._with_forecasts(valid, feats, picked, post, len(ok_rows), y_mu, y_sd, ctx, ok_rows, ok_y)
+
+    @staticmethod
+    def _explore(valid: ValidSet, seen: list[int], cand: np.ndarray, k: int, rng: np.random.Generator,
+                 cover: bool) -> list[int]:
+        """``k`` exploring picks from ``cand``: uniform random (``cover`` False), or a greedy cover of
+        three-way value cells. Each pick maximises its chance of landing in a cell that pays (a combination
+        of three values), where the three tunables and their values are unknown: every triple of tunables
+        equally likely, and every cell of a triple that no measured config (or earlier pick) has equally
+        likely. That chance is, up to a constant, the sum over triples of [the pick's cell is unmeasured] /
+        (unmeasured cells of that triple). Ties in a seeded random order."""
+        k = min(k, len(cand))
+        if k <= 0:
+            return []
+        if not cover:
+            return [int(i) for i in rng.choice(cand, k, replace=False)]
+        cells = _triple_cells(valid)
+        seen_rows = np.asarray(seen, dtype=np.int64)
+        cand = np.asarray(cand)
+        cand_cells = []
+        state = []
+        for ids, n_cells in cells:
+            covered = np.zeros(n_cells, dtype=bool)
+            if len(seen_rows):
+                covered[ids[seen_rows]] = True
+            state.append(covered)
+            cand_cells.append(ids[cand])
+        exists = [np.bincount(ids, minlength=n) > 0 for ids, n in cells]
+        out: list[int] = []
+        alive = np.ones(len(cand), dtype=bool)
+        for _ in range(k):
+            score = 1e-9 * rng.random(len(cand))
+            for t, covered in enumerate(state):
+                open_cells = int((exists[t] & ~covered).sum())
+                if open_cells:
+                    score += (~covered[cand_cells[t]]) / open_cells
+            score[~alive] = -np.inf
+            j = int(np.argmax(score))
+            if not math.isfinite(score[j]):
+                break
+            alive[j] = False
+            out.append(int(cand[j]))
+            for t, covered in enumerate(state):
+                covered[cand_cells[t][j]] = True
+        return out
+
+    @staticmethod
+    def _surprise_root(valid: ValidSet, feats: Features, post: Posterior, ok_rows: list[int], y: np.ndarray,
+                       anchor_pos) -> int | None:
+        """The best measured config that the model, fitted to the others, predicted far too slow (leave-one-out
+        residual below -``SURPRISE_Z`` sd) and that differs from the incumbent in ``SURPRISE_HAMMING``
+        tunables or more; None when there is none."""
+        rows = np.asarray(ok_rows)
+        far = (valid.idx[rows] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) >= SURPRISE_HAMMING
+        if not far.any():
+            return None
+        ys = (y - y.mean()) / (y.std() or 1.0)
+        X = feats.design(rows)
+        fit = X @ post.mean
+        h = np.clip(post.variance(X) / NOISE_VAR, 0.0, 1.0 - 1e-6)  # the posterior hat matrix's diagonal
+        z = (ys - fit) / np.sqrt(NOISE_VAR * (1.0 - h))  # standardised leave-one-out residual
+        ok = far & (z < -SURPRISE_Z)
+        if not ok.any():
+            return None
+        return int(rows[np.flatnonzero(ok)[np.argmin(ys[ok])]])
 
     @staticmethod
     def _with_forecasts(valid, feats, picked, post, n_ok, y_mu, y_sd, ctx, ok_rows, ok_y):
