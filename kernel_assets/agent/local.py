@@ -40,8 +40,9 @@ per process and space) get the model-based search:
   the 5-seed median best/optimum at 400 evaluations stays at the plateau, 1.189 and 1.195; with it,
   1.000 on both (see the README's figures for 20 seeds).
 * Two standing explorers, in every round from the second, because a trap must be found before the
-  search has stalled on it, not after (measured on the synthetic traps: a three-way cell found by 100
-  evaluations on 3 of 20 seeds when exploration waited for the switch):
+  search has stalled on it, not after (bench/synth_spaces.py's three-way spaces, small and medium: the
+  paying cell first sampled within 100 evaluations on 1 and 5 of 20 seeds when exploration waited for
+  the switch, on 12 and 18 with the explorers):
 
   - the three-way cover (``COVER_SLOTS``, and the picks of round 1 that are not the baseline's neighbours): the
     config most likely to land in a paying combination of three values whose tunables and values are
