@@ -42,7 +42,7 @@ per process and space) get the model-based search:
 * Two standing explorers, in every round from the second, because a trap must be found before the
   search has stalled on it, not after (bench/synth_spaces.py's three-way spaces, small and medium: the
   paying cell first sampled within 100 evaluations on 1 and 5 of 20 seeds when exploration waited for
-  the switch, on 12 and 18 with the explorers):
+  the switch, on 13 and 18 with the explorers):
 
   - the three-way cover (``COVER_SLOTS``, and the picks of round 1 that are not the baseline's neighbours): the
     config most likely to land in a paying combination of three values whose tunables and values are
@@ -231,7 +231,7 @@ TRIPLE_CANDIDATES_MAX = 4_000  # candidates the three-way model scores per round
 TRIPLE_RADIUS = 3  # the three-way model's picks change at most this many tunables of the incumbent
 # The standing explorer and restarts from other basins (see the module docstring):
 COVER_SLOTS = 1  # proposals per model round that cover three-way value cells no measured config has
-SURPRISE_SLOTS = 1  # proposals per round that are the nearest unmeasured configs of the best surprising config
+SURPRISE_SLOTS = 2  # proposals per round that are the nearest unmeasured configs of the best surprising config
 SURPRISE_Z = 2.0  # surprising: its leave-one-out residual is this many sd below the model's prediction
 SURPRISE_HAMMING = 2  # ... and it differs from the incumbent in at least this many tunables
 EQUAL_RTOL = 1e-9  # two objectives this close are "exactly equal" (a model estimate, not a measurement)
