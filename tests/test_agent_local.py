@@ -448,7 +448,7 @@ def test_a_config_far_faster_than_the_model_predicts_becomes_a_restart_point():
     def root(values):
         ys = (values - values.mean()) / values.std()
         post = Posterior(feats.design(np.asarray(rows)), ys, feats.prior_var, NOISE_VAR)
-        return LocalPolicy._surprise_root(valid, feats, post, rows, values, incumbent)
+        return LocalPolicy._surprise_root(valid, post, rows, incumbent)
 
     assert root(y) is None
     far = [i for i, r in enumerate(rows) if (valid.idx[r] != np.asarray(incumbent)).sum() >= 3 and y[i] > np.median(y)]

@@ -332,15 +332,18 @@ class Features:
 
 
 def _triple_cells(valid: ValidSet) -> list[tuple[np.ndarray, int]]:
-    """For every three tunables of more than one value: each valid config's joint-value cell id, and the
-    number of cell ids (cached on the valid set)."""
+    """For every three tunables of more than one value: each valid config's joint-value cell id, numbered
+    over the cells some valid config has (0..n-1), and that number n (cached on the valid set)."""
     out = getattr(valid, "_triple_cells", None)
     if out is None:
         lv = [len(v) for v in valid.values]
         active = [j for j, n in enumerate(lv) if n > 1]
         idx = valid.idx.astype(np.int64)
-        out = [((idx[:, a] * lv[b] + idx[:, b]) * lv[c] + idx[:, c], lv[a] * lv[b] * lv[c])
-               for a, b, c in itertools.combinations(active, 3)]
+        out = []
+        for a, b, c in itertools.combinations(active, 3):
+            ids = (idx[:, a] * lv[b] + idx[:, b]) * lv[c] + idx[:, c]
+            present = np.bincount(ids, minlength=lv[a] * lv[b] * lv[c]) > 0
+            out.append(((np.cumsum(present) - 1)[ids], int(present.sum())))
         valid._triple_cells = out  # type: ignore[attr-defined]
     return out
 
@@ -629,6 +632,17 @@ class LocalPolicy:
             fpost = Posterior(feats.design(np.asarray(all_rows)), t - base, feats.prior_var, 0.1)
             fail_p = base + feats.predict(free, fpost.mean[:, None])[:, 0]
         feasible = fail_p <= FAIL_P_MAX
+
+        def unmeasured() -> np.ndarray:
+            """The free configs not yet taken that do not look like failures (all of them when none is left)."""
+            cand = free[feasible & ~taken[free]]
+            return cand if len(cand) else free[~taken[free]]
+
+        def nearest_to(pos, k: int) -> list[int]:
+            """Up to k unmeasured configs nearest ``pos`` that do not look like failures."""
+            mask = taken.copy()
+            mask[free[~feasible]] = True
+            return valid.nearest(pos, mask, k, tie_rng)
         anchor_pos = valid.position(anchor)
         n_local = max(1, n // FIRST_NEAR_DIV) if len(ok_rows) <= 1 else min(N_LOCAL, n)
         y_all = np.asarray(ok_y)
@@ -656,15 +670,11 @@ class LocalPolicy:
             for j in np.argsort(score)[:n_local]:
                 pick(int(line[j]))
         elif anchor_pos is not None:
-            mask = taken.copy()
-            mask[free[~feasible]] = True
-            for i in valid.nearest(anchor_pos, mask, n_local, tie_rng):
+            for i in nearest_to(anchor_pos, n_local):
                 pick(i)
         # 2. Until the model has a few points: space-filling random picks.
         if len(ok_rows) < max(MODEL_MIN, n // 2):
-            cand = free[feasible & ~taken[free]]
-            if not len(cand):
-                cand = free[~taken[free]]
+            cand = unmeasured()
             k = min(n - len(picked), len(cand))
             n_near = len(picked)
             for i in self._explore(valid, all_rows + picked, cand, k, rng, self.stagnation_switch) if k > 0 else []:
@@ -678,11 +688,9 @@ class LocalPolicy:
         explore = self.stagnation_switch and stale >= EXPLORE_AFTER
         # A standing second local search: around the best config the model did not expect (another basin).
         if self.stagnation_switch and SURPRISE_SLOTS and anchor_pos is not None:
-            root = self._surprise_root(valid, feats, posterior(), ok_rows, y_all, anchor_pos)
+            root = self._surprise_root(valid, posterior(), ok_rows, anchor_pos)
             if root is not None:
-                mask = taken.copy()
-                mask[free[~feasible]] = True
-                for i in valid.nearest(tuple(valid.idx[root]), mask, min(SURPRISE_SLOTS, n - len(picked)), tie_rng):
+                for i in nearest_to(tuple(valid.idx[root]), min(SURPRISE_SLOTS, n - len(picked))):
                     pick(i)
         s = n - len(picked)
         k_cover = min(s, COVER_SLOTS) if self.stagnation_switch else 0  # the standing explorer, in every round
@@ -733,13 +741,9 @@ class LocalPolicy:
         # The explorers that no model can mislead: the three-way cover, then (a stalled search) uniform random
         # picks, which no structure biases (a lone optimum is anywhere; the cover prefers unusual configs).
         for k, cover in ((k_cover, True), (k_rand, False)):
-            if not k:
-                continue
-            cand = free[feasible_of(free) & ~taken[free]]
-            if not len(cand):
-                cand = free[~taken[free]]
-            for i in self._explore(valid, all_rows + picked, cand, k, rng, cover) if len(cand) else []:
-                pick(int(i))
+            if k:
+                for i in self._explore(valid, all_rows + picked, unmeasured(), k, rng, cover):
+                    pick(int(i))
         return self._with_forecasts(valid, feats, picked, post, len(ok_rows), y_mu, y_sd, ctx, ok_rows, ok_y)
 
     @staticmethod
@@ -767,13 +771,12 @@ class LocalPolicy:
                 covered[ids[seen_rows]] = True
             state.append(covered)
             cand_cells.append(ids[cand])
-        exists = [np.bincount(ids, minlength=n) > 0 for ids, n in cells]
         out: list[int] = []
         alive = np.ones(len(cand), dtype=bool)
         for _ in range(k):
             score = 1e-9 * rng.random(len(cand))
             for t, covered in enumerate(state):
-                open_cells = int((exists[t] & ~covered).sum())
+                open_cells = len(covered) - int(covered.sum())
                 if open_cells:
                     score += (~covered[cand_cells[t]]) / open_cells
             score[~alive] = -np.inf
@@ -787,17 +790,16 @@ class LocalPolicy:
         return out
 
     @staticmethod
-    def _surprise_root(valid: ValidSet, feats: Features, post: Posterior, ok_rows: list[int], y: np.ndarray,
-                       anchor_pos) -> int | None:
+    def _surprise_root(valid: ValidSet, post: Posterior, ok_rows: list[int], anchor_pos) -> int | None:
         """The best measured config that the model, fitted to the others, predicted far too slow (leave-one-out
         residual below -``SURPRISE_Z`` sd) and that differs from the incumbent in ``SURPRISE_HAMMING``
-        tunables or more; None when there is none."""
+        tunables or more; None when there is none. ``post`` is the model fitted to ``ok_rows`` (its design
+        and standardised log objectives are those rows')."""
         rows = np.asarray(ok_rows)
         far = (valid.idx[rows] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) >= SURPRISE_HAMMING
         if not far.any():
             return None
-        ys = (y - y.mean()) / (y.std() or 1.0)
-        X = feats.design(rows)
+        ys, X = post.y, post.X
         fit = X @ post.mean
         h = np.clip(post.variance(X) / NOISE_VAR, 0.0, 1.0 - 1e-6)  # the posterior hat matrix's diagonal
         z = (ys - fit) / np.sqrt(NOISE_VAR * (1.0 - h))  # standardised leave-one-out residual
