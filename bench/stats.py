@@ -36,6 +36,18 @@ Strata (``--strata``): ``all`` configurations, or the ``noisy`` 5% with the larg
 of their runs), where the rules actually differ. ``min_samples`` is lowered to the runs per side when
 a file has fewer (pnpoly: 5 per side in split/sequential/interleaved); the header says so.
 
+``--adaptive`` benchmarks sampling instead of rules: the default rule ("ours") under the
+group-sequential design of ``kregress.core.stats.SequentialDesign`` (a few draws a side, more only while
+the interval reaches across the guard, up to the cap, the error budget spent over the looks), side by
+side with the same rule at a fixed number of draws a side (``--fixed``, default 8, and the cap). Per
+file, mode and stratum it prints the A/A review rate, the median and p90 draws a side under A/A,
+detection at +6% and false alarms; ``--json OUT`` writes the adaptive figures as
+``{file: {mode: {stratum: {aa_review, median_draws, p90_draws, detect_6, false_alarm}}}}``. Draws come in
+the order they were taken: resample draws with replacement (the cap a side), split takes a random half
+of the runs a side in a random order (at most half the runs a side), sequential and interleaved take
+the runs in recorded order. Targets (resample and split): A/A review <= 2% with median <= 8 draws a
+side, detection >= 95% at +6%, false alarms <= 1%.
+
 Run: ``.venv/bin/python bench/stats.py --trials 1000`` (every file, about 2.5 minutes on 2 cores);
 ``--replay FILE`` (repeatable) for one file; ``--trials`` per cell.
 """
@@ -119,6 +131,147 @@ def draw(rng: np.random.Generator, runs: np.ndarray, mode: str, n: int) -> tuple
     if mode == "interleaved":  # same-batch pairing: baseline, variant, baseline, variant, ... in one session
         return runs[0 : 2 * half : 2], runs[1 : 2 * half : 2]
     raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
+
+
+def draw_sequence(rng: np.random.Generator, runs: np.ndarray, mode: str, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """(baseline, variant) draws in the order a sequential sampler would take them (``--adaptive``)."""
+    if mode == "resample":
+        return runs[rng.integers(0, runs.size, cap)], runs[rng.integers(0, runs.size, cap)]
+    half = min(cap, runs.size // 2)
+    if mode == "split":  # a random half each, in a random order: the i-th draws are the first i of each
+        perm = rng.permutation(runs.size)
+        return runs[perm[:half]], runs[perm[runs.size // 2 : runs.size // 2 + half]]
+    b, v = draw(rng, runs, mode, 0)
+    return b[:half], v[:half]
+
+
+def run_adaptive_chunk(task: dict) -> dict:
+    """Trials of one cell under the sequential design and under the fixed-draw rule(s).
+
+    For each trial and look the A/A interval is computed once (at the look's confidence) and moved by
+    each slowdown, as in ``run_chunk``; each scenario stops at its own first decided look."""
+    times = _TIMES
+    assert times is not None
+    rng = np.random.default_rng(np.random.SeedSequence(task["seed_key"]))
+    design: stats.SequentialDesign = task["design"]
+    pool = task["pool"]
+    fixed = task["fixed"]
+    out = {"adaptive": {s: Counter() for s, _ in SCENARIOS}, "draws": {s: [] for s, _ in SCENARIOS},
+           **{f"fixed-{n}": {s: Counter() for s, _ in SCENARIOS} for n in fixed}}
+    for _ in range(task["trials"]):
+        c = rng.choice(pool)
+        base, var = draw_sequence(rng, times[c], task["mode"], design.cap)
+        have = min(base.size, var.size)
+        design = task["design"].capped(have)
+        lk = design.looks()
+        seed = int(rng.integers(0, 2**31 - 1))
+        cis: dict[int, stats.RatioCI] = {}  # look -> the A/A interval, computed the first time a scenario needs it
+        for label, slow in SCENARIOS:
+            f = 1.0 + slow
+            for k, n in enumerate(lk):
+                if k not in cis:
+                    cis[k] = stats.ratio_ci([var[:n]], [base[:n]], confidence=design.look_confidence(k), seed=seed,
+                                            method="aligned")
+                ci = cis[k]
+                moved = replace(ci, ratio=ci.ratio * f, low=ci.low * f, high=ci.high * f)
+                verdict = stats.classify(moved, guard=task["guard"], min_samples=min(design.start, n))[0]
+                if verdict != "NEEDS_REVIEW" or k == len(lk) - 1:
+                    break
+            out["adaptive"][label][verdict] += 1
+            out["draws"][label].append(n)
+        for nf in fixed:
+            n = min(nf, have)
+            ci = stats.ratio_ci([var[:n]], [base[:n]], confidence=task["confidence"], seed=seed, method="aligned")
+            for label, slow in SCENARIOS:
+                f = 1.0 + slow
+                moved = replace(ci, ratio=ci.ratio * f, low=ci.low * f, high=ci.high * f)
+                out[f"fixed-{nf}"][label][stats.classify(moved, guard=task["guard"], min_samples=n)[0]] += 1
+    return {"cell": task["cell"], "out": out, "trials": task["trials"]}
+
+
+def bench_file_adaptive(path: Path, args, modes: list[str], strata: list[str]) -> tuple[bool, dict]:
+    """The adaptive table of one recorded file; returns (targets met, {mode: {stratum: figures}})."""
+    global _TIMES
+    t0 = time.perf_counter()
+    table = ReplayTable.load(path)
+    _TIMES = load_times(path)
+    runs = _TIMES.shape[1]
+    pools = strata_pools(_TIMES)
+    design = stats.SequentialDesign(start=args.start, cap=args.n, growth=args.growth, confidence=args.confidence,
+                                    spending=args.spending)
+    fixed = sorted({args.fixed, args.n})
+    tasks = []
+    for m in modes:
+        for s in strata:
+            done = j = 0
+            while done < args.trials:
+                k = min(250, args.trials - done)
+                tasks.append(dict(cell=(m, s), mode=m, pool=pools[s], trials=k, design=design, fixed=fixed,
+                                  confidence=args.confidence, guard=args.guard,
+                                  seed_key=(args.seed, MODES.index(m), STRATA.index(s), j, 1)))
+                done += k
+                j += 1
+    if args.jobs > 1:
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("fork")) as ex:
+            results = list(ex.map(run_adaptive_chunk, tasks))
+    else:
+        results = [run_adaptive_chunk(t) for t in tasks]
+    merged: dict = {}
+    for r in results:
+        cell = merged.setdefault(r["cell"], {"trials": 0})
+        cell["trials"] += r["trials"]
+        for rule, per in r["out"].items():
+            for label, val in per.items():
+                if rule == "draws":
+                    cell.setdefault(rule, {}).setdefault(label, []).extend(val)
+                else:
+                    cell.setdefault(rule, {}).setdefault(label, Counter()).update(val)
+    print("=" * 100)
+    print(f"file {path.name}: {table.kernel_name or '?'} on {table.device_name or '?'}; {len(_TIMES):,} valid "
+          f"configurations x {runs} real runs; guard {args.guard:g}; rule ours (aligned, shift); seed {args.seed}")
+    print(f"adaptive = {design.describe()}; split, sequential, interleaved: {design.capped(runs // 2).describe()}; "
+          f"fixed-N = N draws a side at {args.confidence * 100:g}%")
+    ok = True
+    figures: dict = {}
+    for m in modes:
+        for s in strata:
+            cell = merged[(m, s)]
+            n = cell["trials"]
+            print()
+            print(f"[{path.name}] mode={m}, stratum={s} ({len(pools[s]):,} configs), trials={n}")
+            head = (f"{'rule':<12}{'A/A REVIEW':>11}{'A/A FA':>8}{'(95% up)':>10}{'+3%':>8}{'+6%':>8}{'+10%':>8}"
+                    f"{'draws med':>10}{'p90':>5}{'+6% med':>8}")
+            print(head)
+            print("-" * len(head))
+            for rule in ["adaptive"] + [f"fixed-{nf}" for nf in fixed]:
+                per = cell[rule]
+                aa = per["A/A"]
+                if rule == "adaptive":
+                    d = np.asarray(cell["draws"]["A/A"])
+                    d6 = np.asarray(cell["draws"]["+6%"])
+                    med, p90, med6 = (float(np.median(d)), float(np.quantile(d, 0.9)), float(np.median(d6)))
+                else:
+                    nf = int(rule.split("-")[1])
+                    med = p90 = med6 = float(nf if m == "resample" else min(nf, runs // 2))
+                print(f"{rule:<12}{pct(aa['NEEDS_REVIEW'], n):>11}{pct(aa['REGRESS'], n):>8}"
+                      f"{100 * wilson_upper(aa['REGRESS'], n):>9.2f}%"
+                      + "".join(f"{pct(per[label]['REGRESS'], n):>8}" for label, _ in SCENARIOS[1:])
+                      + f"{med:>10g}{p90:>5g}{med6:>8g}")
+                if rule == "adaptive":
+                    fig = {"aa_review": aa["NEEDS_REVIEW"] / n, "median_draws": med, "p90_draws": p90,
+                           "detect_6": per["+6%"]["REGRESS"] / n, "false_alarm": aa["REGRESS"] / n}
+                    figures.setdefault(m, {})[s] = fig
+            if m in ("resample", "split"):
+                miss = [t for t, good in (("A/A review <= 2%", fig["aa_review"] <= 0.02),
+                                          ("median <= 8 draws", fig["median_draws"] <= 8),
+                                          ("detection >= 95% at +6%", fig["detect_6"] >= 0.95),
+                                          ("false alarms <= 1%", fig["false_alarm"] <= 0.01)) if not good]
+                ok &= not miss
+                print("adaptive vs targets: " + ("all met" if not miss else "MISSED " + "; ".join(miss)))
+    print()
+    print(f"[{path.name}] adaptive targets (resample and split) met: {'yes' if ok else 'no'}; "
+          f"{time.perf_counter() - t0:.1f} s, {args.jobs} jobs")
+    return ok, figures
 
 
 RULES = {  # name -> (interval method, decision rule); intervals are computed once per method
@@ -294,6 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--replay", action="append", default=None,
                     help="Kernel Tuner cache file; repeat for several; 'all' (default) = every file of the replay folder")
+    ap.add_argument("--adaptive", action="store_true",
+                    help="sequential sampling (SequentialDesign) side by side with the fixed-draw rule; --n is the cap")
+    ap.add_argument("--start", type=int, default=stats.SequentialDesign.start, help="--adaptive: draws a side at the first look")
+    ap.add_argument("--growth", type=float, default=stats.SequentialDesign.growth, help="--adaptive: draws grow by this per look")
+    ap.add_argument("--spending", default=stats.SequentialDesign.spending, choices=stats.SPENDINGS,
+                    help="--adaptive: how the error budget is spent over the looks")
+    ap.add_argument("--fixed", type=int, default=8, help="--adaptive: the fixed-draw rule's draws a side (also shown at --n)")
+    ap.add_argument("--json", default=None, metavar="OUT", help="--adaptive: write the figures as JSON to OUT")
     args = ap.parse_args(argv)
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -306,6 +467,24 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown stratum {s!r}; allowed: {', '.join(STRATA)}")
     files = replay_files(args.replay)
     ok = True
+    if args.adaptive:
+        if args.json is None and "--json" in (argv or sys.argv):
+            ap.error("--json needs a file name")
+        report: dict = {}
+        for f in files:
+            met, figures = bench_file_adaptive(f, args, modes, strata)
+            report[f.name] = figures
+            ok &= met
+        if args.json:
+            import json
+
+            Path(args.json).write_text(json.dumps(report, indent=1, sort_keys=True))
+            print(f"wrote {args.json}")
+        print()
+        print(f"adaptive targets met on {len(files)} file(s): {'yes' if ok else 'no'}")
+        return 0
+    if args.json:
+        ap.error("--json goes with --adaptive")
     for f in files:
         met, _ = bench_file(f, args, modes, strata)
         ok &= met

@@ -20,7 +20,7 @@ COLUMNS = [
     "variant_id", "round", "source", "config_label", "error", "error_detail", "latency_p50_ms", "latency_p20_ms",
     "latency_p80_ms", "tflops", "gbps", "regs_per_thread", "spill_bytes", "smem_bytes", "occupancy",
     "occupancy_limiter", "max_abs_err", "max_rel_err", "ref_rounding_abs", "atol", "rtol", "verdict", "cause",
-    "ratio", "ratio_ci_low", "ratio_ci_high", "p50_ratio", "worst_shape", "evidence", "reasons", "patch_summary",
+    "ratio", "ratio_ci_low", "ratio_ci_high", "p50_ratio", "worst_shape", "draws", "evidence", "reasons", "patch_summary",
     "expected_effect", "risk", "parent", "config_hash", "patch_sha256",
     # the forecast as proposed (before measurement), and the measured speedup it is scored against (cuda/replay only)
     "expected_speedup", "expected_speedup_low", "expected_speedup_high", "bottleneck", "measured_speedup",
@@ -62,6 +62,7 @@ def row_record(row: VariantResult, verdict: Verdict | None, param_names: list[st
         "cause": verdict.cause if verdict else None,
         "p50_ratio": verdict.p50_ratio if verdict else None,
         "worst_shape": verdict.worst_shape if verdict else None,
+        "draws": verdict.draws if verdict else None,  # draws a side the verdict took (cuda: rounds; replay: runs)
         "ratio": verdict.ratio if verdict else None,
         "ratio_ci_low": verdict.ratio_ci_low if verdict else None,
         "ratio_ci_high": verdict.ratio_ci_high if verdict else None,
@@ -433,12 +434,12 @@ def verdict_view(verdict_df: pd.DataFrame, verdicts: dict[str, Verdict], kind: s
     view["why_short"] = [_short_why(verdicts.get(v), w) for v, w in zip(view["variant_id"], view["why"])]
     cols = ["variant_id", "round", "source", "config_label", "verdict", "cause"]
     if kind == "measured":
-        cols += ["worst_shape", "vs_baseline", "ratio"]  # the interval is in words beside it (and in the Parquet files)
+        cols += ["worst_shape", "vs_baseline", "ratio", "draws"]  # the interval is in words beside it (and in the Parquet files)
     else:
         cols += ["vs_baseline"]
     cols += ["why"]
     headers = {"vs_baseline": "measured vs baseline [interval]" if kind == "measured" else "vs baseline",
-               "config_label": "config"}
+               "config_label": "config", "draws": "draws a side"}
     return view, cols, headers
 
 

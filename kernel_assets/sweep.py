@@ -194,6 +194,7 @@ def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> 
     the variant's own batch; a variant is REGRESS/slower if any shape is, and names that shape.
     """
     from kregress.core import stats
+    from kregress.core.batching import TimingPlan
     from kregress.core.records import ShapeVerdict
 
     if row.error:
@@ -220,9 +221,15 @@ def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> 
             return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", evidence=row.evidence, ratio=point,
                            reasons=[f"samples not comparable with the baseline's: {problem}"])
         names = [m.shape for m in row.measurements]
+        # adaptive sampling: the confidence of the look the variant's sampling stopped at (the error budget is
+        # spent over the looks, kregress.core.stats.SequentialDesign); one look (fixed rounds): the guard's own
+        looks = row.timing_looks or 1
+        confidence = TimingPlan.from_spec(spec).look_confidence(looks - 1) if row.timing_looks else rg.confidence
+        draws = row.timing_rounds or min(min(len(m.samples_ms) for m in row.measurements),
+                                         min((len(m.samples_ms) for m in base), default=0))
         try:
             res = stats.verdict_by_shape([m.samples_ms for m in row.measurements], [m.samples_ms for m in base],
-                                         guard=guard, confidence=rg.confidence, min_samples=rg.min_samples,
+                                         guard=guard, confidence=confidence, min_samples=rg.min_samples,
                                          seed=spec.search.seed, shape_names=names)
         except ValueError as exc:  # e.g. a shape timed on one side only
             return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", evidence=row.evidence,
@@ -237,7 +244,7 @@ def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> 
                        ratio=ci.ratio, ratio_ci_low=ci.low, ratio_ci_high=ci.high, evidence=row.evidence,
                        cause="slower" if res.verdict == "REGRESS" else None, p50_ratio=ci.p50,
                        worst_shape=names[res.worst_shape] if res.worst_shape is not None else None,
-                       shapes=shapes, method=f"{ci.method}/{stats.DEFAULT_RULE}")
+                       shapes=shapes, method=f"{ci.method}/{stats.DEFAULT_RULE}", draws=draws, looks=looks)
     reason = (f"ratio {point:.3f} vs baseline is an analytic estimate (evidence={row.evidence}); "
               f"PASS or REGRESS against the {guard} guard needs cuda or replay evidence: re-run on a GPU host")
     by_shape = {m.shape: m for m in baseline.measurements}

@@ -260,12 +260,8 @@ def batch_measurements(family: Family, baseline: dict, configs: dict[str, dict],
 
     from triton.testing import do_bench, do_bench_cudagraph
 
-    from kregress.core.batching import BASELINE, run_batch
-
     device_name = torch.cuda.get_device_name()
-    keys = list(configs)
-    all_cfgs = {BASELINE: baseline, **configs}
-    out: dict[str, list[Measurement]] = {k: [] for k in all_cfgs}
+    all_cfgs = {"baseline": baseline, **configs}
     locked = ""
     lock_ctx = contextlib.nullcontext()
     if lock_clocks:
@@ -274,24 +270,45 @@ def batch_measurements(family: Family, baseline: dict, configs: dict[str, dict],
         sm, mem = (int(x) for x in lock_clocks)
         lock_ctx = set_gpu_clock(sm, mem)
         locked = f"sm {sm} MHz, mem {mem} MHz (triton.testing.set_gpu_clock)"
-    with lock_ctx:
-        slot_ms = max(1, int(round(rep_ms / rounds)))
-        for si, shape in enumerate(shapes):
-            inputs = family.make_inputs(shape, TORCH_DTYPES[dtype], "cuda", seed, params)
-            fns = {k: (lambda c=c, inputs=inputs: family.run(inputs, c, params)) for k, c in all_cfgs.items()}
-            for fn in fns.values():  # warm every config once so the first slot times no compile
+    slot_ms = max(1, int(round(rep_ms / rounds)))
+    fns_by_shape: dict[int, dict] = {}
+
+    def slot_timer(si: int, key: str, slot) -> list[float]:
+        if si not in fns_by_shape:  # the shape's inputs, made once; every config warmed so no slot times a compile
+            fns_by_shape.clear()
+            inputs = family.make_inputs(shapes[si], TORCH_DTYPES[dtype], "cuda", seed, params)
+            fns_by_shape[si] = {k: (lambda c=c, inputs=inputs: family.run(inputs, c, params)) for k, c in all_cfgs.items()}
+            for fn in fns_by_shape[si].values():
                 fn()
             torch.cuda.synchronize()
+        fn = fns_by_shape[si][key]
+        if family.use_cudagraph():
+            return do_bench_cudagraph(fn, rep=slot_ms, return_mode="all")
+        return do_bench(fn, warmup=max(1, warmup_ms // rounds), rep=slot_ms, return_mode="all")
 
-            def timer(key, slot, fns=fns):
-                if family.use_cudagraph():
-                    return do_bench_cudagraph(fns[key], rep=slot_ms, return_mode="all")
-                return do_bench(fns[key], warmup=max(1, warmup_ms // rounds), rep=slot_ms, return_mode="all")
+    with lock_ctx:
+        return time_slots(family, list(configs), shapes, slot_timer, dtype, params, rounds=rounds, order=order,
+                          seed=seed, batch_id=batch_id, identity=device_identity, device_name=device_name,
+                          clocks_locked=locked)
 
-            batch = run_batch(f"{batch_id}/s{si}" if len(shapes) > 1 else batch_id, keys, timer, rounds=rounds,
-                              order=order, seed=seed + si, identity=device_identity)
-            ident = measurement_identity(batch.device, batch.device_end, locked)
-            for k in all_cfgs:
-                out[k].append(measurement_from_samples(family, shape, batch.samples[k], dtype, params, "cuda",
-                                                       device_name, identity=ident, batch=batch_id))
+
+def time_slots(family: Family, keys: list[str], shapes: list[dict], slot_timer, dtype: str, params: dict,
+               rounds: int, order: str, seed: int, batch_id: str, identity, device_name: str,
+               clocks_locked: str = "", evidence: str = "cuda") -> dict[str, list[Measurement]]:
+    """The batch protocol, device-free: per shape, ``kregress.core.batching.run_batch`` lays out the slots
+    (baseline, v1, baseline, v2, ... ``rounds`` times, or randomised blocks) and ``slot_timer(shape index,
+    key, slot) -> samples (ms)`` times each one (do_bench on a GPU; a fake device timer in the tests);
+    returns {"baseline": [...], key: [...]} with one Measurement per shape, each carrying the batch id and
+    the identity read at the start and end of its shape's batch."""
+    from kregress.core.batching import BASELINE, run_batch
+
+    out: dict[str, list[Measurement]] = {k: [] for k in [BASELINE, *keys]}
+    for si, shape in enumerate(shapes):
+        batch = run_batch(f"{batch_id}/s{si}" if len(shapes) > 1 else batch_id, keys,
+                          lambda key, slot, si=si: slot_timer(si, key, slot), rounds=rounds, order=order,
+                          seed=seed + si, identity=identity)
+        ident = measurement_identity(batch.device, batch.device_end, clocks_locked)
+        for k in out:
+            out[k].append(measurement_from_samples(family, shape, batch.samples[k], dtype, params, evidence,
+                                                   device_name, identity=ident, batch=batch_id))
     return out

@@ -34,11 +34,13 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import dagster as dg
+import numpy as np
 from pydantic import Field, PrivateAttr
 
 from kernels.compile import cache_key
 from kernels.measure import model_measurements
 from kregress.core import paths
+from kregress.core.batching import TimingPlan
 from kregress.core.bind import BoundSpec
 from kregress.core.family import ExternalFamily, Family, KernelFamily, RecordedFamily, TritonFamily
 from kregress.core.records import CompileStats, Correctness, Measurement, Suggestion, VariantResult, variant_hash
@@ -480,35 +482,25 @@ class InterpreterBackend(CompiledBackend):
 class CudaBackend(CompiledBackend):
     """Correctness on the GPU, then the variants timed in one batch with the baseline re-timed beside them.
 
-    Same-batch comparison: one ``measure_batch`` job per evaluate, in one worker process on
-    one GPU, times baseline, v1, baseline, v2, ... (``batch_order``, ``batch_rounds``); every row keeps
-    the baseline samples of its batch in ``batch_baseline`` and its verdict compares with those. With
-    ``same_batch=False`` each variant is timed alone as before (do_bench per shape).
+    The timing plan comes from the spec alone (``kregress.core.batching.TimingPlan.from_spec``: order,
+    rounds, adaptive cap, clocks, GPU-seconds cap per round). One ``measure_batch`` job per look, in
+    one worker process on one GPU, times baseline, v1, baseline, v2, ...; every row keeps the baseline
+    samples of the looks it took part in (``batch_baseline``) and its verdict compares with those. With
+    ``benchmark.max_batch_rounds`` above ``batch_rounds`` the sampling is sequential: after each look
+    every variant whose verdict is still open (``kregress.core.stats.judge_look``) gets more rounds,
+    the baseline re-timed beside it, up to the cap; the others stop. The row says how many rounds and
+    looks it took (``timing_rounds``, ``timing_looks``).
     """
 
     kind: ClassVar[str] = "cuda"
-    same_batch: bool = Field(default=True, description="Re-time the baseline in every batch, interleaved with the variants.")
-    batch_order: str = Field(default="interleaved", description="interleaved (B v1 B v2 ... B) or random-blocks.")
-    batch_rounds: int = Field(default=4, description="Passes over the batch; each slot runs rep_ms / batch_rounds.")
-    lock_clocks: str = Field(default="", description="'' = off (default); 'SM,MEM' MHz locks the GPU clocks with "
-                                                     "triton.testing.set_gpu_clock (root) during each batch.")
-
-    def _lock(self) -> list[int] | None:
-        if not self.lock_clocks:
-            return None
-        try:
-            sm, mem = (int(x) for x in self.lock_clocks.split(","))
-        except ValueError:
-            raise BenchmarkError(f"CudaBackend.lock_clocks={self.lock_clocks!r}: expected 'SM,MEM' in MHz, "
-                                 "e.g. '1755,2619', or '' to leave the clocks alone") from None
-        return [sm, mem]
 
     def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
         """Time the round's variants best-forecast first. With ``benchmark.max_gpu_seconds_per_round`` each variant is
         its own batch (the baseline re-timed beside it) and the round stops once the cap is spent: the variants
         left get no timing and say why."""
+        plan = TimingPlan.from_spec(spec)
         order = forecast_order(rows, timed)
-        cap = spec.benchmark.max_gpu_seconds_per_round
+        cap = plan.gpu_seconds_cap
         groups = [order] if not cap else [[i] for i in order]
         spent = 0.0
         for g, group in enumerate(groups):
@@ -521,36 +513,69 @@ class CudaBackend(CompiledBackend):
                     f"{len(left)} variant(s) not timed: {', '.join(rows[i].variant_id for i in left)}")
                 return
             before = sum(stats.measure_seconds)
-            self._time_group(spec, family, rows, group, timeout, stats, log)
+            self._time_group(spec, family, plan, rows, group, timeout, stats, log)
             spent += sum(stats.measure_seconds) - before
 
-    def _time_group(self, spec, family, rows, timed, timeout, stats, log) -> None:
-        name = family.lookup or family.name
-        if self.same_batch:
-            import uuid
+    def _time_group(self, spec, family, plan: TimingPlan, rows, timed, timeout, stats, log) -> None:
+        import uuid
 
-            lock = self._lock()
-            batch_id = f"{spec.task_id}/r{rows[timed[0]].round}/{uuid.uuid4().hex[:8]}"
-            configs = {f"v{i}": rows[i].config for i in timed if rows[i].config != spec.baseline}  # baseline: once
-            job = {"op": "measure_batch", "family": name, "baseline": spec.baseline, "configs": configs,
-                   "dtype": spec.dtype, "shapes": spec.shape_matrix, "params": spec.params,
-                   "warmup_ms": spec.benchmark.warmup_ms, "rep_ms": spec.benchmark.rep_ms, "batch_id": batch_id,
-                   "rounds": self.batch_rounds, "order": self.batch_order, "lock_clocks": lock}
-            log(f"timing {len(timed)} variant(s) on the GPU in batch {batch_id}: baseline re-timed between every "
-                f"two ({self.batch_order}, {self.batch_rounds} rounds" + (f", clocks locked {self.lock_clocks} MHz)" if lock else ")"))
-            (res,) = self._run_cuda([job], timeout * (len(timed) + 1))
+        from kregress.core import stats as vstats
+        from kregress.core.names import NEEDS_REVIEW
+
+        name = family.lookup or family.name
+        batch_id = f"{spec.task_id}/r{rows[timed[0]].round}/{uuid.uuid4().hex[:8]}"
+        keys = {i: f"v{i}" for i in timed if rows[i].config != spec.baseline}  # the baseline config: timed once, as the baseline
+        looks = plan.looks()
+        open_ = list(keys)
+        got: dict[int, list[Measurement]] = {}
+        base_of: dict[int, list[Measurement]] = {}
+        base_all: list[Measurement] = []
+        done_rounds = 0
+        log(f"timing {len(timed)} variant(s) on the GPU in batch {batch_id}: {plan.describe()}")
+        for look, total in enumerate(looks):
+            add = total - done_rounds
+            job = {"op": "measure_batch", "family": name, "baseline": spec.baseline,
+                   "configs": {keys[i]: rows[i].config for i in open_}, "dtype": spec.dtype, "shapes": spec.shape_matrix,
+                   "params": spec.params, "batch_id": batch_id, "seed": look, **plan.job_fields(add)}
+            (res,) = self._run_cuda([job], timeout * (len(open_) + 1))
             stats.measure_seconds.append(res.get("wall_s", 0.0))
-            if "batch" in res:
-                base = [Measurement(**m) for m in res["batch"]["baseline"]]
-                for i in timed:
-                    if rows[i].config == spec.baseline:
-                        rows[i].measurements = base
-                    else:
-                        rows[i].measurements = [Measurement(**m) for m in res["batch"][f"v{i}"]]
-                    rows[i].batch_baseline = base
-                    rows[i].evidence = "cuda"
-                return
-            log(f"batch {batch_id} failed ({res.get('error')}: {res.get('detail', '')[:160]}); timing one at a time")
+            if "batch" not in res:
+                if look == 0:
+                    log(f"batch {batch_id} failed ({res.get('error')}: {res.get('detail', '')[:160]}); timing one at a time")
+                    return self._time_alone(spec, name, rows, timed, timeout, stats, log)
+                log(f"batch {batch_id} look {look + 1} failed ({res.get('error')}); the verdicts use the looks before it")
+                break
+            done_rounds = total
+            base = [Measurement(**m) for m in res["batch"]["baseline"]]
+            base_all = merge_looks(base_all, base)
+            for i in open_:
+                got[i] = merge_looks(got.get(i, []), [Measurement(**m) for m in res["batch"][keys[i]]])
+                base_of[i] = merge_looks(base_of.get(i, []), base)
+                rows[i].timing_rounds, rows[i].timing_looks = total, look + 1
+            if look == len(looks) - 1:
+                break
+            rg = spec.regression_guard
+            still = []
+            for i in open_:
+                res_k = vstats.judge_look(plan.design(), look, [m.samples_ms for m in got[i]],
+                                          [m.samples_ms for m in base_of[i]], guard=rg.not_worse_than_baseline_ratio,
+                                          min_samples=rg.min_samples, seed=spec.search.seed)
+                if res_k.verdict == NEEDS_REVIEW:
+                    still.append(i)
+            if not still:
+                break
+            log(f"look {look + 1} of batch {batch_id}: {len(open_) - len(still)} verdict(s) settled at {total} rounds, "
+                f"{len(still)} still open: {looks[look + 1]} rounds for those")
+            open_ = still
+        for i in timed:
+            if i in keys:
+                rows[i].measurements, rows[i].batch_baseline = got.get(i, []), base_of.get(i, [])
+            else:
+                rows[i].measurements = rows[i].batch_baseline = base_all
+                rows[i].timing_rounds, rows[i].timing_looks = done_rounds, 1
+            rows[i].evidence = "cuda" if rows[i].measurements else rows[i].evidence
+
+    def _time_alone(self, spec, name, rows, timed, timeout, stats, log) -> None:
         mjobs = [{"op": "measure_cuda", "family": name, "config": rows[i].config, "dtype": spec.dtype,
                   "shapes": spec.shape_matrix, "params": spec.params, "warmup_ms": spec.benchmark.warmup_ms,
                   "rep_ms": spec.benchmark.rep_ms} for i in timed]
@@ -566,6 +591,23 @@ class CudaBackend(CompiledBackend):
     def _run_cuda(self, jobs: list[dict], timeout: float) -> list[dict]:
         """Run timing jobs in the step's one GPU worker process (in order; one GPU is measured by one job at a time)."""
         return self.pool("cuda", 1, interpret=False).run(jobs, timeout)
+
+
+def merge_looks(before: list[Measurement], new: list[Measurement]) -> list[Measurement]:
+    """Per shape, the samples of the looks so far: ``new``'s samples appended to ``before``'s (same shape order),
+    p20/p50/p80 and throughput recomputed, the identity read at the first look's start and the last look's end."""
+    if not before:
+        return list(new)
+    out = []
+    for a, b in zip(before, new):
+        samples = list(a.samples_ms) + list(b.samples_ms)
+        q20, q50, q80 = (float(x) for x in np.quantile(samples, [0.2, 0.5, 0.8]))
+        scale = a.p50_ms / q50 if q50 > 0 else 0.0
+        out.append(a.model_copy(update={
+            "samples_ms": samples, "p20_ms": q20, "p50_ms": q50, "p80_ms": q80,
+            "tflops": a.tflops * scale, "gbps": a.gbps * scale,
+            "sm_clock_mhz_end": b.sm_clock_mhz_end, "mem_clock_mhz_end": b.mem_clock_mhz_end}))
+    return out
 
 
 def forecast_order(rows: list[VariantResult], idx: list[int]) -> list[int]:

@@ -217,7 +217,7 @@ def test_cuda_backend_sends_one_batch_and_hands_each_row_its_batch_baseline():
     stand-in pool that answers the one measure_batch job the backend sends; what is tested is the
     backend's side: one job with the baseline and every variant, rows with the batch's baseline."""
     from kregress.core.family import get_family
-    from resources.gpu import BenchmarkError, CudaBackend, EvaluationStats
+    from resources.gpu import CudaBackend, EvaluationStats
 
     spec = load_spec("specs/gemm_smoke.yaml")
     sent = []
@@ -233,7 +233,8 @@ def test_cuda_backend_sends_one_batch_and_hands_each_row_its_batch_baseline():
             out = {"baseline": ms(1.0, job["batch_id"]), **{k: ms(1.1, job["batch_id"]) for k in job["configs"]}}
             return [{"batch": out, "wall_s": 0.1}]
 
-    backend = CudaBackend(lock_clocks="1755,2619")
+    spec = spec.model_copy(update={"benchmark": spec.benchmark.model_copy(update={"lock_clocks": "1755,2619"})})
+    backend = CudaBackend()
     backend._pools["cuda"] = StandInPool()
     rows = [_row("baseline", [], []), _row("v1", [], []), _row("v2", [], [])]
     rows[0].config = dict(spec.baseline)
@@ -245,5 +246,4 @@ def test_cuda_backend_sends_one_batch_and_hands_each_row_its_batch_baseline():
     assert rows[0].measurements == rows[0].batch_baseline and rows[0].measurements[0].p50_ms == 1.0
     assert all(r.batch_baseline[0].batch == job["batch_id"] == r.measurements[0].batch for r in rows)
     assert rows[1].measurements[0].p50_ms == pytest.approx(1.1) and rows[1].evidence == "cuda"
-    with pytest.raises(BenchmarkError, match="lock_clocks"):
-        CudaBackend(lock_clocks="fast")._lock()
+    assert rows[1].timing_rounds == 4 and rows[1].timing_looks == 1  # the spec's default plan: 4 rounds, fixed

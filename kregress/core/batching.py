@@ -121,3 +121,89 @@ def baseline_for(variant_batch: str, variant_device: dict, variant_samples: Sequ
     if not b:
         return Pairing(False, f"batch {variant_batch} has no baseline samples", v, b)
     return Pairing(True, f"same batch {variant_batch}", v, b, variant_batch)
+
+
+# --- the timing plan: one value, read from the spec alone, for every kind of variant -------------
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """How the variants of a spec are timed, whatever they are (a config, a patch, or both).
+
+    Made from the spec alone (``from_spec``): the slot order, the rounds (``looks()``: one look of
+    ``rounds`` when the sampling is fixed, else looks from ``rounds`` up to ``max_rounds`` following
+    ``kregress.core.stats.SequentialDesign``), the baseline re-timed in the same batch between every two
+    variants (always), the clock setting and the GPU-seconds cap per sweep round. Both timing paths read
+    this value: ``resources.gpu.CudaBackend`` for configs (one ``measure_batch`` job per look, see
+    ``job_fields``) and the patch judge, which times its sandboxed children slot by slot with
+    ``run_batch(..., rounds=plan.rounds, order=plan.order)`` (``run_plan``).
+    """
+
+    order: str = DEFAULT_ORDER
+    rounds: int = DEFAULT_ROUNDS
+    max_rounds: int = DEFAULT_ROUNDS
+    warmup_ms: int = 25
+    rep_ms: int = 100
+    lock_clocks: tuple[int, int] | None = None
+    gpu_seconds_cap: float | None = None  # per sweep round; None: no cap
+    interleaved_baseline: bool = True  # the baseline re-timed between every two variants of the batch
+    confidence: float = 0.90  # the verdict's; spent over the looks when the sampling is adaptive
+
+    @classmethod
+    def from_spec(cls, spec) -> "TimingPlan":
+        b = spec.benchmark
+        lock = tuple(int(x) for x in b.lock_clocks.split(",")) if b.lock_clocks else None
+        return cls(order=b.batch_order, rounds=b.batch_rounds, max_rounds=b.max_batch_rounds or b.batch_rounds,
+                   warmup_ms=b.warmup_ms, rep_ms=b.rep_ms, lock_clocks=lock,  # type: ignore[arg-type]
+                   gpu_seconds_cap=b.max_gpu_seconds_per_round, confidence=spec.regression_guard.confidence)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.max_rounds > self.rounds
+
+    def design(self):
+        """The sequential design over rounds (``kregress.core.stats.SequentialDesign``; one look when fixed)."""
+        from kregress.core.stats import SequentialDesign
+
+        return SequentialDesign(start=self.rounds, cap=self.max_rounds, confidence=self.confidence)
+
+    def looks(self) -> tuple[int, ...]:
+        """Rounds timed so far at each look: (rounds,) when fixed."""
+        return self.design().looks()
+
+    def look_confidence(self, look: int) -> float:
+        """The verdict's confidence for a variant whose sampling stopped at ``look`` (0-based)."""
+        return self.design().look_confidence(look)
+
+    @property
+    def slot_ms(self) -> int:
+        """Each slot's do_bench time: ``rep_ms`` spread over the first look's rounds (every round after
+        that adds the same again)."""
+        return max(1, int(round(self.rep_ms / self.rounds)))
+
+    @property
+    def slot_warmup_ms(self) -> int:
+        return max(1, self.warmup_ms // self.rounds)
+
+    def job_fields(self, rounds: int | None = None) -> dict:
+        """The timing fields of one ``measure_batch`` worker job (``kernels/worker.py``) for a look that
+        adds ``rounds`` rounds (the first look's by default); ``rep_ms`` is scaled so that every slot
+        still runs ``slot_ms``."""
+        r = self.rounds if rounds is None else rounds
+        return {"warmup_ms": self.slot_warmup_ms * r, "rep_ms": self.slot_ms * r, "rounds": r, "order": self.order,
+                "lock_clocks": list(self.lock_clocks) if self.lock_clocks else None}
+
+    def describe(self) -> str:
+        how = (f"{self.rounds} rounds" if not self.adaptive
+               else f"{self.rounds} rounds, more up to {self.max_rounds} while a verdict is open (looks at "
+                    f"{', '.join(map(str, self.looks()))})")
+        lock = f", clocks locked {self.lock_clocks[0]},{self.lock_clocks[1]} MHz" if self.lock_clocks else ""
+        cap = f", at most {self.gpu_seconds_cap:g} GPU-s per round" if self.gpu_seconds_cap else ""
+        return f"{self.order}, baseline re-timed between every two variants, {how}{lock}{cap}"
+
+
+def run_plan(plan: TimingPlan, batch_id: str, variants: Sequence[str], timer: Callable[[str, Slot], Sequence[float]],
+             rounds: int | None = None, seed: int = 0, identity: Callable[[], dict] | None = None) -> Batch:
+    """``run_batch`` with the plan's order and rounds (``rounds``: a later look's added rounds)."""
+    return run_batch(batch_id, variants, timer, rounds=plan.rounds if rounds is None else rounds, order=plan.order,
+                     seed=seed, identity=identity)

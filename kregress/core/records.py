@@ -216,6 +216,10 @@ class VariantResult(BaseModel):
     # the baseline re-timed in the same batch as this variant (same process, same GPU, interleaved);
     # its verdict compares with these, not with the baseline row timed in another step
     batch_baseline: list[Measurement] = Field(default_factory=list)
+    # the timing plan's rounds this variant took (one slot a side each) and at which look its sampling stopped
+    # (kregress.core.batching.TimingPlan; None: not timed that way, e.g. replay or a model estimate)
+    timing_rounds: int | None = None
+    timing_looks: int | None = None
     # what the gate found for a patch variant (None: config only); the verdict reads it
     gate: GateReport | None = None
 
@@ -274,6 +278,10 @@ class Verdict(BaseModel):
     worst_shape: str | None = None  # a REGRESS/slower names the shape it is slower on
     shapes: list[ShapeVerdict] = Field(default_factory=list)
     method: str = ""  # interval method and rule, e.g. "hodges-lehmann/shift"
+    # draws a side the verdict took (cuda: timing rounds, one do_bench slot each; replay: recorded runs) and the
+    # look its sampling stopped at (adaptive sampling; 1 when fixed)
+    draws: int | None = None
+    looks: int | None = None
 
 
 # Columns of the ledger a usage report can group by.

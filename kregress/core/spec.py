@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from kregress.core.names import MAX_GRAPH_ROUNDS, Strategy, arch_capability
 
@@ -132,6 +132,24 @@ class Benchmark(_Strict):
     max_gpu_seconds_per_round: float | None = Field(
         default=None, gt=0, le=86400.0,
         description="cap on a round's GPU timing (cuda backend), variants timed best-forecast first; None: no cap")
+    # The timing plan (kregress.core.batching.TimingPlan.from_spec): how every variant, config or patch, is timed.
+    batch_order: Literal["interleaved", "random-blocks"] = Field(
+        default="interleaved", description="slot order of a batch: B v1 B v2 ... B, or the variants shuffled per round")
+    batch_rounds: int = Field(default=4, ge=1, le=1000,
+                              description="passes over the batch (the first look, when max_batch_rounds is larger)")
+    max_batch_rounds: int | None = Field(
+        default=None, ge=1, le=1000,
+        description="adaptive sampling: more rounds only for variants whose verdict is still open, up to this cap; "
+                    "None: batch_rounds, fixed")
+    lock_clocks: str | None = Field(default=None, pattern=r"^\d{2,5},\d{2,5}$",
+                                    description="'SM,MEM' MHz: lock the GPU clocks for each batch (root); None: leave them")
+
+    @model_validator(mode="after")
+    def _cap_not_below_rounds(self) -> "Benchmark":
+        if self.max_batch_rounds is not None and self.max_batch_rounds < self.batch_rounds:
+            raise ValueError(f"benchmark.max_batch_rounds ({self.max_batch_rounds}) is below benchmark.batch_rounds "
+                             f"({self.batch_rounds}): set it to at least {self.batch_rounds}, or leave it out (fixed rounds)")
+        return self
 
 
 class TaskSpec(_Strict):

@@ -70,7 +70,7 @@ and guard 1.03, resample (32 draws a side) and split (random halves of the runs)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Sequence, Union
 
@@ -545,3 +545,161 @@ def asv_rule(variant: Samples, baseline: Samples, factor: float = DEFAULT_GUARD,
             f"p50 ratio {_fmt(ratio)} is above {factor:g} but not significant (Mann-Whitney p={pv:.2g} >= {p:g})"
         )
     return PASS, f"p50 ratio {_fmt(ratio)} is not above {factor:g} (Mann-Whitney p={pv:.2g})"
+
+
+# --------------------------------------------------------------------------------------------------
+# adaptive (group-sequential) sampling
+
+
+SPENDINGS = ("pocock", "front", "back")
+
+
+@dataclass(frozen=True)
+class SequentialDesign:
+    """When to look at the samples, and at what confidence, so that stopping early stays honest.
+
+    Draws are taken a few at a time and the verdict rule is applied at each look; sampling stops at the
+    first look whose verdict is PASS or REGRESS (the interval no longer reaches across the guard) and
+    goes on while it is NEEDS_REVIEW, up to ``cap`` draws a side. Looking again and again at a 90%
+    interval would make its error rate grow with every look (optional stopping); here the error budget
+    ``alpha = 1 - confidence`` is spent over the looks instead (alpha spending with the Bonferroni
+    bound: the chance that ANY look's interval misses the true ratio is at most the sum of the looks'
+    alphas = alpha, whatever the correlation between looks; conservative, distribution-free, and valid
+    for any stopping rule that only reads the looks).
+
+    * ``looks()``: the draws a side at each look: ``start``, then each look ``growth`` times the last
+      (rounded up), the last one ``cap``; e.g. 6, 9, 14, 21, 32.
+    * ``look_confidence(k)``: the interval's confidence at look ``k`` (0-based): ``1 - alpha_k`` with
+      ``pocock`` (the same alpha at every look: early looks can stop as well as late ones) or ``front``
+      (half of alpha at the first look, the rest equally over the others: most comparisons are decided
+      at the first look; fewer reviews there, wider intervals later) or ``back`` (half of alpha at the
+      last look, the rest equally over the others: where the cap is reached, the interval is nearly as
+      narrow as the fixed-draw rule's, so few comparisons end in review).
+
+    With ``start == cap`` there is one look at the full confidence: the fixed-draw rule.
+    """
+
+    start: int = 6
+    cap: int = 32
+    growth: float = 1.5
+    confidence: float = DEFAULT_CONFIDENCE
+    spending: str = "back"
+
+    def __post_init__(self) -> None:
+        for name in ("start", "cap"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+                raise ValueError(f"SequentialDesign.{name} must be an integer >= 2, got {v!r}")
+        if self.start > self.cap:
+            raise ValueError(f"SequentialDesign.start ({self.start}) must not exceed cap ({self.cap})")
+        if not (isinstance(self.growth, (int, float)) and self.growth > 1.0):
+            raise ValueError(f"SequentialDesign.growth must be a number above 1, got {self.growth!r}")
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"SequentialDesign.confidence must be between 0 and 1, got {self.confidence!r}")
+        if self.spending not in SPENDINGS:
+            raise ValueError(f"SequentialDesign.spending {self.spending!r} is unknown; allowed: {', '.join(SPENDINGS)}")
+
+    def looks(self) -> tuple[int, ...]:
+        out = [self.start]
+        while out[-1] < self.cap:
+            out.append(min(self.cap, max(out[-1] + 1, math.ceil(out[-1] * self.growth))))
+        return tuple(out)
+
+    def alphas(self) -> tuple[float, ...]:
+        """The error spent at each look; they sum to ``1 - confidence``."""
+        alpha, k = 1.0 - self.confidence, len(self.looks())
+        if k == 1:
+            return (alpha,)
+        if self.spending == "front":
+            return (alpha / 2.0,) + (alpha / 2.0 / (k - 1),) * (k - 1)
+        if self.spending == "back":
+            return (alpha / 2.0 / (k - 1),) * (k - 1) + (alpha / 2.0,)
+        return (alpha / k,) * k
+
+    def look_confidence(self, k: int) -> float:
+        return 1.0 - self.alphas()[k]
+
+    def capped(self, cap: int) -> "SequentialDesign":
+        """The same design for a comparison that cannot take more than ``cap`` draws a side (the last
+        look is then at ``cap`` and the error is spent over the looks that can happen)."""
+        cap = max(2, min(self.cap, cap))
+        return self if cap == self.cap else replace(self, cap=cap, start=min(self.start, cap))
+
+    def describe(self) -> str:
+        looks = self.looks()
+        if len(looks) == 1:
+            return f"fixed {looks[0]} draws a side at {_pct(self.confidence)}"
+        return (f"sequential: looks at {', '.join(map(str, looks))} draws a side, {_pct(self.confidence)} spent "
+                f"over them ({self.spending})")
+
+
+@dataclass(frozen=True)
+class SequentialVerdict:
+    """A verdict reached by sequential sampling: the verdict of the look it stopped at, and how many
+    draws a side (and looks) it took."""
+
+    result: ShapeVerdicts
+    draws: int
+    looks: int
+    confidence: float  # the interval's confidence at the look it stopped at
+
+    @property
+    def verdict(self) -> str:
+        return self.result.verdict
+
+    @property
+    def reason(self) -> str:
+        return self.result.reason
+
+
+def stop_at_look(design: SequentialDesign, look: int, verdict_kind: str) -> bool:
+    """Whether sampling stops after look ``look`` (0-based) with ``verdict_kind``: a decision, or the cap."""
+    return verdict_kind != NEEDS_REVIEW or look >= len(design.looks()) - 1
+
+
+def judge_look(
+    design: SequentialDesign,
+    look: int,
+    variant: Samples,
+    baseline: Samples,
+    guard: float = DEFAULT_GUARD,
+    min_samples: int | None = None,
+    seed: int = 0,
+    method: str = DEFAULT_METHOD,
+    rule: str = DEFAULT_RULE,
+    shape_names: Sequence[str] | None = None,
+) -> ShapeVerdicts:
+    """The verdict at look ``look`` on the samples taken so far, at that look's confidence.
+
+    ``min_samples`` defaults to the first look's draws (a look never refuses for want of samples that
+    the design did not ask for)."""
+    ms = design.start if min_samples is None else min_samples
+    res = verdict_by_shape(variant, baseline, guard=guard, confidence=design.look_confidence(look), min_samples=ms,
+                           seed=seed, method=method, rule=rule, shape_names=shape_names)
+    return res
+
+
+def sequential_verdict(
+    variant: Samples,
+    baseline: Samples,
+    design: SequentialDesign = SequentialDesign(),
+    guard: float = DEFAULT_GUARD,
+    seed: int = 0,
+    method: str = DEFAULT_METHOD,
+    rule: str = DEFAULT_RULE,
+    shape_names: Sequence[str] | None = None,
+) -> SequentialVerdict:
+    """Sequential sampling over draws already taken in order (per shape, the i-th draw of each side
+    taken at the same time): look at the first ``looks()[k]`` draws of every shape and stop at the
+    first decided look (``stop_at_look``). Draws past the stopping look are never read. A side with
+    fewer draws than the cap is judged under ``design.capped(draws)`` (its last look at the draws there are)."""
+    v, b = _check_pair(variant, baseline)
+    design = design.capped(min(min(x.size for x in v), min(y.size for y in b)))
+    looks = design.looks()
+    res = None
+    for k, n in enumerate(looks):
+        res = judge_look(design, k, [x[:n] for x in v], [y[:n] for y in b], guard=guard,
+                         min_samples=min(design.start, n), seed=seed, method=method, rule=rule, shape_names=shape_names)
+        if res.verdict != NEEDS_REVIEW or k == len(looks) - 1:
+            return SequentialVerdict(res, n, k + 1, design.look_confidence(k))
+    raise AssertionError("unreachable")  # pragma: no cover
