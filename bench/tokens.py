@@ -31,7 +31,7 @@ from kernel_assets.agent.llm import LLMPolicy, write_narrative  # noqa: E402
 from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT, failure_lines, row_p50, summarize_history  # noqa: E402
 from kernel_assets.report import _md_table, tables  # noqa: E402
 from kernel_assets.sweep import verdict_for  # noqa: E402
-from kregress.core.budget import BudgetScope  # noqa: E402
+from kregress.core.budget import budget_scope  # noqa: E402
 from kregress.core.family import get_family  # noqa: E402
 from kregress.core.records import CompileStats, Correctness, Measurement, VariantResult, config_hash, config_label  # noqa: E402
 from kregress.core.spec import load_spec  # noqa: E402
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     fam = get_family(spec.kernel_family)
     env = {"TAOTOKEN_KEY_SUGGEST": "sk" "-bench-not-a-real-key-000000", "TAOTOKEN_KEY_REPORT": "sk" "-bench-not-a-real-key-111111"}
     results, total = {}, 0
-    scope = BudgetScope.for_run("bench-sweep", spec.task_id)
+    scope = budget_scope("bench-sweep", spec.task_id)
     with tempfile.TemporaryDirectory() as tmp, FakeOpenAI() as srv:
         clock = FakeClock()
         g = TaotokenResource(base_url=srv.root, model_id=srv.models[0]).get_gateway(

@@ -16,6 +16,7 @@ import hashlib
 import time
 from enum import Enum
 from types import SimpleNamespace
+from typing import Any
 
 import dagster as dg
 import pandas as pd
@@ -29,7 +30,7 @@ from kernel_assets.report import _md_table, evidence_of, evidence_text, latency_
 from kernel_assets.specs_resource import SpecStore
 from kregress.core import paths
 from kregress.core.bind import BoundSpec
-from kregress.core.budget import BudgetScope
+from kregress.core.budget import budget_scope
 from kregress.core.family import RecordedFamily, families
 from kregress.core.names import STRATEGIES
 from kregress.core.records import Suggestion, VariantResult, config_label
@@ -116,10 +117,12 @@ def _bound(bound: BoundSpec | None, step: str) -> BoundSpec:
     ],
 )
 def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench: BenchmarkBackend,
-                     replay: ReplayBackend):
+                     replay: ReplayBackend, run_context: dg.ResourceParam[Any]):
     """Compile, correctness and latency of the spec's baseline config."""
-    # the run's one binding of its spec; a retried run keeps its root run's budget scope
-    bound = specs.bind(context.partition_key, run_id=context.run.root_run_id or context.run_id)
+    # the run's context, made once: its one binding of the spec, its budget scope (from the ROOT run id, so a
+    # retried run keeps it) and its evidence backend; the binding (with the scope) travels on with the output
+    run = run_context.open(context, specs, bench, replay)
+    bound = run.bound
     spec, fam = bound.spec, bound.family
     sugg = Suggestion(variant_id="baseline", config=spec.baseline, patch_summary="the spec's baseline config",
                       source="baseline", round=0, risk="low")
@@ -173,7 +176,7 @@ def build_round(k: int):
             return dg.MaterializeResult(value=Proposal(suggestions=[], notes=[f"round {k} skipped: {reason}"], bound=bound,
                                                        skipped=reason),
                                         metadata=_skipped_md(k, reason), tags=SKIPPED_TAGS)
-        scope = bound.budget_scope or BudgetScope.for_run(context.run.root_run_id or context.run_id, context.partition_key)
+        scope = bound.budget_scope or budget_scope(context.run.root_run_id or context.run_id, context.partition_key)
         ctx = AgentContext(
             spec=spec, family=fam, round=k, n=spec.search.variants_per_round, history=prev.history,
             objective=prev.objective, profile_summary=prev.summary, failures=prev.failures,
@@ -289,7 +292,7 @@ def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource
     spec, fam = bound.spec, bound.family
     baseline = state.history[0]
     verdicts = {r.variant_id: verdict_with_gate(r, baseline, spec, fam) for r in state.history[1:]}  # gate, then the rule
-    narrative, source, token_table = narrative_for(context, spec, state, verdicts)
+    narrative, source, token_table = narrative_for(context, spec, state, verdicts, scope=bound.budget_scope)
     forecasts = forecast_section(context, state)
     past = history.compare_baseline(spec, baseline)
     history_file = history.append_sweep(spec, context.run_id, state.history, verdicts, past.verdict)

@@ -325,7 +325,7 @@ def _bind(spec):
 
 def _prepare(args: argparse.Namespace, spec, start_workers: bool = False):
     """(spec, home, resources, instance) for a command that runs one spec in-process. A bound spec (a
-    sweep) is handed over to the run's first step, which then validates nothing again. ``start_workers``
+    sweep) becomes the run's ``run_context`` resource: its first step takes it and validates nothing again. ``start_workers``
     (a bound spec): start a CPU sweep's workers first."""
     home = _ensure_home(args.dagster_home)
     spec_file = str(Path(args.spec).resolve())
@@ -334,14 +334,15 @@ def _prepare(args: argparse.Namespace, spec, start_workers: bool = False):
     if start_workers:
         _start_cpu_workers(args, spec)
     from kernel_assets.definitions import build_resources
+    from kernel_assets.run_context import HandedRunContext
     from kernel_assets.run_guard import prepared_instance
-    from kernel_assets.specs_resource import SpecStore, hand_over
+    from kernel_assets.specs_resource import SpecStore
     from kregress.core.bind import BoundSpec
 
-    if isinstance(spec, BoundSpec):
-        hand_over(spec)
     resources = build_resources(getattr(args, "env", None))
     resources["specs"] = SpecStore()
+    if isinstance(spec, BoundSpec):  # the run's context starts from this binding (its first step takes it)
+        resources["run_context"] = HandedRunContext(spec)
     instance = prepared_instance(home, spec.task_id, log=_say)
     return spec, home, resources, instance
 
@@ -373,9 +374,9 @@ def _budget_verdict(resources: dict, spec, run_id: str) -> list[str]:
     """Why the sweep's token use went over its budget (one typed breach a line, ``kregress.core.budget``); []
     when within. The run's budget scope is the one every model call of the run counted against."""
     from kernel_assets.usage import budget_report
-    from kregress.core.budget import BudgetScope
+    from kregress.core.budget import budget_scope
 
-    scope = BudgetScope.for_run(run_id, spec.task_id)
+    scope = budget_scope(run_id, spec.task_id)  # the CLI's run is its own root
     return [b.text for b in budget_report(resources["ledger"].get_ledger(), spec.budget, scope.sweep).breaches]
 
 

@@ -24,6 +24,7 @@ from kernel_assets.automation import build_automation
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, GROUP_TOKENS, SPECS_PARTITIONS, SWEEP_JOB
 from kernel_assets.executors import executor_from_env, placement
 from kernel_assets.review import build_review_assets
+from kernel_assets.run_context import RunContextResource
 from kernel_assets.specs_resource import SpecStore
 from kernel_assets.tokens import build_token_assets
 from kregress.core.names import ENV_VAR, resource_env
@@ -41,7 +42,7 @@ def build_resources(env: str | None = None) -> dict:
     if env not in by_env:
         raise ValueError(f"{ENV_VAR}={env!r} is unknown; allowed: {', '.join(by_env)}")
     return {"specs": SpecStore(), "taotoken": TaotokenResource(), "ledger": ledger_resource(),
-            "bench": by_env[env](), "replay": ReplayBackend()}
+            "bench": by_env[env](), "replay": ReplayBackend(), "run_context": RunContextResource()}
 
 
 LEDGER_URL_ENV = "KREGRESS_LEDGER_URL"

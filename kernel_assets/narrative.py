@@ -6,13 +6,15 @@ import pandas as pd
 
 from kernel_assets.report import _md_table, tables
 from kregress.core import forecast
-from kregress.core.budget import BudgetScope
+from kregress.core.budget import BudgetScope, budget_scope
 from kregress.core.records import Verdict
 
 
-def narrative_for(context, spec, state, verdicts: dict[str, Verdict]) -> tuple[str, str, pd.DataFrame | None]:
+def narrative_for(context, spec, state, verdicts: dict[str, Verdict],
+                  scope: BudgetScope | None = None) -> tuple[str, str, pd.DataFrame | None]:
     """(narrative, source, token_table). With no report key the narrative is a plain written summary
-    and its source says so; the token table reconciles this run's model calls by role and key alias."""
+    and its source says so; the token table reconciles this run's model calls by role and key alias.
+    ``scope``: the run's budget scope (made once, by the run context); without one, the scope of the run's root."""
     from kernel_assets.agent.llm import write_narrative
 
     ledger = context.resources.ledger.get_ledger()
@@ -20,7 +22,8 @@ def narrative_for(context, spec, state, verdicts: dict[str, Verdict]) -> tuple[s
     _, verdict_df, _ = tables(state.history, verdicts, [])
     md = _md_table(verdict_df, ["variant_id", "config_label", "verdict", "ratio", "evidence", "reasons"]) if len(verdict_df) else ""
     try:
-        text, source = write_narrative(gateway, spec, md, scope=BudgetScope.for_run(context.run_id, context.partition_key))
+        scope = scope or budget_scope(context.run.root_run_id or context.run_id, context.partition_key)
+        text, source = write_narrative(gateway, spec, md, scope=scope)
     finally:
         gateway.close()
     rows = ledger.usage.reconcile(group_by=("role", "key_alias", "model"), run_id=context.run_id)

@@ -1,16 +1,14 @@
 """Where specs come from: a directory of YAML files (plus files named on the command line).
 
-A run binds its spec once (``SpecStore.bind``: read, schema-checked, bound to its family) in its first
-step and carries the ``BoundSpec`` through the graph. ``kregress sweep`` has already bound the spec it
-was given before the run starts: it hands that binding over (``hand_over``), so the run's first step
-takes it instead of validating the file a second time, as long as the file is unchanged.
+A run binds its spec once (``SpecStore.bind``: read, schema-checked, bound to its family) when its first
+step opens the run's context (``kernel_assets.run_context``), which carries the ``BoundSpec`` through the
+graph. ``kregress sweep`` has already bound the spec it was given before the run starts: it passes that
+binding in as the run's ``run_context`` resource, not through this module.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import threading
 from pathlib import Path
 
 import dagster as dg
@@ -21,10 +19,6 @@ from kregress.core.bind import BoundSpec, load_bound
 from kregress.core.paths import REPO_ROOT
 from kregress.core.spec import SpecError, TaskSpec, discover_specs, load_spec
 
-# task_id -> (sha256 of the spec file, its binding): bindings made by this process before a run
-_HANDED: dict[str, tuple[str, BoundSpec]] = {}
-_LOCK = threading.Lock()
-
 
 def default_specs_dir() -> str:
     return os.environ.get("KREGRESS_SPECS_DIR") or str(REPO_ROOT / "specs")
@@ -32,20 +26,6 @@ def default_specs_dir() -> str:
 
 def default_extra_files() -> list[str]:
     return [f for f in os.environ.get("KREGRESS_SPEC_FILES", "").split(os.pathsep) if f]
-
-
-def _file_sha(path: Path) -> str:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return ""
-
-
-def hand_over(bound: BoundSpec) -> None:
-    """Offer this process's binding of a spec file to the run about to start (``kregress sweep``)."""
-    if bound.source is not None:
-        with _LOCK:
-            _HANDED[bound.task_id] = (_file_sha(bound.source), bound)
 
 
 def _task_id_of(path: Path) -> str | None:
@@ -87,13 +67,6 @@ class SpecStore(dg.ConfigurableResource):
         kernel change that may break the spec. A sweep binds (``bind``)."""
         return load_spec(self.path_for(task_id))
 
-    def bind(self, task_id: str, run_id: str = "") -> BoundSpec:
-        """The spec of ``task_id`` bound to its family, under the budget scope of run ``run_id``: the
-        binding this process handed over when the file is unchanged, else read and bound now."""
-        path = self.path_for(task_id)
-        with _LOCK:
-            handed = _HANDED.get(task_id)
-        if handed is not None and handed[1].source is not None and Path(handed[1].source) == path.resolve() \
-                and handed[0] == _file_sha(path):
-            return handed[1].for_run(run_id)
-        return load_bound(path).for_run(run_id)
+    def bind(self, task_id: str) -> BoundSpec:
+        """The spec of ``task_id`` read and bound to its family (no budget scope: the run context adds it)."""
+        return load_bound(self.path_for(task_id))

@@ -9,7 +9,7 @@
   (``max_input_tokens_per_round``, ``max_output_tokens_per_round``) and per sweep (``max_total_tokens``), as
   ``kregress.core.budget.breaches`` judges it: the same rule as the CLI's exit code and ``kregress usage``.
 
-Both read the run's budget scope, ``BudgetScope.for_run(run_id, partition)``: the one every model call of the
+Both read the run's budget scope, ``budget_scope(root run id, partition)``: the one every model call of the
 sweep counted against. Materialized on its own (a run that made no calls), the check judges that run and
 passes; the all-sweeps table still shows what the partition spent before.
 
@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 import dagster as dg
 
 from kernel_assets.usage import budget_report, totals_row
-from kregress.core.budget import BudgetScope
+from kregress.core.budget import BudgetScope, budget_scope
 from kregress.core.spec import TaskSpec
 from resources.ledger import RECONCILE_COLUMNS as NUMERIC
 from resources.ledger import Ledger
@@ -102,7 +102,7 @@ def build_token_assets(
 
     def _scope(context, partition: str, report: dict | None) -> BudgetScope:
         """The run's budget scope: the one its binding carried (in the verdict report), else this run's."""
-        return (report or {}).get("budget_scope") or BudgetScope.for_run(context.run.run_id, partition)
+        return (report or {}).get("budget_scope") or budget_scope(context.run.root_run_id or context.run.run_id, partition)
 
     def _spec(partition: str, report: dict | None) -> TaskSpec:
         return report["spec"] if report is not None else load_spec(partition)

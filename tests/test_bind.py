@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kregress.core.bind import BoundSpec, bind, load_bound
-from kregress.core.budget import BudgetScope
+from kregress.core.budget import budget_scope
 from kregress.core.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,7 +67,7 @@ def test_a_bound_spec_travels_as_a_reference_and_is_never_revalidated(monkeypatc
     again = pickle.loads(pickle.dumps(bound))
     assert isinstance(again, BoundSpec) and again.family is bound.family
     assert (again.kernel_hash, again.spec_hash, again.budget_scope, again.source) == \
-        (bound.kernel_hash, bound.spec_hash, BudgetScope.for_run("run-1", "replay_clblast_rtx3090"), bound.source)
+        (bound.kernel_hash, bound.spec_hash, budget_scope("run-1", "replay_clblast_rtx3090"), bound.source)
     assert again.spec == bound.spec and again.spec.source == bound.spec.source
     assert not counts, counts
     assert bound.for_run("run-2").budget_scope.sweep == "run-2" and bound.for_run("run-1") is bound

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kregress.core.budget import Breach, BudgetScope, Overshoot, Request, Spend, admit, breaches
+from kregress.core.budget import Breach, BudgetScope, Overshoot, Request, Spend, admit, breaches, budget_scope
 from kregress.core.spec import Budget
 
 B = Budget(max_input_tokens_per_round=1000, max_output_tokens_per_round=500, max_total_tokens=2000)
@@ -64,5 +64,5 @@ def test_breaches_round_trip_as_records():
 
 
 def test_one_scope_per_run():
-    assert BudgetScope.for_run("run-1", "gemm") == BudgetScope(sweep="run-1", partition="gemm", run_id="run-1")
-    assert BudgetScope.for_run("", "gemm").sweep == "gemm" and BudgetScope.for_run("", "").sweep == "default"
+    assert budget_scope("run-1", "gemm") == BudgetScope(sweep="run-1", partition="gemm", run_id="run-1")
+    assert budget_scope("", "gemm").sweep == "gemm" and budget_scope("", "").sweep == "default"

@@ -14,7 +14,7 @@ import pytest
 from kernel_assets.cli_usage import register, run_usage
 from kernel_assets.tokens import build_token_assets
 from kernel_assets.usage import budget_report, format_table
-from kregress.core.budget import BudgetScope
+from kregress.core.budget import BudgetScope, budget_scope
 from kregress.core.records import UsageRecord
 from kregress.core.spec import Budget, TaskSpec
 from resources.ledger import (
@@ -171,13 +171,12 @@ def toy_spec(budget: Budget) -> TaskSpec:
 def sweep_graph(tmp_path, budget: Budget, calls):
     """A stand-in for the sweep's graph: an upstream asset makes ``calls(ledger, scope)`` in its run's budget scope,
     then the token assets judge that run (as in sweep_job, where they follow verdict_report)."""
-    from kregress.core.budget import BudgetScope
 
     url = str(tmp_path / "ledger.sqlite")
 
     @dg.asset(name="verdict_report", partitions_def=dg.StaticPartitionsDefinition(["p1", "p2"]))
     def fake_report(context):
-        calls(Ledger(url), BudgetScope.for_run(context.run_id, context.partition_key))
+        calls(Ledger(url), budget_scope(context.run_id, context.partition_key))
 
     defs = build_token_assets(dg.StaticPartitionsDefinition(["p1", "p2"]), lambda key: toy_spec(budget), deps=["verdict_report"])
     return dg.materialize([fake_report, *defs], partition_key="p1", resources={"ledger": LedgerResource(url=url)},

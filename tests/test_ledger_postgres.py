@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from kernel_assets.usage import budget_report
-from kregress.core.budget import BudgetScope
+from kregress.core.budget import BudgetScope, budget_scope
 from kregress.core.records import UsageRecord
 from kregress.core.spec import Budget
 from kregress.testing.postgres import PG_PASSWORD, PG_USER, PgServer, pg_bin_dir
@@ -333,7 +333,7 @@ def test_token_assets_materialize_from_a_postgres_ledger(pg_db):
     @dg.asset(name="verdict_report", partitions_def=dg.StaticPartitionsDefinition(["p1"]))
     def fake_report(context):  # the sweep's calls, in its run's budget scope
         led = Ledger(url)
-        scope = BudgetScope.for_run(context.run_id, context.partition_key)
+        scope = budget_scope(context.run_id, context.partition_key)
         r = led.usage.reserve(scope, round=1, est_input=100, est_output=50, budget=None, role="suggest")
         led.usage.settle(r, 100, 20)
         led.usage.record(rec(run_id=scope.run_id), sweep=scope.sweep, reservation_id=r.id)

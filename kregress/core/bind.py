@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kregress.core.budget import BudgetScope
+from kregress.core.budget import BudgetScope, budget_scope
 from kregress.core.family import Family, RecordedFamily, UnknownFamily, family_names, get_family
 from kregress.core.spec import (
     HardwareLimits,
@@ -48,7 +48,7 @@ class BoundSpec:
     family: Family
     kernel_hash: str  # the family's source hash when the spec was bound: what the caches are keyed by
     source: Path | None = None  # the spec file, when it came from one
-    # The token-budget scope of the run that bound it (``BudgetScope.for_run(run id, task_id)``): every model
+    # The token-budget scope of the run that bound it (``budget_scope(root run id, task_id)``): every model
     # call of the sweep reserves against it; the CLI's exit code and the token_budget check judge it.
     budget_scope: BudgetScope | None = None
     spec_hash: str = field(default="", compare=False)
@@ -61,9 +61,10 @@ class BoundSpec:
     def task_id(self) -> str:
         return self.spec.task_id
 
-    def for_run(self, run_id: str) -> "BoundSpec":
-        """The same binding under the budget scope of run ``run_id`` (no lookup, no validation)."""
-        scope = BudgetScope.for_run(run_id, self.task_id)
+    def for_run(self, root_run_id: str) -> "BoundSpec":
+        """The same binding under the budget scope of the run whose root is ``root_run_id`` (no lookup, no
+        validation)."""
+        scope = budget_scope(root_run_id, self.task_id)
         return self if scope == self.budget_scope else replace(self, budget_scope=scope)
 
     def ref(self) -> dict[str, Any]:

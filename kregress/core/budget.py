@@ -42,9 +42,16 @@ class BudgetScope:
     partition: str = ""
     run_id: str = ""
 
-    @classmethod
-    def for_run(cls, run_id: str, partition: str = "") -> BudgetScope:
-        return cls(sweep=run_id or partition or "default", partition=partition, run_id=run_id)
+
+def budget_scope(root_run_id: str, task: str = "") -> BudgetScope:
+    """THE budget scope of a run: the one place a run's scope is made (grep finds no other).
+
+    ``root_run_id`` is the id of the run's root: a run re-executed from failure (Dagster's retry) has its
+    own run id but the root's, so the retry's calls count against the sweep they continue. ``task`` is the
+    spec's task_id (the partition). Each call's round and role travel beside the scope in the gateway's
+    ``CallContext`` and land in the ledger row; the scope says which sweep's budget they count against.
+    """
+    return BudgetScope(sweep=root_run_id or task or "default", partition=task, run_id=root_run_id)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import openai
 
-from kregress.core.budget import BudgetScope
+from kregress.core.budget import BudgetScope, budget_scope
 from kregress.core.endpoints import (
     BASE_URL_ENV,
     DEFAULT_ROOT,
@@ -58,7 +58,7 @@ MIN_DELAY_S = 0.1  # the shortest wait between attempts (a server answering "Ret
 class CallContext:
     """Who is calling: the budget scope the call counts against (its sweep, run and partition), the round and task.
 
-    Pass the run's ``scope`` (made once where the run starts); without one, ``BudgetScope.for_run(run_id,
+    Pass the run's ``scope`` (made once where the run starts); without one, ``budget_scope(run_id,
     partition)`` is the scope, the same rule the run itself uses.
     """
 
@@ -70,7 +70,7 @@ class CallContext:
 
     def __post_init__(self) -> None:
         if self.scope is None:
-            object.__setattr__(self, "scope", BudgetScope.for_run(self.run_id, self.partition))
+            object.__setattr__(self, "scope", budget_scope(self.run_id, self.partition))
         else:
             object.__setattr__(self, "run_id", self.run_id or self.scope.run_id)
             object.__setattr__(self, "partition", self.partition or self.scope.partition)
