@@ -39,6 +39,7 @@ SLOW_MODULES = frozenset({
     "test_replay_import.py",
     "test_review.py",
     "test_review_worktree.py",
+    "test_run_context.py",
     "test_search_bench.py",
     "test_shared_instance.py",
     "test_sweep.py",

@@ -18,7 +18,9 @@ from kregress.core.batching import BASELINE, TimingPlan
 from kregress.core.records import VariantResult
 from kregress.core.spec import load_spec
 
-pytest.importorskip("dagster", reason="CudaBackend is a Dagster resource; the plan tests below it need no Dagster")
+
+def _needs_dagster():
+    pytest.importorskip("dagster", reason="CudaBackend is a Dagster resource; Dagster is not importable here")
 
 
 def _spec(**bench):
@@ -74,6 +76,7 @@ def _rows(spec, configs):
 
 
 def _time(spec, configs, config_ms, noisy=frozenset()):
+    _needs_dagster()
     from kregress.core.family import get_family
     from resources.gpu import CudaBackend, EvaluationStats
 
@@ -158,6 +161,7 @@ def test_the_gpu_seconds_cap_stops_the_round_in_forecast_order():
     spec = _spec(max_gpu_seconds_per_round=0.015)  # each job answers wall_s 0.01: the cap is spent after two
     base = dict(spec.baseline)
     configs = [{**base, "BLOCK_N": 128}, {**base, "BLOCK_K": 64}, {**base, "num_warps": 8}]
+    _needs_dagster()
     from kregress.core.family import get_family
     from resources.gpu import CudaBackend, EvaluationStats
 
@@ -215,3 +219,4 @@ def test_bench_adaptive_equals_sequential_verdict():
                 if got != "NEEDS_REVIEW" or k == len(design.looks()) - 1:
                     break
             assert (got, n) == (want.verdict, want.draws)
+
