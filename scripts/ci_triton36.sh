@@ -8,7 +8,8 @@
 # 2. Two minimal environments like the GPU machine's (torch, Triton 3.6 or 3.9, numpy, pandas, pyarrow,
 #    PyYAML, scipy, matplotlib, pytest; no Dagster, no pydantic), the carried wheels fetched for this
 #    host's Python (and the GPU machine's 3.12 set, whose size is printed), then
-#    `scripts/gpu_check.sh --dry-run` in each: every part, one summary each under ci-gpu-check/.
+#    `scripts/gpu_check.sh --dry-run` in each with dagster, openai, optuna and sqlalchemy blocked
+#    (KREGRESS_CHECK_BLOCK): every part, one summary each under ci-gpu-check/.
 # Exit non-zero when any step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,7 @@ stamp "Triton 3.6: kernel tests, AOT compiles, interpreter fixes, the check's ow
 rm -rf ci-gpu-check
 for v in 39 36; do
     stamp "dry run of the GPU check, minimal environment, Triton ${v:0:1}.${v:1}"
-    KREGRESS_CHECK_PYTHON=".venv-min$v/bin/python" bash scripts/gpu_check.sh --dry-run --out "ci-gpu-check/triton$v"
+    KREGRESS_CHECK_PYTHON=".venv-min$v/bin/python" KREGRESS_CHECK_BLOCK=dagster,openai,optuna,sqlalchemy \
+        bash scripts/gpu_check.sh --dry-run --out "ci-gpu-check/triton$v"
 done
 stamp "done"

@@ -222,6 +222,33 @@ def tree_metadata(project: Path, target: Path, log) -> dict:
             "entry_point_groups": {g: sorted(e) for g, e in groups.items()}}
 
 
+BLOCKER = """# written by scripts/gpu_site.py --block: these modules cannot be imported in this process or its children
+import sys
+
+_BLOCKED = frozenset({names!r})
+
+
+class _Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in _BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by scripts/gpu_site.py --block)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Blocked())
+"""
+
+
+def write_blocker(target: Path, spec: str, log) -> list[str]:
+    """With ``--block a,b``: SITE/sitecustomize.py makes those top-level modules unimportable (a dry run that
+    proves the check needs none of them, even on a host that has them). Returns the blocked names."""
+    names = sorted({n.strip() for n in spec.split(",") if n.strip()})
+    if names:
+        (target / "sitecustomize.py").write_text(BLOCKER.format(names=names))
+        log(f"blocked for this check: {', '.join(names)} (SITE/sitecustomize.py)")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--wheels", default=str(Path(__file__).resolve().parent / "gpu_wheels"))
@@ -230,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requirements", action="store_true", help="print the requirements to download, one a line")
     ap.add_argument("--with-dagster", action="store_true", help="with --requirements: Dagster too")
     ap.add_argument("--log", default="", help="append what is done to this file")
+    ap.add_argument("--block", default="", help="comma list of top-level modules made unimportable in every process "
+                                                "that has SITE on its path (a sitecustomize.py there): e.g. "
+                                                "dagster,openai,optuna,sqlalchemy, as on the lent GPU machine")
     ap.add_argument("--project", default=str(Path(__file__).resolve().parent.parent),
                     help="the tree whose pyproject.toml metadata is written when it is not installed")
     args = ap.parse_args(argv)
@@ -267,12 +297,13 @@ def main(argv: list[str] | None = None) -> int:
             kept.update(install_by_unpacking(missing, wheels, target, log))
         kept.update(prune(target, missing, log))
     tree = tree_metadata(Path(args.project), target, log)
+    blocked = write_blocker(target, args.block, log)
     installed = {_canon(d.metadata["Name"]): d.version for d in metadata.distributions(path=[str(target)])
                  if not (tree.get("written") and _canon(d.metadata["Name"]) == _canon(tree["name"]))}
     record = {"python": sys.version.split()[0], "executable": sys.executable, "wheels": str(wheels),
               "target": str(target), "method": method, "requirements": reqs, "missing": missing,
               "installed": dict(sorted(installed.items())), "tree_metadata": tree,
-              "machine_has": {**{_canon(_req(r).name): h for r, (ok, h) in status.items() if ok}, **kept},
+              "blocked": blocked, "machine_has": {**{_canon(_req(r).name): h for r, (ok, h) in status.items() if ok}, **kept},
               "seconds": round(time.perf_counter() - t0, 2)}
     (target / RECORD_NAME).write_text(json.dumps(record, indent=2))
     if args.log:
