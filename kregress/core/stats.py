@@ -568,7 +568,7 @@ class SequentialDesign:
     for any stopping rule that only reads the looks).
 
     * ``looks()``: the draws a side at each look: ``start``, then each look ``growth`` times the last
-      (rounded up), the last one ``cap``; e.g. 6, 9, 14, 21, 32.
+      (rounded up), the last one ``cap``; e.g. 6, 10, 16, 26, 32 (the cluster-aligned interval applies from 10).
     * ``look_confidence(k)``: the interval's confidence at look ``k`` (0-based): ``1 - alpha_k`` with
       ``pocock`` (the same alpha at every look: early looks can stop as well as late ones) or ``front``
       (half of alpha at the first look, the rest equally over the others: most comparisons are decided
@@ -581,7 +581,7 @@ class SequentialDesign:
 
     start: int = 6
     cap: int = 32
-    growth: float = 1.5
+    growth: float = 1.6
     confidence: float = DEFAULT_CONFIDENCE
     spending: str = "back"
 
