@@ -59,7 +59,7 @@ def _make(context: dg.AssetExecutionContext, bound: BoundSpec, bench: Any, repla
     from resources.gpu import backend_for
 
     scope = budget_scope(root_run_id(context.run), context.partition_key)
-    return RunContext(bound=bound.for_run(scope.run_id), scope=scope,
+    return RunContext(bound=bound.with_scope(scope), scope=scope,
                       backend=backend_for(bound.family, bench, replay).kind)
 
 

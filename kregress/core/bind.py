@@ -64,7 +64,10 @@ class BoundSpec:
     def for_run(self, root_run_id: str) -> "BoundSpec":
         """The same binding under the budget scope of the run whose root is ``root_run_id`` (no lookup, no
         validation)."""
-        scope = budget_scope(root_run_id, self.task_id)
+        return self.with_scope(budget_scope(root_run_id, self.task_id))
+
+    def with_scope(self, scope: BudgetScope) -> "BoundSpec":
+        """The same binding under ``scope`` (the run context's, made once per run)."""
         return self if scope == self.budget_scope else replace(self, budget_scope=scope)
 
     def ref(self) -> dict[str, Any]:
