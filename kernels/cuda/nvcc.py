@@ -258,6 +258,8 @@ def compile_unit(family: CudaFamily, unit: CudaUnit, arch: str, source_dir: Path
         except OSError as exc:
             raise CompileError("compile_failed", f"{nvcc} could not run: {exc}. {NVCC_HINT}") from None
         log = (proc.stdout + "\n" + proc.stderr).replace(str(tu), f"<{unit.kernel} instance>").replace(tmp + "/", "")
+        if source_dir is not None:  # a patched copy: messages name the family's own file
+            log = log.replace(str(Path(source_dir).resolve()), str(family.cu_files()[0].parent))
         if proc.returncode != 0 or not out.is_file():
             err = classify(log)
             _store(root, key, {"error": err.error, "detail": err.detail})
