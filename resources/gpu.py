@@ -264,8 +264,8 @@ class CompiledBackend(BenchmarkBackend):
 
     def _evaluate(self, bound, suggestions, log, stats):
         if any(s.patch for s in suggestions):
-            if isinstance(bound.family, CudaFamily):  # .cu patches: kernels/cuda/judge.py
-                from kernels.cuda.judge import evaluate_cuda_patches
+            if isinstance(bound.family, CudaFamily):  # .cu patches: resources/cuda_judge.py
+                from resources.cuda_judge import evaluate_cuda_patches
 
                 return evaluate_cuda_patches(self, bound, suggestions, log, stats)
             return self._evaluate_patches(bound, suggestions, log, stats)
@@ -483,7 +483,7 @@ class InterpreterBackend(CompiledBackend):
 
     def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
         if isinstance(family, CudaFamily):  # nothing runs the kernel on a CPU host: never PASS, never timed
-            from kernels.cuda.judge import COMPILE_FACTS_ONLY
+            from resources.cuda_judge import COMPILE_FACTS_ONLY
 
             for i in timed:
                 rows[i].error_detail = COMPILE_FACTS_ONLY
