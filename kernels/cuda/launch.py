@@ -38,7 +38,7 @@ def _driver() -> Any:
 
 def _check(driver: Any, what: str, res: Any) -> Any:
     err, rest = (res[0], res[1:]) if isinstance(res, tuple) else (res, ())
-    if int(err) != 0:
+    if err != driver.CUresult.CUDA_SUCCESS:
         name = driver.cuGetErrorName(err)
         label = name[1].decode() if isinstance(name, tuple) and len(name) > 1 and isinstance(name[1], bytes) else str(err)
         raise RuntimeError(f"{what} failed: {label}")
