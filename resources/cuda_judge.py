@@ -247,3 +247,44 @@ def evaluate_cuda_patches(backend: Any, bound: Any, suggestions: list, log: Call
         elif compiled:
             run_on_gpu(backend, bound, [r for r, _ in compiled], [d for _, d in compiled], log)
     return rows
+
+
+# --- the llm policy's patches to .cu files (search.patches: true) -------------------------------------------
+
+CUDA_PATCH_ADDENDUM = """\
+This task also accepts source patches to the CUDA C++ kernel. An element may carry the key "patch":
+SEARCH/REPLACE blocks that edit only the EDITABLE SOURCE shown (the kernel functions of the .cu file),
+each block written as
+  PATH
+  <<<<<<< SEARCH
+  exact lines copied from the source
+  =======
+  the lines to put instead
+  >>>>>>> REPLACE
+At most {max_lines} changed lines. Keep each kernel's name, template parameters and arguments; no #include,
+no host I/O, processes, sockets, environment reads, system calls or clock reads. Static shared memory
+over 48 KiB does not compile on sm_90. A patch is compiled, then checked on secret inputs on a GPU."""
+
+
+def cuda_sources(family: CudaFamily) -> tuple[dict[str, str], str]:
+    """({path as a patch names it: text} of the family's .cu files, the first one's path)."""
+    _root, files = editable_files(family)
+    texts = {rel: f.read_text(encoding="utf-8") for rel, f in files.items()}
+    return texts, next(iter(files))
+
+
+def cuda_source_text(family: CudaFamily, max_chars: int) -> str:
+    """The kernel functions of the .cu files with line numbers, cut at ``max_chars``: what a model sees."""
+    from kregress.core.cuda_source import kernel_regions
+
+    texts, _first = cuda_sources(family)
+    parts = []
+    for rel, text in texts.items():
+        lines = text.splitlines()
+        for r in kernel_regions(text, rel, tuple(family.kernel_functions)):
+            body = "\n".join(f"{n:>4} {lines[n - 1]}" for n in range(r.start, r.end + 1))
+            parts.append(f"// {rel} lines {r.start}-{r.end} ({r.name})\n{body}")
+    out = "\n\n".join(parts)
+    if len(out) > max_chars:
+        out = out[: max(0, max_chars - 60)].rsplit("\n", 1)[0] + "\n// (editable source cut here to fit the prompt)"
+    return out

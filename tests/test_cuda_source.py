@@ -150,3 +150,22 @@ def test_no_nvcc_refuses_cuda_specs_only(tmp_path, monkeypatch):
     assert text.count("no nvcc found") == 1 and "pip install -e '.[cuda]'" in text and "field 'kernel_family'" in text
     assert load_bound(REPO / "specs" / "gemm_smoke.yaml").family.kind == "triton"
 
+
+
+@pytest.mark.skipif(cuda_source.find_nvcc() is None, reason="binding a CUDA spec needs nvcc")
+def test_llm_patch_prompt_and_reply_use_the_cu_file():
+    """search.patches on a CUDA family: the prompt shows the .cu kernel functions, and SEARCH/REPLACE blocks
+    become a diff of the .cu file (judged by resources/cuda_judge.py)."""
+    from types import SimpleNamespace
+
+    from kernel_assets.judge import patch_from_reply, patch_prompt
+    from kregress.core.bind import load_bound
+
+    b = load_bound(REPO / "specs" / "gemm_fp8_cuda_h100.yaml")
+    spec = b.spec.model_copy(update={"search": b.spec.search.model_copy(update={"patches": True})})
+    ctx = SimpleNamespace(family=b.family, spec=spec)
+    system, user = patch_prompt(ctx, "SYSTEM")
+    assert "CUDA C++ kernel" in system and f"// {REL} lines" in user and "(fp8_gemm_kernel)" in user
+    assert "def fp8_gemm_cuda" not in user  # the Python host wrapper is not editable
+    diff, why = patch_from_reply(f"{REL}\n<<<<<<< SEARCH\n#pragma unroll 1\n=======\n#pragma unroll 2\n>>>>>>> REPLACE", ctx)
+    assert why is None and diff.startswith(f"diff --git a/{REL} b/{REL}") and "+#pragma unroll 2" in diff
