@@ -477,7 +477,8 @@ def part_pytest_gpu(p: Part) -> None:
         for tc in ET.parse(xml).getroot().iter("testcase"):
             cls, name = tc.get("classname", ""), tc.get("name", "")
             path = (cls or name).replace(".", "/")
-            f = next((x for x in files if path.startswith(x[:-3])), None)
+            # the test's own file: tests/test_a.py must not take tests/test_a_b.py's cases
+            f = next((x for x in files if path == x[:-3] or path.startswith(x[:-3] + "/")), None)
             if f is None:
                 continue
             outcome, msg = "passed", ""
