@@ -220,3 +220,48 @@ def test_no_nvcc_cli_exits_2(tmp_path):
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count(cuda_source.NVCC_HINT) == 1
+
+
+def test_review_compares_ptxas_facts_for_a_cu_diff(tmp_path, monkeypatch):
+    """`kregress review --offline` on a .cu change of a plugin (in its own git repository): both sides compiled
+    by nvcc (no GPU, no key), ptxas's facts base vs new: the static shared memory a patch adds shows."""
+    import tempfile
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from review_helpers import commit_all, worktrees
+
+    from kernel_assets.cli_family import scaffold
+    from kernel_assets.review import run_review
+    from kregress.core import family as registry
+    from kregress.core.spec import load_spec
+
+    repo = tmp_path / "plug"
+    scaffold("cu_review", repo, kind="cuda")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    commit_all(repo, "plugin: cuda row sum")
+    cu = repo / "kregress_cu_review" / "cu_review.cu"
+    cu.write_text(cu.read_text().replace("__shared__ float partial[BLOCK];", "__shared__ float partial[BLOCK * 8];"))
+    target = "kregress_cu_review.family:FAMILY"
+    monkeypatch.syspath_prepend(str(repo))
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("KREGRESS_REVIEW_CACHE", str(tmp_path / "review-cache"))
+    monkeypatch.delenv("KREGRESS_REVIEW_REPO", raising=False)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    try:
+        spec = load_spec(repo / "specs" / "cu_review.yaml").model_copy(update={"kernel_family": target})
+        r = run_review(spec, home=home, no_model_reason="offline test")
+        assert r.base_ref == "HEAD" and r.worktree_dirty and "kregress_cu_review/cu_review.cu" in r.files_reviewed
+        cd = r.compile
+        assert cd is not None and cd.base is not None and cd.base.ok and cd.new.ok, (cd.base, cd.new)
+        rows = {row["metric"]: row for row in cd.rows}
+        assert rows["smem_static_bytes"]["base"] == 1024 and rows["smem_static_bytes"]["new"] == 8192
+        assert {"regs_per_thread", "spill_stores", "barriers"} <= set(rows)
+        assert worktrees(repo) == 1
+    finally:
+        registry.FAMILIES.pop(target, None)
+        for name in [m for m in sys.modules if m.startswith("kregress_cu_review")]:
+            del sys.modules[name]
