@@ -18,6 +18,7 @@ from pathlib import Path
 from string import Template
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "family"
+TEMPLATES_BY_KIND = {"triton": TEMPLATES, "cuda": TEMPLATES.parent / "family_cuda"}  # family new --kind
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{1,40}$")
 
 
@@ -30,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     new = fsub.add_parser("new", help="scaffold a plugin family package outside this repository")
     new.add_argument("name", help="family name: lowercase letters, digits and _ (e.g. my_rowsum)")
     new.add_argument("--dir", required=True, help="where to create the package (must not exist or be empty)")
+    new.add_argument("--kind", choices=sorted(TEMPLATES_BY_KIND), default="triton",
+                     help="triton (a Triton jit kernel, the default) or cuda (a .cu kernel compiled by nvcc)")
     new.set_defaults(func=cmd_new)
     chk = fsub.add_parser("check", help="run the conformance checks on a family")
     chk.add_argument("name", help="a built-in family, an installed plugin or package.module:attribute")
@@ -38,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     chk.set_defaults(func=cmd_check)
 
 
-def scaffold(name: str, target: Path) -> list[Path]:
+def scaffold(name: str, target: Path, kind: str = "triton") -> list[Path]:
     """Write the plugin package for family ``name`` into ``target``; returns the files written."""
     if not NAME_RE.match(name):
         raise ValueError(f"family name {name!r}: use 2-41 lowercase letters, digits and _, starting with a letter")
@@ -46,6 +49,7 @@ def scaffold(name: str, target: Path) -> list[Path]:
         raise ValueError(f"{target} exists and is not empty: pick a new folder")
     package = f"kregress_{name}"
     values = {"name": name, "package": package, "dist": f"kregress-{name.replace('_', '-')}", "task_id": name}
+    templates = TEMPLATES_BY_KIND[kind]
     layout = {
         "pyproject.toml": "pyproject.toml.tmpl",
         "README.md": "README.md.tmpl",
@@ -54,11 +58,13 @@ def scaffold(name: str, target: Path) -> list[Path]:
         f"specs/{name}.yaml": "spec.yaml.tmpl",
         f"tests/test_{name}.py": "test_family.py.tmpl",
     }
+    if kind == "cuda":
+        layout[f"{package}/{name}.cu"] = "kernel.cu.tmpl"
     written = []
     for rel, tmpl in layout.items():
         path = target / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(Template((TEMPLATES / tmpl).read_text()).substitute(values))
+        path.write_text(Template((templates / tmpl).read_text()).substitute(values))
         written.append(path)
     return written
 
@@ -66,7 +72,7 @@ def scaffold(name: str, target: Path) -> list[Path]:
 def cmd_new(args: argparse.Namespace) -> int:
     target = Path(args.dir).expanduser().resolve()
     try:
-        files = scaffold(args.name, target)
+        files = scaffold(args.name, target, getattr(args, "kind", "triton"))
     except ValueError as exc:
         print(f"kregress family new: {exc}", file=sys.stderr)
         return 2

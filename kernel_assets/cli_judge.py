@@ -62,7 +62,11 @@ def cmd_judge(args: argparse.Namespace) -> int:
         print(f"  {msg}", file=sys.stderr, flush=True)
 
     print(f"kregress: judging {len(patches)} patch(es) against {args.spec}; DAGSTER_HOME={home}", file=sys.stderr)
-    result = judge(args.spec, patches, backend=args.backend, seed=args.seed, log=log)
+    try:
+        result = judge(args.spec, patches, backend=args.backend, seed=args.seed, log=log)
+    except SpecError as exc:  # the family's own checks (a CUDA family with no nvcc on this host, say)
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENT
     for line in result.lines:
         print(line, flush=True)
     print(f"report: {result.report_dir / 'report.md'}", file=sys.stderr)

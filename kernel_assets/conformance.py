@@ -40,7 +40,7 @@ from typing import Callable
 import yaml
 
 from kregress.core.bind import BoundSpec, load_bound
-from kregress.core.family import ExternalFamily, Family, KernelFamily, RecordedFamily, TritonFamily, get_family
+from kregress.core.family import CudaFamily, ExternalFamily, Family, KernelFamily, RecordedFamily, TritonFamily, get_family
 from kregress.core.records import Suggestion, config_label
 from kregress.core.spec import SpecError, TaskSpec
 
@@ -292,6 +292,11 @@ def check_sweep_path(bound: BoundSpec, timeout: float = 600) -> Check:
         fix = ("compile_units() must return CompileUnits whose signature matches the jit function's arguments"
                if row.error in ("compile_failed", "out_of_resources") else "the baseline must match the reference")
         return Check("sweep_path", "FAIL", f"baseline: {row.error}: {' '.join(row.error_detail.split())[:240]}", fix)
+    if isinstance(bound.family, CudaFamily):  # a CPU host: compile facts only (kernels/cuda)
+        cs = row.compile
+        return Check("sweep_path", "PASS", f"{spec.hardware.arch}: {cs.regs_per_thread} regs/thread, {cs.smem_bytes} B shared "
+                                           f"memory, {cs.spill_stores}/{cs.spill_loads} B spill stores/loads, {cs.barriers} "
+                                           f"barrier(s) ({cs.facts_from}); {row.error_detail or 'measured'}")
     bad = [m.shape for m in row.measurements if not (m.p50_ms > 0 and math.isfinite(m.p50_ms))]
     if bad or len(row.measurements) != len(spec.shape_matrix):
         return Check("sweep_path", "FAIL", f"model_latency_ms gave no positive, finite estimate on {', '.join(bad) or 'some shapes'}",
@@ -323,6 +328,12 @@ def checks_for(bound: BoundSpec) -> list[Callable[[], Check]]:
     kernel = [lambda: check_reference(fam, spec), lambda: check_tolerance(fam, spec), lambda: check_kernel(fam, spec)]
     if isinstance(fam, TritonFamily):
         return common + kernel + [lambda: check_sweep_path(bound)]
+    if isinstance(fam, CudaFamily):  # kernels/cuda: nvcc facts on any host, the kernel itself on a GPU
+        from kernel_assets.conformance_cuda import check_cuda_kernel, check_editable_region, check_tunables
+
+        return common + [lambda: check_reference(fam, spec), lambda: check_tolerance(fam, spec),
+                         lambda: check_tunables(fam, spec), lambda: check_editable_region(fam),
+                         lambda: check_sweep_path(bound), lambda: check_cuda_kernel(fam, spec)]
     return common + kernel + [lambda: Check(
         "sweep_path", "SKIP", "external kernel: no compile units and no latency model; its sweep needs the cuda backend "
                               "(kregress sweep --backend cuda) or a recorded file")]

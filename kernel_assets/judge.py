@@ -237,8 +237,15 @@ def patch_prompt(ctx: Any, system: str) -> tuple[str, str]:
     """(system prompt, user section) for a round whose spec allows patches: the rules, and the family's
     editable source with line numbers, cut at ``spec.patches.max_source_chars`` (the prompt carries it, so
     the round's token budget counts it)."""
+    from kregress.core.family import CudaFamily
     from kregress.core.patch import editable_set, editable_source_text, read_sources
 
+    if isinstance(ctx.family, CudaFamily):  # .cu kernel functions (resources/cuda_judge.py)
+        from resources.cuda_judge import CUDA_PATCH_ADDENDUM, cuda_source_text
+
+        source = cuda_source_text(ctx.family, ctx.spec.patches.max_source_chars)
+        return (system + "\n" + CUDA_PATCH_ADDENDUM.format(max_lines=ctx.spec.patches.max_changed_lines),
+                f"\nEDITABLE SOURCE (numbers are line numbers, not part of the text):\n{source}")
     es = editable_set(ctx.family)
     source = editable_source_text(es, read_sources(es), ctx.spec.patches.max_source_chars)
     addendum = PATCH_SYSTEM_ADDENDUM.format(max_lines=ctx.spec.patches.max_changed_lines)
@@ -257,9 +264,17 @@ def patch_from_reply(value: Any, ctx: Any) -> tuple[str | None, str | None]:
     if not isinstance(value, str):
         return None, f"patch must be text (SEARCH/REPLACE blocks or a unified diff), got {type(value).__name__}"
     if "<<<<<<< SEARCH" in value:
-        es = editable_set(ctx.family)
+        from kregress.core.family import CudaFamily
+
+        if isinstance(ctx.family, CudaFamily):  # the .cu files, not the Python module
+            from resources.cuda_judge import cuda_sources
+
+            sources, default = cuda_sources(ctx.family)
+        else:
+            es = editable_set(ctx.family)
+            sources, default = read_sources(es), es.module_file
         try:
-            diff = search_replace_to_diff(value, read_sources(es), default_path=es.module_file)
+            diff = search_replace_to_diff(value, sources, default_path=default)
         except ValueError as exc:
             return None, f"patch: {exc}"
         return (diff, None) if diff else (None, "patch: the SEARCH/REPLACE blocks change nothing")

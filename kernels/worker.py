@@ -38,9 +38,17 @@ def handle(job: dict) -> dict:
     if op == "compile":
         from kernels.compile import CompileError, compile_units
 
+        from kregress.core.family import CudaFamily
+
         try:
-            units = family.compile_units(job["config"], job["dtype"], job.get("params", {}))
-            stats = compile_units(units, job["arch"], _limits(job["limits"]), sass=job.get("sass", True))
+            if isinstance(family, CudaFamily):  # nvcc -cubin, facts from ptxas -v (kernels/cuda/nvcc.py)
+                from kernels.cuda.nvcc import compile_variant
+
+                stats, _builds = compile_variant(family, job["config"], job["dtype"], job.get("params", {}), job["arch"],
+                                                 _limits(job["limits"]))
+            else:
+                units = family.compile_units(job["config"], job["dtype"], job.get("params", {}))
+                stats = compile_units(units, job["arch"], _limits(job["limits"]), sass=job.get("sass", True))
         except CompileError as exc:
             return {"error": exc.error, "detail": exc.detail}
         return {"stats": stats.model_dump()}

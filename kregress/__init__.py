@@ -4,7 +4,7 @@ The public API for family authors (stable; plugins are written against it)::
 
     from kregress import TritonFamily, Space, Rule, CompileUnit
 
-    class MyFamily(TritonFamily): ...  # or ExternalFamily, RecordedFamily
+    class MyFamily(TritonFamily): ...  # or ExternalFamily, CudaFamily, RecordedFamily
     FAMILY = MyFamily(name="my_gemm", space=Space(params={...}, rules=(Rule(...),)),
                       shape_keys=("M", "N", "K"), headline_metric="tflops")
 
@@ -16,7 +16,7 @@ VariantResult, Verdict), the spec (TaskSpec, HardwareLimits, load_spec, bind) an
 # Names are imported on first use (PEP 562): `import kregress` stays cheap, so `kregress --help` (whose
 # modules import kregress.core.*) does not pay for pydantic models and the family registry at start-up.
 _EXPORTS = {
-    **dict.fromkeys(("ENTRY_POINT_GROUP", "CompileUnit", "ExternalFamily", "Family", "KernelFamily", "RecordedFamily",
+    **dict.fromkeys(("ENTRY_POINT_GROUP", "CompileUnit", "CudaFamily", "CudaUnit", "ExternalFamily", "Family", "KernelFamily", "RecordedFamily",
                      "Rule", "Space", "TritonFamily", "UnknownFamily", "check_param_keys", "check_positive_number",
                      "families", "get_family", "register"),
                     "kregress.core.family"),

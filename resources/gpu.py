@@ -42,7 +42,7 @@ from kernels.measure import model_measurements
 from kregress.core import paths
 from kregress.core.batching import TimingPlan
 from kregress.core.bind import BoundSpec
-from kregress.core.family import ExternalFamily, Family, KernelFamily, RecordedFamily, TritonFamily
+from kregress.core.family import CudaFamily, ExternalFamily, Family, KernelFamily, RecordedFamily, TritonFamily
 from kregress.core.records import CompileStats, Correctness, Measurement, Suggestion, VariantResult, variant_hash
 from kregress.core.spec import TaskSpec
 from resources.workers import WorkerPool, worker_env
@@ -206,6 +206,10 @@ class BenchmarkBackend(dg.ConfigurableResource):
 
 def compile_key(family: Family, spec: TaskSpec, src_hash: str, config_hash: str) -> str:
     """The compile cache's key of one config (a file under ``<cache>/compile/``)."""
+    if isinstance(family, CudaFamily):  # nvcc's version, flags, .cu files and headers (kernels/cuda/nvcc.py)
+        from kernels.cuda.nvcc import compile_key as cuda_compile_key
+
+        return cuda_compile_key(family, src_hash, config_hash, spec.dtype, spec.hardware.arch, spec.params)
     return cache_key(family.name, src_hash, config_hash, spec.dtype, spec.hardware.arch, spec.params)
 
 
@@ -262,6 +266,10 @@ class CompiledBackend(BenchmarkBackend):
 
     def _evaluate(self, bound, suggestions, log, stats):
         if any(s.patch for s in suggestions):
+            if isinstance(bound.family, CudaFamily):  # .cu patches: resources/cuda_judge.py
+                from resources.cuda_judge import evaluate_cuda_patches
+
+                return evaluate_cuda_patches(self, bound, suggestions, log, stats)
             return self._evaluate_patches(bound, suggestions, log, stats)
         spec, family = bound.spec, bound.family
         timeout = self.timeout_s or spec.benchmark.timeout_s
@@ -277,7 +285,7 @@ class CompiledBackend(BenchmarkBackend):
             # earlier, before it imports Dagster: resources.workers.reserve.)
             ahead = min(self.pool_size(), len(suggestions))
             self.pool("compile", self.pool_size(), interpret=False).prestart(ahead)
-            if self.interpret:
+            if self.interpret and not isinstance(family, CudaFamily):
                 self.pool("correctness", self.pool_size(), interpret=True).prestart(ahead)
 
         # 1. validity, then compile (cached per entry, written as each compile finishes); an external
@@ -290,7 +298,7 @@ class CompiledBackend(BenchmarkBackend):
             if problem:
                 rows[i].error, rows[i].error_detail = "invalid_config", problem
                 continue
-            if not isinstance(family, TritonFamily):
+            if not isinstance(family, (TritonFamily, CudaFamily)):
                 compiled[i] = None
                 continue
             key = compile_key(family, spec, src_hash, s.config_hash)
@@ -393,6 +401,9 @@ class _Checks:
 
     def announce(self, candidates: list[int]) -> None:
         """Answer what the cache holds, and say what will be checked."""
+        if self.interpret and isinstance(self.family, CudaFamily):
+            self.log("a CUDA family on a CPU host: compile facts only (correctness and timing need a GPU)")
+            return
         if self.interpret:
             for i in candidates:
                 hit = cache_get(self.root / "correctness" / f"{self._key(self.suggestions[i])}.json")
@@ -407,8 +418,8 @@ class _Checks:
                      f"shape(s) ({self.backend.kind}) as soon as it has compiled")
 
     def start(self, i: int) -> None:
-        if i in self.cached:
-            return
+        if i in self.cached or (self.interpret and isinstance(self.family, CudaFamily)):
+            return  # a CUDA kernel does not run on a CPU host: compile facts only
         s = self.suggestions[i]
         key = self._key(s)
         with self.lock:
@@ -473,6 +484,13 @@ class InterpreterBackend(CompiledBackend):
         return super().check_spec(spec, family)
 
     def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
+        if isinstance(family, CudaFamily):  # nothing runs the kernel on a CPU host: never PASS, never timed
+            from resources.cuda_judge import COMPILE_FACTS_ONLY
+
+            for i in timed:
+                rows[i].error_detail = COMPILE_FACTS_ONLY
+            log(f"{len(timed)} CUDA variant(s) with compile facts only: correctness and timing need a GPU")
+            return
         for i in timed:
             rows[i].measurements = model_measurements(family, rows[i].config, spec.shape_matrix, spec.dtype,
                                                       spec.params, compiled[i], spec.hardware)

@@ -44,6 +44,7 @@ def worker_env(cache_root: Path, interpret: bool) -> dict[str, str]:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, "1")
     env["TRITON_CACHE_DIR"] = str(cache_root / "triton")
+    env["KREGRESS_CUDA_CACHE"] = str(cache_root / "cuda")  # cubins of CUDA families (kernels/cuda/nvcc.py)
     env["PYTHONWARNINGS"] = "ignore"
     if interpret:
         env["TRITON_INTERPRET"] = "1"

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 # test can carry @pytest.mark.slow itself.
 SLOW_MODULES = frozenset({
     "test_attention.py",
+    "test_cuda_family.py",
     "test_bind.py",
     "test_cli_gateway.py",
     "test_gateway_budget.py",

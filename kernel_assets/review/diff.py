@@ -242,7 +242,9 @@ def kernel_diff(repo: Path, base_sha: str, dirs: list[str]) -> list[FileDiff]:
 
 
 def worktree_dirty(repo: Path, dirs: list[str]) -> bool:
-    return bool(git(repo, "status", "--porcelain", "--", *[f"{d}/" if d != "." else "." for d in dirs]).stdout.strip())
+    # a file's path stays as it is (choose_base passes the family's files: "kernels/gemm.py/" matches nothing)
+    return bool(git(repo, "status", "--porcelain", "--",
+                    *[f"{d}/" if d != "." and not (repo / d).is_file() else d for d in dirs]).stdout.strip())
 
 
 def render_slices(fd: FileDiff, max_chars: int) -> list[str]:

@@ -31,7 +31,8 @@ from resources.workers import Worker, WorkerDied, worker_env
 
 COMPILE_TIMEOUT_S = 300
 STARTUP_TIMEOUT_S = 120
-DELTA_METRICS = ("regs_per_thread", "spill_bytes", "smem_bytes", "occupancy", "blocks_per_sm", "sass_instructions")
+DELTA_METRICS = ("regs_per_thread", "spill_bytes", "smem_bytes", "occupancy", "blocks_per_sm", "sass_instructions",
+                 "spill_stores", "spill_loads", "smem_static_bytes", "smem_dynamic_bytes", "barriers")  # the last five: CUDA families (ptxas)
 _UNCACHED = ("timeout", "crashed", "wrong_source", "no_worker")
 
 

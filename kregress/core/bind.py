@@ -157,6 +157,10 @@ def family_problems(raw: dict, skip: frozenset[str] = frozenset(),
             for i, shape in enumerate(shapes):
                 for dim, value, problem in shape_bound_problems(shape):
                     out.append((f"{field_}.{i}" + (f".{dim}" if dim else ""), value, problem))
+    toolchain = fam.toolchain_problem()  # a CUDA family on a host with no nvcc: the one line saying how to get it
+    if toolchain:
+        out.append(("kernel_family", name, toolchain))
+        return None, params, out
     dtype = raw.get("dtype", "bf16")
     if "dtype" not in skip and isinstance(dtype, str) and dtype not in fam.dtypes:
         out.append(("dtype", dtype, f"family {fam.name} takes {', '.join(fam.dtypes)}"))

@@ -8,7 +8,7 @@ are generated from the registry and never special-case a family.
 No Dagster and no Triton import here: a family module imports Triton itself; this module only
 reads the family's source files (AST) to hash what is compiled.
 
-A family is one of three kinds (``TritonFamily``, ``ExternalFamily``, ``RecordedFamily``), each an
+A family is one of four kinds (``TritonFamily``, ``ExternalFamily``, ``CudaFamily``, ``RecordedFamily``), each an
 abstract base whose ``@abstractmethod``s are what its author must write.
 
 Families are looked up by ``get_family(name)``:
@@ -210,6 +210,11 @@ class Family(ABC):
             return "gbps", gbps, "GB/s"
         return "tflops", tflops, "TFLOP/s"
 
+    def toolchain_problem(self) -> str | None:
+        """None when this host has what the family's kind needs to compile (a CUDA family: nvcc), else the
+        one line that says how to get it; a spec on the family is refused with it (``bind``)."""
+        return None
+
     # --- identity ----------------------------------------------------------------------------
     def source_files(self) -> list[Path]:
         """Files whose content is the kernel: the family's module by default. The compile cache
@@ -335,6 +340,80 @@ class ExternalFamily(KernelFamily):
     kind: ClassVar[str] = "external"
 
 
+@dataclass(frozen=True)
+class CudaUnit:
+    """One CUDA kernel of a variant, as nvcc compiles it: the ``__global__`` function ``kernel`` of the
+    ``.cu`` file ``source`` (one of the family's ``cuda_sources``), instantiated with ``template_args`` (in
+    the template's parameter order) and compiled with ``defines`` (``-DNAME=value``); ``threads`` per block
+    and the ``dynamic_smem_bytes`` its launch requests (added to ptxas's static shared memory)."""
+
+    kernel: str
+    source: str
+    template_args: tuple[int, ...] = ()
+    defines: tuple[tuple[str, int], ...] = ()
+    threads: int = 128
+    dynamic_smem_bytes: int = 0
+    source_dir: str = ""  # "": the family's own folder; a patch judgement points it at the patched copy
+
+
+# A config key that only the patch judge sets (never a tunable): the folder of a patched copy of the .cu files.
+CUDA_SOURCE_KEY = "_cuda_source_dir"
+
+
+@dataclass
+class CudaFamily(KernelFamily):
+    """CUDA C++ kernels in ``.cu`` files, compiled by nvcc for the spec's arch (``nvcc -cubin``): registers,
+    spills, shared memory and barriers from ptxas are real on any host with nvcc. On a GPU the same cubin is
+    loaded and launched by the family's Python host wrapper (``kernels.cuda.launch``) and checked and timed
+    like every family; on a CPU host a variant has compile facts only (never PASS).
+
+    A tunable reaches the kernel as a template argument (``template_params``, in the template's order) or
+    as a ``-D`` macro (``define_params``); ``launch_params`` are tunables only the host wrapper reads (a
+    split count, a grid order). Every tunable of the space is exactly one of these."""
+
+    kind: ClassVar[str] = "cuda"
+
+    # The .cu files of the family, relative to the folder of its module; a patch may edit the
+    # ``kernel_functions`` in them (their __global__ and __device__ functions by name) and nothing else.
+    cuda_sources: ClassVar[tuple[str, ...]] = ()
+    kernel_functions: ClassVar[tuple[str, ...]] = ()
+    template_params: ClassVar[tuple[str, ...]] = ()
+    define_params: ClassVar[tuple[str, ...]] = ()
+    launch_params: ClassVar[tuple[str, ...]] = ()
+    nvcc_flags: ClassVar[tuple[str, ...]] = ("-O3", "-std=c++17")
+
+    @abstractmethod
+    def cuda_units(self, config: dict[str, int], dtype: str, params: dict) -> list[CudaUnit]:
+        """The kernels of one variant (``self.unit(...)`` fills the template arguments and macros)."""
+
+    def unit(self, kernel: str, config: dict[str, int], *, source: str | None = None, threads: int = 128,
+             dynamic_smem_bytes: int = 0, extra_defines: dict[str, int] | None = None) -> CudaUnit:
+        """A ``CudaUnit`` of ``kernel`` with the config's ``template_params`` and ``define_params``."""
+        defines = tuple((k, int(config[k])) for k in self.define_params) + tuple((extra_defines or {}).items())
+        return CudaUnit(kernel=kernel, source=source or self.cuda_sources[0],
+                        template_args=tuple(int(config[k]) for k in self.template_params), defines=defines,
+                        threads=int(threads), dynamic_smem_bytes=int(dynamic_smem_bytes),
+                        source_dir=str(config.get(CUDA_SOURCE_KEY, "")))
+
+    def cu_files(self) -> list[Path]:
+        """The ``cuda_sources`` as absolute paths (beside the family's module)."""
+        f = getattr(self.module, "__file__", None)
+        base = Path(f).resolve().parent if f else Path.cwd()
+        return [(base / s).resolve() for s in self.cuda_sources]
+
+    def source_files(self) -> list[Path]:
+        """The module (the host wrapper and reference), the ``.cu`` files and the headers they include."""
+        from kregress.core.cuda_source import local_headers
+
+        cu = self.cu_files()
+        return super().source_files() + cu + local_headers(cu)
+
+    def toolchain_problem(self) -> str | None:
+        from kregress.core.cuda_source import nvcc_problem
+
+        return nvcc_problem()
+
+
 @dataclass
 class RecordedFamily(Family):
     """A recorded search space (a Kernel Tuner cache file): every evaluation answers with the runs
@@ -355,7 +434,9 @@ class RecordedFamily(Family):
         """(measurements, error, detail) for one config: its recorded runs, or its recorded failure."""
 
 
-KINDS: dict[str, type[Family]] = {"triton": TritonFamily, "external": ExternalFamily, "recorded": RecordedFamily}
+KINDS: dict[str, type[Family]] = {"triton": TritonFamily, "external": ExternalFamily, "cuda": CudaFamily,
+                                  "recorded": RecordedFamily}
+KIND_BASES = tuple(KINDS.values())
 
 
 def is_jit_decorator(node: ast.expr) -> bool:
@@ -453,9 +534,9 @@ class UnknownFamily(KeyError):
 def register(family: Family) -> Family:
     """Add a family under its name (a family module may call this at import; the registry also loads
     every entry point of the group ``kregress.families`` on demand)."""
-    if not isinstance(family, (TritonFamily, ExternalFamily, RecordedFamily)):
+    if not isinstance(family, KIND_BASES):
         raise TypeError(f"family {family.name!r} is a {type(family).__name__}: subclass one of the kinds "
-                        "TritonFamily, ExternalFamily or RecordedFamily (kregress.core.family)")
+                        "TritonFamily, ExternalFamily, CudaFamily or RecordedFamily (kregress.core.family)")
     family.lookup = family.lookup or family.name
     FAMILIES[family.name] = family
     return family
@@ -492,9 +573,9 @@ def _load_target(target: str, what: str) -> Family:
         raise UnknownFamily(f"{what}: {target} is a Family class; point at an instance (e.g. FAMILY = {obj.__name__}(...))")
     if not isinstance(obj, Family):
         raise UnknownFamily(f"{what}: {target} is a {type(obj).__name__}, not a kregress Family instance")
-    if not isinstance(obj, (TritonFamily, ExternalFamily, RecordedFamily)):
+    if not isinstance(obj, KIND_BASES):
         raise UnknownFamily(f"{what}: {target} is a {type(obj).__name__}, which subclasses Family directly; "
-                            "subclass TritonFamily, ExternalFamily or RecordedFamily (kregress.core.family)")
+                            "subclass TritonFamily, ExternalFamily, CudaFamily or RecordedFamily (kregress.core.family)")
     if obj.module is None:
         obj.module = mod
     return obj

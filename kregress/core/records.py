@@ -127,6 +127,14 @@ class CompileStats(BaseModel):
     sass_mix: dict[str, int] = {}  # opcode class -> count (HMMA/HGMMA, LDG, LDS, STG, BAR, ...)
     compile_seconds: float
     cache_hit: bool = False
+    # CUDA C++ families (kernels/cuda/nvcc.py): ptxas's own report, per the heaviest kernel of the variant
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+    smem_static_bytes: int | None = None  # __shared__ arrays (ptxas); smem_bytes = static + dynamic
+    smem_dynamic_bytes: int | None = None  # what the launch requests (the family's CudaUnit)
+    barriers: int | None = None
+    facts_from: str = ""  # "ptxas -v; cuobjdump agrees"
+    kernel: str = ""  # the entry the facts are of
 
 
 class Correctness(BaseModel):

@@ -1,0 +1,130 @@
+"""``gemm_fp8_cuda``: a DeepGEMM-like FP8 block-scaled GEMM in plain CUDA C++ (``gemm_fp8_cuda.cu``).
+
+- A [M, K] float8_e4m3fn with A scales [M, K / 128] fp32 (1x128 blocks), B [N, K] float8_e4m3fn with B
+  scales [ceil(N / 128), K / 128] fp32 (128x128 blocks), C [M, N] bf16; K % 128 == 0. The inputs and the
+  float64 reference are those of the Triton ``gemm_fp8`` family (DeepGEMM's test helpers).
+- The kernel: a BLOCK_M x BLOCK_N tile per block, TM x TN per thread, K in 128-wide slabs staged in
+  static shared memory by cp.async (STAGES deep), partial sums promoted with the scales per slab.
+- Tunables: BLOCK_M, BLOCK_N, STAGES, TM, TN, all template arguments of ``fp8_gemm_kernel``.
+- Facts that matter: ptxas refuses static shared memory over 48 KiB on sm_90 (``STAGES * ((BLOCK_M +
+  BLOCK_N) * 144 + 4 * BLOCK_M)`` bytes), and big micro-tiles (2 * TM * TN fp32 accumulators a thread)
+  spill. The space's rules keep only what is well-formed (threads per block), not what fits: nvcc says
+  what fits.
+
+The host wrapper launches the cubin nvcc built through the CUDA driver (``kernels.cuda.launch``): on a
+GPU a variant is checked and timed like every family's; on a CPU host it has compile facts only.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+from kernels.gemm_fp8 import SCALE_BLOCK, _randn, _tolerance, dequantize_a, dequantize_b, per_block_cast_to_fp8, per_token_cast_to_fp8
+from kregress.core.family import CudaFamily, Rule, Space, check_positive_number, register
+
+FP8_PEAK_RATIO = 2.0  # e4m3 tensor-core peak vs bf16; this SIMT kernel reaches a fraction of the FFMA roof
+
+
+def _threads(c: dict) -> int:
+    return (c["BLOCK_M"] // c["TM"]) * (c["BLOCK_N"] // c["TN"])
+
+
+def static_smem_bytes(c: dict) -> int:
+    """What the kernel's __shared__ arrays take (ptxas reports the same)."""
+    return c["STAGES"] * ((c["BLOCK_M"] + c["BLOCK_N"]) * (SCALE_BLOCK + 16) + 4 * c["BLOCK_M"])
+
+
+SPACE = Space(
+    params={
+        "BLOCK_M": (32, 64, 128),
+        "BLOCK_N": (32, 64, 128, 256),
+        "STAGES": (1, 2, 3, 4),
+        "TM": (2, 4, 8),
+        "TN": (2, 4, 8, 16),
+    },
+    rules=(
+        Rule("threads", "(BLOCK_M / TM) * (BLOCK_N / TN) threads per block: a multiple of 32, from 64 to 1024",
+             lambda c, p, lim: 64 <= _threads(c) <= 1024 and _threads(c) % 32 == 0),
+    ),
+)
+
+
+def fp8_gemm_cuda(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, config: dict[str, int]) -> torch.Tensor:
+    """C = (A * SA) @ (B * SB)^T in bf16, with the CUDA kernel of ``config`` (a GPU tensor path only)."""
+    from kernels.cuda.launch import kernel_for
+
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"fp8_gemm_cuda: A [M, K] and B [N, K] with the same K, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"fp8_gemm_cuda: A and B must be float8_e4m3fn, got {a.dtype} and {b.dtype}")
+    M, K = a.shape
+    N = b.shape[0]
+    if K % SCALE_BLOCK:
+        raise ValueError(f"fp8_gemm_cuda: K={K} must be a multiple of {SCALE_BLOCK}")
+    ks = K // SCALE_BLOCK
+    if tuple(sa.shape) != (M, ks) or tuple(sb.shape) != (math.ceil(N / SCALE_BLOCK), ks):
+        raise ValueError(f"fp8_gemm_cuda: scales must be SA [{M}, {ks}] and SB [{math.ceil(N / SCALE_BLOCK)}, {ks}], "
+                         f"got {tuple(sa.shape)} and {tuple(sb.shape)}")
+    if not a.is_cuda:
+        raise ValueError("fp8_gemm_cuda: a CUDA kernel: the tensors must be on a CUDA device")
+    a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+    sa, sb = sa.contiguous().float(), sb.contiguous().float()
+    c = torch.empty((M, N), device=a.device, dtype=torch.bfloat16)
+    (unit,) = FAMILY.cuda_units(config, "fp8_e4m3", {})
+    grid = (math.ceil(N / config["BLOCK_N"]), math.ceil(M / config["BLOCK_M"]), 1)
+    kernel_for(FAMILY, unit).launch(grid, [a, b, sa, sb, c, M, N, K])
+    return c
+
+
+class GemmFp8CudaFamily(CudaFamily):
+    dtypes = ("fp8_e4m3",)
+    param_keys = ("fp8_peak_tflops",)
+    cuda_sources = ("gemm_fp8_cuda.cu",)
+    kernel_functions = ("fp8_gemm_kernel", "e4m3_to_float")
+    template_params = ("BLOCK_M", "BLOCK_N", "STAGES", "TM", "TN")
+
+    def check_shape_values(self, shape):
+        if shape["K"] % SCALE_BLOCK:
+            return f"K={shape['K']} must be a multiple of {SCALE_BLOCK} (the scale block)"
+        return None
+
+    def check_param_values(self, params):
+        if "fp8_peak_tflops" in params:
+            return check_positive_number("fp8_peak_tflops", params["fp8_peak_tflops"], " (an H100 SXM: 1979)")
+        return None
+
+    def peak_tflops(self, hw, params):
+        return float((params or {}).get("fp8_peak_tflops") or FP8_PEAK_RATIO * hw.limits.peak_tflops)
+
+    def cuda_units(self, config, dtype, params):
+        return [self.unit("fp8_gemm_kernel", config, threads=_threads(config))]
+
+    def make_inputs(self, shape, dtype, device, seed, params):
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        a, sa = per_token_cast_to_fp8(_randn(shape["M"], shape["K"], g, device))
+        b, sb = per_block_cast_to_fp8(_randn(shape["N"], shape["K"], g, device))
+        return {"a": a, "sa": sa, "b": b, "sb": sb}
+
+    def run(self, inputs, config, params):
+        return fp8_gemm_cuda(inputs["a"], inputs["sa"], inputs["b"], inputs["sb"], config)
+
+    def reference(self, inputs, params):
+        return dequantize_a(inputs["a"], inputs["sa"]) @ dequantize_b(inputs["b"], inputs["sb"]).T
+
+    def flops(self, shape, params):
+        return 2.0 * shape["M"] * shape["N"] * shape["K"]
+
+    def bytes_moved(self, shape, dtype_bytes, params):
+        M, N, K = shape["M"], shape["N"], shape["K"]
+        scales = 4 * (M * K // SCALE_BLOCK + math.ceil(N / SCALE_BLOCK) * K // SCALE_BLOCK)
+        return float(M * K + N * K + scales + 2 * M * N)
+
+    def tolerance(self, shape, dtype, base_tol, params):
+        return _tolerance(shape["K"], base_tol)
+
+
+FAMILY = register(GemmFp8CudaFamily(name="gemm_fp8_cuda", space=SPACE, shape_keys=("M", "N", "K"),
+                                    headline_metric="tflops", module=sys.modules[__name__]))
