@@ -669,15 +669,21 @@ def _display_path(path: Path) -> str:
 
 
 def next_step(kind: str, spec: TaskSpec, spec_path: str) -> str:
-    """What to run to see measured verdicts, when this sweep had none ('' when it had)."""
+    """What to run to see measured verdicts, when this sweep had none ('' when it had): commands a user
+    can paste, with the kregress they invoked (``$KREGRESS_COMMAND``, set by the CLI; else ``kregress``)."""
+    import os
+
+    from kernel_assets.cli import COMMAND_ENV
+
     if kind == "measured":
         return ""
-    demo = (f" Without a GPU, `kregress sweep {_display_path(REPLAY_DEMO_SPEC)}` runs the same pipeline on recorded "
-            "RTX 3090 runs (evidence `replay`) and gives measured PASS / REGRESS verdicts."
-            if REPLAY_DEMO_SPEC.is_file() else "")
-    return (f"To see measured verdicts: on a GPU host, `kregress sweep {_display_path(Path(spec_path))} --backend cuda` "
+    cmd = os.environ.get(COMMAND_ENV) or "kregress"
+    demo = (f" Without a GPU, `{cmd} sweep {_display_path(REPLAY_DEMO_SPEC)}` shows what measured PASS / REGRESS "
+            "verdicts look like on a different kernel: recorded runs of CLBlast's fp32 SGEMM on an RTX 3090 (evidence "
+            f"`replay`); it says nothing about {spec.task_id}'s kernel."
+            if REPLAY_DEMO_SPEC.is_file() and spec_path and Path(spec_path).resolve() != REPLAY_DEMO_SPEC.resolve() else "")
+    return (f"To measure this kernel: on a GPU host, `{cmd} sweep {_display_path(Path(spec_path))} --backend cuda` "
             f"times every variant.{demo}")
-
 
 
 def _baseline_lines(baseline: VariantResult, recorded: bool) -> list[str]:
@@ -747,8 +753,8 @@ def conditions_lines(history: list[VariantResult], kind: str) -> list[str]:
 def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts: dict[str, Verdict],
                  param_names: list[str], narrative: str = "", narrative_source: str = "",
                  token_table: pd.DataFrame | None = None, extra_sections: list[tuple[str, str]] = (),
-                 family=None) -> dict:
-    """Write report.md, variants.parquet, verdicts.parquet, verdicts_by_shape.parquet, measurements.parquet
+                 family=None, judgement: bool = False) -> dict:
+    """Write report.md (titled "kregress sweep", or "kregress judge" for a ``judgement``), variants.parquet, verdicts.parquet, verdicts_by_shape.parquet, measurements.parquet
     and latency.png. Returns counts, causes, the summary line, the best-variant record, the evidence kind,
     what to run next for measured verdicts, and the frames."""
     from kernel_assets.sweep import best_measured, cause_counts, summary_line
@@ -779,7 +785,7 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     follow = next_step(kind, spec, spec_path)
     lat = latency_label(kind)
 
-    lines = [f"# kregress sweep: {spec.task_id}", ""]
+    lines = [f"# {'kregress judge' if judgement else 'kregress sweep'}: {spec.task_id}", ""]
     if spec.description:
         lines += [spec.description, ""]
     lines += ["## Verdicts", "", f"**{line}** (of {len(verdict_df)} variants)", ""]
@@ -801,7 +807,9 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
         if others:
             near = (f" Within {NEAR_TIE:.0%} of it: {', '.join(f'`{i}`' for i in others)}; the model cannot rank "
                     "these (see \"How the estimates are made\").")
-    lines += [best_line(best, spec) + near, "", f"Stopped: {state.stopped or 'not stopped'}{skipped}", ""]
+    lines += [best_line(best, spec) + near, ""]
+    if not judgement:  # a judgement runs no rounds: nothing stopped and nothing was skipped
+        lines += [f"Stopped: {state.stopped or 'not stopped'}{skipped}", ""]
     if kind == "measured":
         lines += [
             "PASS means *not worse than the guard* (x" + f"{guard:g}" + ", the interval entirely below it), not "

@@ -32,7 +32,7 @@ def test_review_takes_a_judged_patch_by_variant_id(tmp_path, monkeypatch):
     with pytest.raises(ReviewError, match="no judged patch 'nope'"):
         run_review(spec, patch_variant="nope", no_model_reason="offline test", home=tmp_path)
     # a judged patch edited afterwards is refused
-    (tmp_path / "reports" / "gemm_smoke" / "patches" / "gemm_legit_acc_plus_dot.patch").write_text("changed\n")
+    (res.report_dir / "patches" / "gemm_legit_acc_plus_dot.patch").write_text("changed\n")
     with pytest.raises(ReviewError, match="changed since it was judged"):
         run_review(spec, patch_variant="gemm_legit_acc_plus_dot", no_model_reason="offline test", home=tmp_path)
 
