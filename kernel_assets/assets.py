@@ -380,8 +380,9 @@ def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource
                             "replay timings); the best variant is correct and within constraints", task, **guard_md)
     return dg.MaterializeResult(value=summary, metadata=md, check_results=[
         guard,
-        # nothing to compare with (a first sweep): not checked; undecided (NEEDS_REVIEW) is a warning, never a pass
-        not_checked("baseline_vs_history", past.reason, task, **history_md) if past.verdict == "NO_HISTORY"
+        # nothing to compare with (a first sweep, or no timing today): not checked; undecided is a warning, never a pass
+        not_checked("baseline_vs_history", past.reason, task, **history_md)
+        if past.verdict == "NO_HISTORY" or (past.verdict == "NEEDS_REVIEW" and evidence_of([baseline]) != "measured")
         else dg.AssetCheckResult(check_name="baseline_vs_history", passed=past.verdict in ("PASS", "ACKNOWLEDGED"),
                                  severity=dg.AssetCheckSeverity.WARN, description=past.reason,
                                  metadata={"task_id": task, **history_md}),

@@ -27,6 +27,7 @@ SLOW_MODULES = frozenset({
     "test_gpu_check.py",
     "test_judge_cli.py",
     "test_judge_corpus.py",
+    "test_judge_records.py",
     "test_judge_review.py",
     "test_judge_sandbox.py",
     "test_ledger_postgres.py",
