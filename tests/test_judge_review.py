@@ -29,6 +29,11 @@ def test_review_takes_a_judged_patch_by_variant_id(tmp_path, monkeypatch):
     assert any("registers/thread" in n for n in r.notes)
     text = Path(r.report_path).read_text()
     assert "acc += tl.dot(a, b)" in text or "kernels/gemm.py" in text
+    # the compile needs no GPU: base (the working tree) and new (with the patch) are both compiled and compared
+    assert r.compile is not None and r.compile.base.ok and r.compile.new.ok, r.compile
+    assert r.compile.new.label.startswith("new (working tree + the judged patch)")
+    assert any(row["metric"] == "regs_per_thread" for row in r.compile.rows)
+    assert "not compiled" not in text.split("## Compile statistics")[1].split("##")[0]
     with pytest.raises(ReviewError, match="no judged patch 'nope'"):
         run_review(spec, patch_variant="nope", no_model_reason="offline test", home=tmp_path)
     # a judged patch edited afterwards is refused
