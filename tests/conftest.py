@@ -20,6 +20,7 @@ SLOW_MODULES = frozenset({
     "test_attention.py",
     "test_bind.py",
     "test_cli_gateway.py",
+    "test_compile_facts.py",
     "test_dagster_dev_stop.py",
     "test_gateway_budget.py",
     "test_gateway_failover.py",
