@@ -427,6 +427,10 @@ def reading(v: Verdict | None) -> str:
         return ratio_words(r)
 
     ci = ""
+    if v.ratio_ci_low is not None and v.ratio_ci_high is not None and (v.ratio >= 2 or v.ratio <= 0.5):
+        # beyond a factor of two the words are factors, and so is the interval
+        lo, hi = (v.ratio_ci_low, v.ratio_ci_high) if v.ratio >= 2 else (1 / v.ratio_ci_high, 1 / v.ratio_ci_low)
+        return f"{pct(v.ratio)} [{lo:.2f}x, {hi:.2f}x]" if f"{lo:.2f}" != f"{hi:.2f}" else f"{pct(v.ratio)} [{lo:.2f}x]"
     if v.ratio_ci_low is not None and v.ratio_ci_high is not None:
         lo, hi = (v.ratio_ci_low - 1) * 100, (v.ratio_ci_high - 1) * 100
         # runs that barely vary (recorded runs often spread by under 0.5%) give an interval narrower than

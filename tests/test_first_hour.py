@@ -67,6 +67,9 @@ def test_verdict_reading_on_model_and_measured_evidence():
     measured = Verdict(variant_id="v", verdict="PASS", reasons=["x"], ratio=0.526, ratio_ci_low=0.52, ratio_ci_high=0.53,
                        evidence="cuda", method="hodges-lehmann/shift")
     assert reading(measured).startswith("47.4% faster [-48.0%, -47.0%]")
+    far = Verdict(variant_id="v", verdict="REGRESS", reasons=["x"], ratio=4.225, ratio_ci_low=4.2, ratio_ci_high=4.25,
+                  evidence="replay", method="aligned")
+    assert reading(far) == "4.22x slower [4.20x, 4.25x]"  # beyond a factor of two, the interval in factors too
 
 
 def _meas(shape: str, p50: float, evidence: str) -> Measurement:
