@@ -231,7 +231,8 @@ def delta_rows(base: CompileSide | None, new: CompileSide) -> list[dict[str, Any
     if not (base and base.stats and new.stats):
         return rows
     mix_b, mix_n = base.stats.get("sass_mix", {}), new.stats.get("sass_mix", {})
-    for m in list(DELTA_METRICS) + [f"sass.{k}" for k in sorted(set(mix_b) | set(mix_n))]:
+    both = bool(mix_b) and bool(mix_n)  # a side with no disassembly (a judgement's figures) has no mix to compare
+    for m in list(DELTA_METRICS) + ([f"sass.{k}" for k in sorted(set(mix_b) | set(mix_n))] if both else []):
         if m.startswith("sass."):
             b, n = mix_b.get(m[5:], 0), mix_n.get(m[5:], 0)
         else:

@@ -19,9 +19,9 @@ from kernel_assets.review.diff import (
     resolve_ref,
     worktree_dirty,
 )
-from kernel_assets.review.offline import compile_deltas, compile_findings, coverage_by_item, patched_compile_deltas
+from kernel_assets.review.offline import compile_deltas, compile_findings, coverage_by_item, delta_rows, patched_compile_deltas
 from kernel_assets.review.prompt import build_messages, offline_facts, parse_findings
-from kernel_assets.review.records import RISK_ORDER, ReviewError, ReviewResult, spec_checklist
+from kernel_assets.review.records import RISK_ORDER, CompileDelta, CompileSide, ReviewError, ReviewResult, spec_checklist
 from kernel_assets.review.report import render_report
 from kregress.core import paths
 from kregress.core.family import RecordedFamily
@@ -169,6 +169,14 @@ def run_review(
         elif compile and patched_texts is not None:
             say(f"review: AOT-compiling the baseline config without and with the judged patch ({spec.hardware.arch})")
             result.compile = patched_compile_deltas(src, head_sha, patched_texts, spec, home)
+            judged = judged_compile_side(spec, patch_variant, home)
+            if not result.compile.new.ok and judged is not None:
+                # the family's own compile units do not know what the patch changed (a new constexpr the wrapper
+                # passes, say); the judgement compiled it from the patched launch: its figures stand for the new side
+                judged.note = (f"the family's compile units could not compile the patched kernel ({result.compile.new.error}: "
+                               f"{result.compile.new.detail[:160]}); these are the judgement's own compile figures")
+                result.compile = CompileDelta(config=result.compile.config, base=result.compile.base, new=judged,
+                                              rows=delta_rows(result.compile.base, judged))
             result.findings += compile_findings(result.compile, spec, module_path, f"kregress judge {spec_path or 'SPEC'} PATCH")
         elif compile and patch_variant:
             result.notes.append(f"the judged patch {patch_variant} no longer applies to the working tree: no compile comparison")
@@ -194,6 +202,19 @@ def run_review(
                                               "run_id": run_id, "base": base_sha, "model_reviewed": result.model_reviewed})
     say(f"review {spec.task_id}: {len(result.findings)} finding(s); {result.reviewed_by}")
     return result
+
+
+def judged_compile_side(spec: Any, variant_id: str, home: Path) -> CompileSide | None:
+    """The judgement's own AOT compile of the patched kernel (verdicts.parquet), as a compile side; None without one."""
+    from kernel_assets.judge import load_judged_patch
+
+    _, row = load_judged_patch(spec.task_id, variant_id, home)
+    regs = row.get("regs_per_thread")
+    if regs is None or regs != regs:
+        return None
+    stats = {k: (int(row[k]) if k != "occupancy" else float(row[k])) for k in ("regs_per_thread", "spill_bytes", "smem_bytes", "occupancy")
+             if row.get(k) is not None and row[k] == row[k]}
+    return CompileSide(label=f"new (the judged patch, as judgement {row.get('judgement_id', '?')} compiled it)", ok=True, stats=stats)
 
 
 def patched_files(spec: Any, family: Any, repo: Path, variant_id: str, home: Path) -> dict[str, str] | None:
