@@ -165,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-per-run", type=int, default=2, help="KREGRESS_STEPS_PER_RUN under --executor multiprocess")
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     args = ap.parse_args(argv)
+    import importlib.util
+
+    missing = [m for m in ("dagster_postgres", "dagster_k8s") if importlib.util.find_spec(m) is None]
+    if missing:  # the shared instance's storage and executor: without them Dagster stops with a CheckError
+        print(f"bench/scale.py: needs the deploy extra ({', '.join(missing)} not installed). Fix: "
+              f"{Path(sys.executable).parent / 'pip'} install -e '.[deploy]'", file=sys.stderr)
+        return 2
 
     import socket
 

@@ -14,6 +14,7 @@ changes the run.
 
 import hashlib
 import time
+import warnings
 from enum import Enum
 from types import SimpleNamespace
 from typing import Any
@@ -37,6 +38,9 @@ from kregress.core.records import Suggestion, VariantResult, config_label
 from resources.gpu import BenchmarkBackend, ReplayBackend, backend_for
 from resources.ledger import LedgerResource
 from resources.taotoken import TaotokenResource
+
+# Every check is partitioned like its asset (a Dagster preview API), so each spec's result is its own in the UI.
+warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec")
 
 # Benchmark steps: one slot of the pool of the device they time on (gpu/<host>/<device>, one benchmark per
 # GPU at a time) and, under the k8s executor, a one-GPU pod on a node of the chosen GPU model.
@@ -90,6 +94,17 @@ def _skipped_md(k: int, reason: str) -> dict:
     return {"skipped": f"round {k} did not run: {reason}"}
 
 
+def not_checked(check_name: str, why: str, task_id: str, **metadata) -> dg.AssetCheckResult:
+    """A check that could not run: a WARN saying "not checked: why", never a pass (nor "none")."""
+    return dg.AssetCheckResult(check_name=check_name, passed=False, severity=dg.AssetCheckSeverity.WARN,
+                               description=f"not checked: {why}",
+                               metadata={"task_id": task_id, "checked": False, "not_checked": why, **metadata})
+
+
+# Recorded runs carry no compile facts: the constraints checks cannot run on a replay family.
+NO_COMPILE_FACTS = "recorded runs carry no compile facts (registers, spills, shared memory)"
+
+
 def _log_fn(context: dg.AssetExecutionContext):
     return lambda msg: context.log.info(msg)
 
@@ -110,9 +125,9 @@ def _bound(bound: BoundSpec | None, step: str) -> BoundSpec:
     kinds={"triton", "pytorch"},
     owners=OWNERS,
     check_specs=[
-        dg.AssetCheckSpec("baseline_correct", asset="baseline_metrics", blocking=True,
+        dg.AssetCheckSpec("baseline_correct", asset="baseline_metrics", blocking=True, partitions_def=SPECS_PARTITIONS,
                           description="Baseline compiles and matches the float64 reference (blocks the sweep)."),
-        dg.AssetCheckSpec("baseline_constraints", asset="baseline_metrics",
+        dg.AssetCheckSpec("baseline_constraints", asset="baseline_metrics", partitions_def=SPECS_PARTITIONS,
                           description="Baseline registers, spills and shared memory within the spec's constraints."),
     ],
 )
@@ -147,17 +162,21 @@ def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench:
     if c is not None:
         check_md.update(max_abs_err=c.max_abs_err, max_rel_err=c.max_rel_err, shapes=", ".join(c.shapes_checked))
     violations = sweep.constraint_violations(row, spec)
-    return dg.MaterializeResult(value=state, metadata=md, check_results=[
-        dg.AssetCheckResult(
-            check_name="baseline_correct", passed=correct, severity=dg.AssetCheckSeverity.ERROR,
-            description=(sweep.failure_line(row) if not correct
-                         else row.error_detail if facts_only
-                         else "recorded runs: correctness not re-checked (replay)" if c is None else None),
-            metadata=check_md,
-        ),
-        dg.AssetCheckResult(check_name="baseline_constraints", passed=not violations,
-                            severity=dg.AssetCheckSeverity.WARN, metadata={"violations": "; ".join(violations) or "none"}),
-    ])
+    task = context.partition_key
+    recorded = isinstance(fam, RecordedFamily)
+    correct_check = (not_checked("baseline_correct", "recorded runs are not re-checked (they were validated when recorded)",
+                                 task, error=row.error or "none") if recorded and correct and c is None else
+                     dg.AssetCheckResult(check_name="baseline_correct", passed=correct, severity=dg.AssetCheckSeverity.ERROR,
+                                         description=(sweep.failure_line(row) if not correct
+                                                       else row.error_detail if facts_only else None),
+                                         metadata={"task_id": task, **check_md}))
+    constraints_check = (not_checked("baseline_constraints", NO_COMPILE_FACTS, task) if recorded and row.compile is None else
+                         dg.AssetCheckResult(check_name="baseline_constraints", passed=not violations,
+                                             severity=dg.AssetCheckSeverity.WARN,
+                                             description="; ".join(violations)[:500] or None,
+                                             metadata={"task_id": task, "violating": len(violations),
+                                                       "violations": "; ".join(violations) or "within every limit"}))
+    return dg.MaterializeResult(value=state, metadata=md, check_results=[correct_check, constraints_check])
 
 
 def build_round(k: int):
@@ -218,17 +237,17 @@ def build_round(k: int):
         pool=BENCH_POOL, op_tags=GPU_OP_TAGS, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
         kinds={"triton", "pytorch"}, owners=OWNERS,
         description=f"Round {k}: compile stats, correctness and latency of every proposal; failures are rows.",
-        check_specs=[dg.AssetCheckSpec(f"round_{k}_constraints", asset=f"round_{k}_variants",
+        check_specs=[dg.AssetCheckSpec(f"round_{k}_constraints", asset=f"round_{k}_variants", partitions_def=SPECS_PARTITIONS,
                                        description="Variants within the register, spill and shared-memory limits.")],
     )
     def variants(context: dg.AssetExecutionContext, bench: BenchmarkBackend, replay: ReplayBackend,
                  proposal: Proposal):
         bound = _bound(proposal.bound, f"round_{k}_variants")
         spec, fam = bound.spec, bound.family
+        task = context.partition_key
         if proposal.skipped is not None:  # the round did not run: say so, and check nothing
             return dg.MaterializeResult(value=[], metadata=_skipped_md(k, proposal.skipped), tags=SKIPPED_TAGS, check_results=[
-                dg.AssetCheckResult(check_name=f"round_{k}_constraints", passed=True,
-                                    description=f"round {k} did not run ({proposal.skipped}): nothing to check")])
+                not_checked(f"round_{k}_constraints", f"round {k} did not run ({proposal.skipped})", task)])
         rows, ev = ([], None)
         if proposal.suggestions:
             rows, ev = backend_for(fam, bench, replay).evaluate(bound, proposal.suggestions, log=_log_fn(context))
@@ -238,12 +257,21 @@ def build_round(k: int):
         if ev:
             md.update(ev.as_metadata())
         bad = {r.variant_id: v for r in rows if (v := sweep.constraint_violations(r, spec))}
-        check = dg.AssetCheckResult(
-            check_name=f"round_{k}_constraints", passed=not bad, severity=dg.AssetCheckSeverity.WARN,
-            description="; ".join(f"{v}: {', '.join(x)}" for v, x in bad.items())[:500] or None,
-            metadata={"violating": len(bad),
-                      "details": dg.MetadataValue.md("\n".join(f"- {v}: {'; '.join(x)}" for v, x in bad.items()) or "_none_")},
-        )
+        compiled = [r for r in rows if r.compile is not None]
+        if isinstance(fam, RecordedFamily) and not compiled:
+            check = not_checked(f"round_{k}_constraints", NO_COMPILE_FACTS, task, variants=len(rows))
+        elif not compiled and not bad:
+            why = (f"none of the round's {len(rows)} variant(s) compiled: no registers, spills or shared memory to check"
+                   if rows else "the round had no variant to measure")
+            check = not_checked(f"round_{k}_constraints", why, task, variants=len(rows))
+        else:
+            check = dg.AssetCheckResult(
+                check_name=f"round_{k}_constraints", passed=not bad, severity=dg.AssetCheckSeverity.WARN,
+                description="; ".join(f"{v}: {', '.join(x)}" for v, x in bad.items())[:500] or None,
+                metadata={"task_id": task, "violating": len(bad), "checked": len(compiled),
+                          "details": dg.MetadataValue.md("\n".join(f"- {v}: {'; '.join(x)}" for v, x in bad.items())
+                                                         or f"all {len(compiled)} compiled variant(s) within the limits")},
+            )
         return dg.MaterializeResult(value=rows, metadata=md, check_results=[check])
 
     @dg.asset(
@@ -280,9 +308,9 @@ def _last_profiles_key() -> str:
 @dg.asset(
     partitions_def=SPECS_PARTITIONS, group_name=GROUP_REPORT, code_version=CODE_VERSION,
     ins={"state": dg.AssetIn(_last_profiles_key())}, kinds={"pandas", "parquet"}, owners=OWNERS,
-    check_specs=[dg.AssetCheckSpec("regression_guard", asset="verdict_report",
+    check_specs=[dg.AssetCheckSpec("regression_guard", asset="verdict_report", partitions_def=SPECS_PARTITIONS,
                                    description="The sweep's best config is correct, within constraints and not a regression."),
-                 dg.AssetCheckSpec("baseline_vs_history", asset="verdict_report",
+                 dg.AssetCheckSpec("baseline_vs_history", asset="verdict_report", partitions_def=SPECS_PARTITIONS,
                                    description="Today's baseline against the last accepted one (same device and versions).")],
 )
 def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource,
@@ -346,18 +374,24 @@ def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource
     history_md = {"verdict": past.verdict, "reference_run": past.reference_run or "none"}
     if past.ratio is not None:  # no placeholder number when there is no reference to compare with
         history_md["ratio"] = past.ratio
+    task = context.partition_key
+    guard_md = {"best": best.variant_id, "verdict": best_verdict.verdict if best_verdict else "BASELINE",
+                **{f"n_{k}": v for k, v in counts.items()}}
+    if problems or evidence_of(state.history) == "measured":
+        guard = dg.AssetCheckResult(check_name="regression_guard", passed=not problems, severity=dg.AssetCheckSeverity.WARN,
+                                    description="; ".join(problems)[:500] or None,
+                                    metadata={"task_id": task, "problems": "; ".join(problems) or "no problem found", **guard_md})
+    else:  # correct and within constraints, but the guard compares timings and nothing was timed
+        guard = not_checked("regression_guard", "nothing was timed (analytic estimates only; the guard compares cuda or "
+                            "replay timings); the best variant is correct and within constraints", task, **guard_md)
     return dg.MaterializeResult(value=summary, metadata=md, check_results=[
-        dg.AssetCheckResult(
-            check_name="regression_guard", passed=not problems, severity=dg.AssetCheckSeverity.WARN,
-            description="; ".join(problems)[:500] or (
-                None if evidence_of(state.history) == "measured" else
-                "correct and within constraints; whether it is a regression is unknown: nothing was timed "
-                "(analytic estimates only; the guard compares cuda or replay timings)"),
-            metadata={"best": best.variant_id, "verdict": best_verdict.verdict if best_verdict else "BASELINE",
-                      "problems": "; ".join(problems) or "none", **{f"n_{k}": v for k, v in counts.items()}},
-        ),
-        dg.AssetCheckResult(check_name="baseline_vs_history", passed=past.verdict != "REGRESS",
-                            severity=dg.AssetCheckSeverity.WARN, description=past.reason, metadata=history_md),
+        guard,
+        # nothing to compare with (a first sweep, or no timing today): not checked; undecided is a warning, never a pass
+        not_checked("baseline_vs_history", past.reason, task, **history_md)
+        if past.verdict == "NO_HISTORY" or (past.verdict == "NEEDS_REVIEW" and evidence_of([baseline]) != "measured")
+        else dg.AssetCheckResult(check_name="baseline_vs_history", passed=past.verdict in ("PASS", "ACKNOWLEDGED"),
+                                 severity=dg.AssetCheckSeverity.WARN, description=past.reason,
+                                 metadata={"task_id": task, **history_md}),
     ])
 
 

@@ -44,6 +44,8 @@ HISTORY_EPILOG = "exit codes: 0 shown; 1 no sweep of that task is recorded under
 # Test hook: `step:<step_key>` (at that step's start) or `log:<text>` (after a progress line containing text)
 # makes the sweep process SIGKILL itself, as a crash would. Only tests set it.
 KILL_ENV = "KREGRESS_TEST_KILL_AT"
+# The command as the user invoked it (``invoked_as``), set by ``main`` for the report's `next:` line.
+COMMAND_ENV = "KREGRESS_COMMAND"
 
 
 def _ensure_home(arg: str | None) -> Path:
@@ -102,6 +104,37 @@ def failure_line(err) -> str:
 
 # --- progress display ------------------------------------------------------------------------------
 
+_IMPORTED_AT = time.perf_counter()
+
+
+def process_started_at() -> float:
+    """When this process started, on the ``time.perf_counter`` clock: the progress clock counts from the
+    launch, not from the end of the imports (Linux: /proc/self/stat's start time against /proc/uptime;
+    elsewhere, the import of this module)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return _IMPORTED_AT
+    return time.perf_counter() - max(0.0, age)
+
+
+def invoked_as() -> str:
+    """The command a user can paste to run kregress again, as they ran it: ``.venv/bin/kregress`` when
+    that is what they typed, ``kregress`` when it came from PATH, ``python -m kernel_assets.cli`` otherwise."""
+    arg0 = sys.argv[0] if sys.argv else ""
+    name = Path(arg0).name
+    if name == "kregress" or name.startswith("kregress."):
+        if os.sep not in arg0:
+            return "kregress"
+        try:
+            return os.path.relpath(arg0) if not os.path.relpath(arg0).startswith("..") else arg0
+        except ValueError:
+            return arg0
+    exe = os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") else sys.executable
+    return f"{exe} -m kernel_assets.cli"
+
 ROUND_STEPS = ("suggestions", "variants", "profiles")  # the steps of one round, in order
 _ROUND_STEP = re.compile(r"^round_(\d+)_(suggestions|variants|profiles)$")
 _SKIPPED = re.compile(r"^round (\d+) skipped: (.*)$")
@@ -118,10 +151,11 @@ class _Progress(logging.Handler):
         super().__init__(logging.DEBUG)
         self.total = total_steps
         self.done = 0
-        self.t0 = time.perf_counter()
+        self.t0 = process_started_at()  # the clock counts from the launch, imports included
         self.stream = stream
         self.failures: list[tuple[str, str]] = []  # (step, one line)
         self.skipped_rounds: set[int] = set()
+        self.not_checked: set[str] = set()  # the "not checked: why" lines already printed
         self._pending: str | None = None  # a round's suggestions step line, held until we know it ran
         self.kill_at = os.environ.get(KILL_ENV, "")
 
@@ -154,7 +188,14 @@ class _Progress(logging.Handler):
                 self._line(f"{elapsed} FAILED {step}: {why}")
             elif kind == "ASSET_CHECK_EVALUATION":
                 data = event.event_specific_data
-                if not data.passed:
+                desc = (data.description or "").strip()
+                if not data.passed and desc.startswith("not checked: "):
+                    # a check that could not run: said once per reason (every round of a replay has the same one)
+                    if desc not in self.not_checked:
+                        self.not_checked.add(desc)
+                        self._flush()
+                        self._line(f"{elapsed}   check {data.check_name} {' '.join(desc.split())[:300]}")
+                elif not data.passed:
                     self._flush()
                     detail = (data.description or "").strip() or _check_detail(data.metadata)
                     self._line(f"{elapsed}   check {data.check_name} FAILED ({data.severity.value})"
@@ -266,7 +307,28 @@ def _unchanged(home: Path, spec, args: argparse.Namespace) -> dict | None:
     files = (last.get("fingerprint") or {}).get("family_files") or {}
     if not files or not Path(last.get("report", "")).is_file():
         return None
-    return last if last.get("fingerprint") == sweep_fingerprint(spec, {f: _file_sha(f) for f in files}, args) else None
+    if last.get("fingerprint") != sweep_fingerprint(spec, {f: _file_sha(f) for f in files}, args):
+        return None
+    # the report it names must still be the one it describes: an edited, replaced or older record re-runs
+    report_sha = _report_sha(last["report"])
+    if report_sha != last.get("report_sha256"):
+        _say(f"kregress: sweep {spec.task_id}: {last['report']} is not the report run {last.get('run_id', '?')} wrote "
+             f"(its sha256 changed since); re-running")
+        return None
+    return last
+
+
+def _report_sha(report: str | Path) -> str:
+    """sha256 of report.md and of the tables beside it (verdicts.parquet, variants.parquet): what the
+    "unchanged" answer points the user to."""
+    h = hashlib.sha256()
+    d = Path(report).parent
+    for f in (Path(report), d / "verdicts.parquet", d / "variants.parquet"):
+        try:
+            h.update(f.read_bytes())
+        except OSError:
+            h.update(b"missing")
+    return h.hexdigest()
 
 
 def _last_sweep_file(home: Path, task_id: str) -> Path:
@@ -489,7 +551,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         fingerprint = sweep_fingerprint(loaded, {str(f): _file_sha(f) for f in bound.family.source_files()}, args)
         _record_sweep(home, spec.task_id, {"run_id": result.run_id, "ts": time.time(), "fingerprint": fingerprint,
                                            "task_id": spec.task_id,
-                                           "report": report, "verdicts": verdicts,
+                                           "report": report, "report_sha256": _report_sha(report), "verdicts": verdicts,
                                            "next": summary.get("next_step") or ""})
     return budget_rc
 
@@ -679,6 +741,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    os.environ[COMMAND_ENV] = invoked_as()  # what the report's `next:` line tells the user to paste
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     return args.func(args)

@@ -8,8 +8,14 @@
 Each PATCH is a unified diff as `git diff` writes it, paths relative to the family package's root (the
 project for built-in families). It runs against the spec's baseline config, or the baseline with the
 given config's tunables. One line per patch: `<variant_id> <VERDICT> <cause>: <reason>` (variant_id:
-the file's stem; cause `-` when the verdict has none). The report, the Parquet tables and the judged
-patches land in $DAGSTER_HOME/reports/<task_id>/. The working tree is never modified.
+the file's stem; cause `-` when the verdict has none). Each judgement gets its own folder,
+$DAGSTER_HOME/reports/<task_id>/judge/<judgement id>/ (report.md, the Parquet tables, the judged
+patches), listed in reports/<task_id>/judge/index.md; a sweep's report is never touched. The working
+tree is never modified.
+
+A patch already applied to the working tree (`git diff > mine.patch`, then judge) is refused with exit
+2: judge it against the committed source with `--base HEAD` (an export of that commit is judged; the
+working tree stays as it is), or stash the change first.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from pathlib import Path
 
 EXIT_OK, EXIT_BAD_ARGUMENT = 0, 2
 EPILOG = ("exit codes: 0 judging completed, whatever the verdicts; 2 an argument is not a patch (no such file, not a "
-          "diff), a config is unreadable, or the spec is invalid: nothing was judged")
+          "diff), a config is unreadable, the spec is invalid, or a patch is already applied to the working tree "
+          "(use --base HEAD, or stash): nothing was judged")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="default: the spec's benchmark.backend, else cuda when a GPU is visible, else the interpreter")
     j.add_argument("--seed", type=int, default=0,
                    help="reproduce a judgement with this input seed (default 0: a fresh secret seed)")
+    j.add_argument("--base", metavar="REF",
+                   help="judge against the family's source as committed at REF (e.g. HEAD) instead of the working tree; "
+                        "the working tree is not touched (for a patch that is already applied there)")
     j.add_argument("--dagster-home", help="where reports go (default: $DAGSTER_HOME, else ./dagster_home)")
     j.set_defaults(func=cmd_judge)
 
@@ -57,6 +67,12 @@ def cmd_judge(args: argparse.Namespace) -> int:
     except BadArgument as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGUMENT
+    if args.base:
+        return _judge_at_base(args, home)
+    applied = _already_applied(args.spec, patches)
+    if applied:
+        print(f"error: {applied}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENT
 
     def log(msg: str) -> None:
         print(f"  {msg}", file=sys.stderr, flush=True)
@@ -70,4 +86,58 @@ def cmd_judge(args: argparse.Namespace) -> int:
     for line in result.lines:
         print(line, flush=True)
     print(f"report: {result.report_dir / 'report.md'}", file=sys.stderr)
+    print(f"all judgements of {result.report_dir.parent.parent.name}: {result.index}", file=sys.stderr)
     return EXIT_OK
+
+
+def _already_applied(spec_path: str, patches: list) -> str:
+    """One line when a patch is already applied to the working tree (its reverse applies cleanly), else ''."""
+    from kernel_assets.judge import already_applied
+    from kregress.core.bind import load_bound
+    from kregress.core.spec import SpecError
+
+    try:
+        family = load_bound(spec_path).family
+    except SpecError:
+        return ""  # the judgement itself says what is wrong with the spec
+    for p in patches:
+        files = already_applied(family, p.text)
+        if files:
+            return (f"{p.path} is already applied to {', '.join(files)} in the working tree (its reverse applies cleanly), "
+                    f"so the baseline would be the patched kernel. Fix: judge it against the committed source with "
+                    f"--base HEAD (the working tree is not touched), or stash the change first (git stash)")
+    return ""
+
+
+def _judge_at_base(args: argparse.Namespace, home: Path) -> int:
+    """``--base REF``: the same judgement, run in a child whose imports come from an export of REF (the
+    family's checkout at that commit); the working tree and the index are only read."""
+    import subprocess
+    import tempfile
+
+    from kernel_assets.judge import BASE_ENV, BadArgument, export_base
+    from kregress.core.bind import load_bound
+
+    family = load_bound(args.spec).family
+    with tempfile.TemporaryDirectory(prefix="kregress-base-") as tmp:
+        try:
+            import_root, sha = export_base(family, args.base, Path(tmp))
+        except BadArgument as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_BAD_ARGUMENT
+
+        def absolute(arg: str) -> str:
+            if Path(arg).exists() or ":" not in arg:
+                return str(Path(arg).resolve())
+            head, _, tail = arg.rpartition(":")
+            return f"{Path(head).resolve()}:{Path(tail).resolve() if Path(tail).is_file() else tail}"
+
+        argv = ["judge", str(Path(args.spec).resolve()), *map(absolute, args.patches), "--backend", args.backend,
+                "--seed", str(args.seed)]
+        if args.config:
+            argv += ["--config", str(Path(args.config).resolve()) if Path(args.config).is_file() else args.config]
+        env = {**os.environ, "DAGSTER_HOME": str(home), BASE_ENV: f"{args.base} ({sha[:10]})", "PYTHONSAFEPATH": "1",
+               "PYTHONPATH": os.pathsep.join([str(import_root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+        print(f"kregress: judging against {args.base} ({sha[:10]}): an export of that commit in {import_root}; "
+              "the working tree is not touched", file=sys.stderr)
+        return subprocess.run([sys.executable, "-m", "kernel_assets.cli", *argv], cwd=str(import_root), env=env).returncode

@@ -7,14 +7,17 @@ next to the spec's baseline; each verdict is ``verdict_with_gate``: the gate's c
 precision, implausible) in front of the sweep's own rule (``kernel_assets.sweep.verdict_for``). No
 Dagster instance is involved: the backend resource is constructed directly, as tests do.
 
-Outputs, under ``$DAGSTER_HOME/reports/<task_id>/``: report.md (each diff with what the gate found), the
-Parquet tables of a sweep (verdicts.parquet carries variant_id, verdict, cause and patch_sha256) and each
-judged patch as ``patches/<variant_id>.patch`` (what ``kregress review --patch VARIANT_ID`` reads).
+Each judgement keeps its own record, never the sweep's files:
+``$DAGSTER_HOME/reports/<task_id>/judge/<judgement id>/`` holds report.md ("kregress judge"), the Parquet
+tables of a sweep (verdicts.parquet carries variant_id, verdict, cause and patch_sha256), each judged
+patch as ``patches/<variant_id>.patch`` (what ``kregress review --patch VARIANT_ID`` reads) and
+``judgement.json``; ``reports/<task_id>/judge/index.md`` lists every judgement of the task, newest first.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,8 +149,10 @@ def verdict_with_gate(row: VariantResult, baseline: VariantResult, spec: Any, fa
 class JudgeResult:
     rows: list[VariantResult]
     verdicts: dict[str, Verdict]
-    report_dir: Path
+    report_dir: Path  # this judgement's own folder: reports/<task_id>/judge/<judgement id>/
     lines: list[str] = field(default_factory=list)
+    judgement_id: str = ""
+    index: Path | None = None  # reports/<task_id>/judge/index.md
 
 
 def verdict_line(v: Verdict) -> str:
@@ -156,9 +161,71 @@ def verdict_line(v: Verdict) -> str:
     return f"{v.variant_id} {v.verdict} {v.cause or '-'}: {reason[:400]}"
 
 
+JUDGE_DIR = "judge"  # reports/<task_id>/judge/: one folder per judgement and the index; a sweep never writes here
+BASE_ENV = "KREGRESS_JUDGE_BASE"  # set by `--base REF` for the judgement it re-runs in an export of REF
+
+
+def judge_root(task_id: str, home: Path | None = None) -> Path:
+    """``reports/<task_id>/judge/`` under ``home`` (default: the current DAGSTER_HOME)."""
+    return ((Path(home) / "reports" / task_id) if home else paths.reports_dir(task_id)) / JUDGE_DIR
+
+
+def new_judgement_dir(task_id: str) -> tuple[str, Path]:
+    """(judgement id, its new folder): a UTC timestamp and a random suffix, so two judges never share one."""
+    import secrets
+    import time
+
+    root = judge_root(task_id)
+    root.mkdir(parents=True, exist_ok=True)
+    while True:
+        jid = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+        d = root / jid
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        return jid, d
+
+
+def judgements(task_id: str, home: Path | None = None) -> list[dict[str, Any]]:
+    """Every judgement recorded for ``task_id`` (each folder's judgement.json), newest first."""
+    root = judge_root(task_id, home)
+    out = []
+    for f in sorted(root.glob("*/judgement.json"), reverse=True):
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        rec["dir"] = str(f.parent)
+        out.append(rec)
+    return out
+
+
+def write_index(task_id: str) -> Path:
+    """Rewrite ``reports/<task_id>/judge/index.md`` from the judgements on disk (a table, newest first):
+    the index is derived, so two judges finishing together cannot lose each other's entry."""
+    root = judge_root(task_id)
+    rows = judgements(task_id)
+    lines = [f"# kregress judge: every judgement of {task_id}", "",
+             "Each judgement has its own folder here (report.md, verdicts.parquet, patches/); a sweep's files "
+             f"(`reports/{task_id}/report.md` and its tables) are separate and never touched by a judge.", "",
+             "| judgement | when (UTC) | base | spec | patch: verdict cause |", "|---|---|---|---|---|"]
+    for r in rows:
+        verdicts = "<br>".join(f"`{v['variant_id']}`: {v['verdict']} {v.get('cause') or '-'}" for v in r.get("verdicts", []))
+        lines.append(f"| [{r['judgement_id']}]({r['judgement_id']}/report.md) | {r.get('when', '')} | "
+                     f"{r.get('base', 'working tree')} | `{r.get('spec', '')}` | {verdicts} |")
+    tmp = root / f".index.md.{os.getpid()}"
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(root / "index.md")
+    return root / "index.md"
+
+
 def judge(spec_path: str | Path, patches: list[PatchArg], *, backend: str = "auto", seed: int = 0,
           log: Callable[[str], None] = print) -> JudgeResult:
-    """Judge ``patches`` against the spec's baseline with the sweep's backends and gate; write the report."""
+    """Judge ``patches`` against the spec's baseline with the sweep's backends and gate; write the
+    judgement's own record (a new folder under ``reports/<task_id>/judge/``) and the task's index."""
+    import time
+
     from kernel_assets.report import write_report
     from kernel_assets.sweep import RoundState
     from kregress.core.bind import load_bound
@@ -177,43 +244,117 @@ def judge(spec_path: str | Path, patches: list[PatchArg], *, backend: str = "aut
     rows, _stats = bench.evaluate(bound, suggestions, log=log)
     base, judged = rows[0], rows[1:]
     verdicts = {r.variant_id: verdict_with_gate(r, base, spec, family) for r in judged}
-    out_dir = paths.reports_dir(spec.task_id)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    jid, out_dir = new_judgement_dir(spec.task_id)
     pdir = out_dir / "patches"
     pdir.mkdir(exist_ok=True)
     for p in patches:
         (pdir / f"{p.variant_id}.patch").write_text(p.text)
+    base_src = os.environ.get(BASE_ENV) or "working tree"
     state = RoundState(round=1, history=[base] + judged, objective={}, best_id=base.variant_id, best_value=None,
                        stopped="judged with kregress judge (no search)",
-                       notes=[f"{p.variant_id}: {p.path}" + (f" with config {p.config_source}" if p.config_source else "")
-                              for p in patches])
-    write_report(out_dir, spec, str(spec_path), state, verdicts, list(family.space.params))
-    return JudgeResult(rows=judged, verdicts=verdicts, report_dir=out_dir,
-                       lines=[verdict_line(verdicts[r.variant_id]) for r in judged])
+                       notes=[f"judgement {jid}; the baseline and every patch were built from the {base_src}"
+                              + ("" if base_src == "working tree" else " (an export of that commit; the working tree was not touched)")]
+                       + [f"{p.variant_id}: {p.path}" + (f" with config {p.config_source}" if p.config_source else "")
+                          for p in patches])
+    write_report(out_dir, spec, str(spec_path), state, verdicts, list(family.space.params), judgement=True)
+    lines = [verdict_line(verdicts[r.variant_id]) for r in judged]
+    record = {"judgement_id": jid, "task_id": spec.task_id, "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+              "spec": str(spec_path), "spec_hash": spec.content_hash(), "base": base_src, "seed": seed,
+              "backend": base.backend, "evidence": base.evidence,
+              "verdicts": [{"variant_id": r.variant_id, "verdict": verdicts[r.variant_id].verdict,
+                            "cause": verdicts[r.variant_id].cause, "patch_sha256": r.patch_sha256,
+                            "patch_file": str(next(p.path for p in patches if p.variant_id == r.variant_id))}
+                           for r in judged],
+              "lines": lines}
+    (out_dir / "judgement.json").write_text(json.dumps(record, indent=1))
+    index = write_index(spec.task_id)
+    return JudgeResult(rows=judged, verdicts=verdicts, report_dir=out_dir, lines=lines, judgement_id=jid, index=index)
 
 
 def load_judged_patch(task_id: str, variant_id: str, home: Path | None = None) -> tuple[str, dict[str, Any]]:
-    """(patch text, its verdicts.parquet row) of a patch ``kregress judge`` judged for ``task_id``; the
+    """(patch text, its verdicts.parquet row) of a patch ``kregress judge`` judged for ``task_id``: the
+    newest judgement holding ``variant_id``, or ``<judgement id>/<variant_id>`` for an older one. The
     text's sha256 must match the row's. Raises ValueError saying what is missing."""
     import hashlib
 
     import pandas as pd
 
-    out_dir = (Path(home) / "reports" / task_id) if home else paths.reports_dir(task_id)
-    f = out_dir / "patches" / f"{variant_id}.patch"
-    table = out_dir / "verdicts.parquet"
-    if not f.is_file() or not table.is_file():
-        raise ValueError(f"no judged patch {variant_id!r} for {task_id} under {out_dir} (expected patches/{variant_id}.patch "
-                         f"and verdicts.parquet). Fix: run `kregress judge SPEC {variant_id}.patch` first")
+    root = judge_root(task_id, home)
+    jid, _, vid = variant_id.rpartition("/")
+    folders = [root / jid] if jid else sorted((d for d in root.glob("*") if d.is_dir()), reverse=True)
+    found = next((d for d in folders if (d / "patches" / f"{vid}.patch").is_file()), None)
+    if found is None or not (found / "verdicts.parquet").is_file():
+        raise ValueError(f"no judged patch {variant_id!r} for {task_id} under {root} (expected <judgement id>/patches/"
+                         f"{vid}.patch and verdicts.parquet). Fix: run `kregress judge SPEC {vid}.patch` first")
+    f, table = found / "patches" / f"{vid}.patch", found / "verdicts.parquet"
     text = f.read_text()
     df = pd.read_parquet(table)
-    rows = df[df["variant_id"] == variant_id].to_dict("records")
+    rows = df[df["variant_id"] == vid].to_dict("records")
     if not rows:
-        raise ValueError(f"{table} has no row for {variant_id!r}. Fix: judge the patch again")
+        raise ValueError(f"{table} has no row for {vid!r}. Fix: judge the patch again")
     row = rows[0]
     if row.get("patch_sha256") and row["patch_sha256"] != hashlib.sha256(text.encode()).hexdigest():
         raise ValueError(f"{f} changed since it was judged (sha256 differs from verdicts.parquet). Fix: judge it again")
+    row["judgement_id"] = found.name
     return text, row
+
+
+# --- a patch already in the working tree ------------------------------------------------------------
+
+
+def already_applied(family: Any, patch_text: str) -> list[str]:
+    """The files (relative to the family's root) in which ``patch_text`` is already applied: its reverse
+    applies cleanly to the file on disk and the patch itself does not. [] when it is not applied (or
+    only partly, or it does not parse: the gate says what is wrong with it)."""
+    from kregress.core.patch import PatchFormatError, apply_file, editable_set, read_sources
+
+    try:
+        patch = parse_patch(patch_text)
+        texts = read_sources(editable_set(family))
+    except (NotAPatch, PatchFormatError, ValueError, OSError):
+        return []
+    hit = []
+    for fp in patch.files:
+        if fp.old_path is None or fp.new_path is None or fp.binary or fp.new_path not in texts:
+            return []
+        cur = texts[fp.new_path]
+        try:
+            apply_file(cur, fp.reversed())
+        except ValueError:
+            return []
+        try:
+            apply_file(texts.get(fp.old_path, cur), fp)
+            return []  # applies both ways (an ambiguous context): not known to be applied
+        except ValueError:
+            hit.append(fp.new_path)
+    return hit
+
+
+def export_base(family: Any, ref: str, dest: Path) -> tuple[Path, str]:
+    """Export ``ref`` of the git checkout that holds the family's package into ``dest`` (``git archive``:
+    the working tree and the index are only read) -> (the export's import root, the commit's sha).
+    Raises BadArgument when the family is not in a git checkout or ``ref`` is unknown."""
+    import io
+    import subprocess
+    import tarfile
+
+    from kregress.core.patch import editable_set
+
+    root = editable_set(family).root
+    top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if top.returncode != 0:
+        raise BadArgument(f"--base {ref}: {root} is not in a git checkout, so there is no committed source to judge "
+                          "against. Fix: stash or revert the change by hand and judge without --base")
+    top_dir = Path(top.stdout.strip())
+    sha = subprocess.run(["git", "-C", str(top_dir), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                         capture_output=True, text=True)
+    if sha.returncode != 0:
+        raise BadArgument(f"--base {ref}: no such commit in {top_dir}. Fix: a branch, tag or sha, e.g. --base HEAD")
+    archive = subprocess.run(["git", "-C", str(top_dir), "archive", "--format=tar", sha.stdout.strip()],
+                             capture_output=True, check=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest / root.relative_to(top_dir), sha.stdout.strip()
 
 
 # --- the llm policy's patches (search.patches: true) ------------------------------------------------------

@@ -24,6 +24,8 @@ COLUMNS = [
     "expected_effect", "risk", "parent", "config_hash", "patch_sha256",
     # the forecast as proposed (before measurement), and the measured speedup it is scored against (cuda/replay only)
     "expected_speedup", "expected_speedup_low", "expected_speedup_high", "bottleneck", "measured_speedup",
+    # what latency_p50_ms (and p20/p80, tflops, gbps) is across the shapes: a geometric mean, named as one
+    "latency_aggregate",
 ]
 SHAPE_COLUMNS = ["variant_id", "round", "config_label", "shape", "verdict", "cause", "ratio", "ratio_ci_low",
                  "ratio_ci_high", "p50_ratio", "n_variant", "n_baseline", "batch", "evidence", "reason"]
@@ -38,6 +40,16 @@ def _geomean(xs: list) -> float | None:
         return None
     xs = [x for x in xs if x > 0]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def latency_aggregate(row: VariantResult) -> str | None:
+    """What a row's latency_p50_ms is: one shape's value, or the geometric mean over its shapes, of model
+    estimates or of measured p50s. None when it has no latency."""
+    ms = row.measurements
+    if not ms:
+        return None
+    what = "measured p50" if row.evidence in MEASURED_EVIDENCE else f"{row.evidence} estimate"
+    return f"{what} of one shape" if len(ms) == 1 else f"geometric mean over {len(ms)} shapes of the {what}s"
 
 
 def row_record(row: VariantResult, verdict: Verdict | None, param_names: list[str]) -> dict:
@@ -72,6 +84,7 @@ def row_record(row: VariantResult, verdict: Verdict | None, param_names: list[st
         "parent": row.parent, "config_hash": row.config_hash, "patch_sha256": row.patch_sha256,
         "expected_speedup": row.expected_speedup, "expected_speedup_low": row.expected_speedup_low,
         "expected_speedup_high": row.expected_speedup_high, "bottleneck": row.bottleneck,
+        "latency_aggregate": latency_aggregate(row),
     }
     for p in param_names:
         rec[p] = row.config.get(p)
@@ -91,7 +104,9 @@ def tables(history: list[VariantResult], verdicts: dict[str, Verdict], param_nam
     variants = pd.DataFrame.from_records(recs, columns=cols)
     verdict_df = variants[variants["round"] > 0].reset_index(drop=True)
     meas = pd.DataFrame.from_records(
-        [{"variant_id": r.variant_id, "round": r.round, "samples": len(m.samples_ms),
+        [{"variant_id": r.variant_id, "round": r.round,
+          # an estimate was never sampled: 0, whatever the row carries
+          "samples": len(m.samples_ms) if m.evidence in MEASURED_EVIDENCE else 0,
           **{c: getattr(m, c) for c in MEAS_COLUMNS if c not in ("variant_id", "round", "samples")}}
          for r in history for m in r.measurements],
         columns=MEAS_COLUMNS,
@@ -400,17 +415,23 @@ def _md_table(df: pd.DataFrame, cols: list[str], max_rows: int = 200, headers: d
 
 
 def reading(v: Verdict | None) -> str:
-    """What a verdict's ratio says, in words: ``2.3% slower [+0.9%, +3.1%]``, ``0.620x (estimate)``."""
+    """What a verdict's ratio says, in words (``kregress.core.forecast.ratio_words``): ``2.3% slower [+0.9%,
+    +3.1%]`` (takes 2.3% longer, with the interval of the time difference), ``2.39x slower (model estimate)``."""
+    from kregress.core.forecast import ratio_words
+
     if v is None or v.ratio is None or _isnan(v.ratio):
         return ""
     if v.method == "model" or v.evidence == "model":
-        return f"{v.ratio:.3f}x (estimate)"
+        return ratio_words(v.ratio, estimate=True)
 
     def pct(r: float) -> str:
-        d = (r - 1.0) * 100
-        return f"{abs(d):.1f}% {'slower' if d > 0 else 'faster'}" if abs(d) >= 0.05 else "0.0%"
+        return ratio_words(r)
 
     ci = ""
+    if v.ratio_ci_low is not None and v.ratio_ci_high is not None and (v.ratio >= 2 or v.ratio <= 0.5):
+        # beyond a factor of two the words are factors, and so is the interval
+        lo, hi = (v.ratio_ci_low, v.ratio_ci_high) if v.ratio >= 2 else (1 / v.ratio_ci_high, 1 / v.ratio_ci_low)
+        return f"{pct(v.ratio)} [{lo:.2f}x, {hi:.2f}x]" if f"{lo:.2f}" != f"{hi:.2f}" else f"{pct(v.ratio)} [{lo:.2f}x]"
     if v.ratio_ci_low is not None and v.ratio_ci_high is not None:
         lo, hi = (v.ratio_ci_low - 1) * 100, (v.ratio_ci_high - 1) * 100
         # runs that barely vary (recorded runs often spread by under 0.5%) give an interval narrower than
@@ -438,12 +459,15 @@ def verdict_view(verdict_df: pd.DataFrame, verdicts: dict[str, Verdict], kind: s
     else:
         cols += ["vs_baseline"]
     cols += ["why"]
-    headers = {"vs_baseline": "measured vs baseline [interval]" if kind == "measured" else "vs baseline",
+    headers = {"vs_baseline": "measured time vs baseline [interval]" if kind == "measured" else "time vs baseline",
                "config_label": "config", "draws": "draws a side"}
     return view, cols, headers
 
 
 MODEL_ONLY = "model estimate only: PASS or REGRESS needs cuda or replay evidence"
+# How every ratio in a report reads (one convention: the variant's time relative to the baseline's, in words).
+RATIO_NOTE = ("Every ratio here is the variant's time relative to the baseline's, in words: \"12.5% slower\" takes 12.5% "
+              "longer, \"47.4% faster\" takes 47.4% less time, \"2.39x slower\" takes 2.39 times as long.")
 
 
 def evidence_text(history: list[VariantResult]) -> str:
@@ -479,10 +503,13 @@ def per_shape_section(by_shape: pd.DataFrame, kind: str, shapes: list[str]) -> s
     out = []
     if kind == "model":
         if len(timed):
+            from kregress.core.forecast import ratio_words
+
             piv = timed.pivot_table(index="variant_id", columns="shape", values="ratio", sort=False)
-            piv = piv[[s for s in shapes if s in piv.columns]].reset_index()
-            out.append("Estimated time / baseline's estimate on each shape (evidence `model`: analytic estimates, "
-                       "no samples, no interval; below 1 means the model expects it faster).\n")
+            piv = piv[[s for s in shapes if s in piv.columns]]
+            piv = piv.apply(lambda col: col.map(lambda r: ratio_words(r) if r == r else "")).reset_index()
+            out.append("Each variant's estimated time on each shape relative to the baseline's estimate, in words "
+                       "(evidence `model`: analytic estimates, no samples, no interval).\n")
             out.append(_md_table(piv, list(piv.columns), max_rows=400))
     elif len(shapes) == 1 and len(timed):  # the verdict table above is already the per-shape table
         nv, nb = timed["n_variant"], timed["n_baseline"]
@@ -574,9 +601,13 @@ def tolerance_section(spec: TaskSpec, history: list[VariantResult]) -> str:
         "error beyond the format's.", "",
     ]
     recs = []
+    # A patch's error comes from the gate's own inputs (secret seeds, large-magnitude and outlier values, hidden
+    # shapes), the baseline's row from the correctness shapes: not the same inputs, so not one table. Each patch
+    # is compared with the baseline on the gate's inputs instead (the gate's precision figures).
+    patched = [r for r in history if r.gate is not None and r.correctness is not None]
     for r in history:
         c = r.correctness
-        if c is None:
+        if c is None or any(r is x for x in patched):
             continue
         ratio = _steps(c.max_abs_err, c.ref_rounding_abs)
         recs.append({"variant_id": r.variant_id, "dtype": c.dtype or spec.dtype, "atol": c.atol, "rtol": c.rtol,
@@ -584,8 +615,11 @@ def tolerance_section(spec: TaskSpec, history: list[VariantResult]) -> str:
                      "err / ref rounding": ratio,
                      "max_rel_err": c.max_rel_err, "ref rounding rel": c.ref_rounding_rel,
                      "within rounding": _rounding_class(ratio), "ok": c.ok, "backend": r.backend})
-    if not recs:  # recorded runs: nothing to explain
+    if not recs and not patched:  # recorded runs: nothing to explain
         return "_no correctness check in this sweep: recorded runs are not re-checked (they were validated when recorded)_\n"
+    gate_part = _patch_tolerance(patched)
+    if not recs:
+        return "\n".join(lines) + "\n" + gate_part
     df = pd.DataFrame.from_records(recs)
     key = ["dtype", "atol", "rtol", "max_abs_err", "ref rounding abs", "err / ref rounding", "max_rel_err",
            "ref rounding rel", "within rounding", "ok"]
@@ -609,7 +643,29 @@ def tolerance_section(spec: TaskSpec, history: list[VariantResult]) -> str:
                               "CPU interpreter, whose fp32-to-bf16 conversion truncates where a GPU rounds to "
                               "nearest, so a GPU run would be expected within rounding.")
         lines.append("")
-    return "\n".join(lines) + "\n" + _md_table(gdf, ["variants", "n"] + key)
+    head = ("On the correctness shapes (the same inputs for every row):\n\n" if patched else "")
+    return "\n".join(lines) + "\n" + head + _md_table(gdf, ["variants", "n"] + key) + gate_part
+
+
+def _patch_tolerance(patched: list[VariantResult]) -> str:
+    """The patches' errors, each beside the baseline's on the same inputs (the gate's secret cases), as
+    fractions of the tolerance; a patch the gate has no baseline figure for says so."""
+    if not patched:
+        return ""
+    recs = []
+    for r in patched:
+        g, c = r.gate, r.correctness
+        pm = g.precision if g is not None else None
+        recs.append({"patch": r.variant_id, "inputs": f"{g.cases} cases on {g.seeds} secret seeds" if g and g.cases else "the gate's cases",
+                     "patch max err / tol": pm.candidate_max if pm else None,
+                     "baseline max err / tol": pm.baseline_max if pm else None,
+                     "patch RMS / tol": pm.candidate_rms if pm else None, "baseline RMS / tol": pm.baseline_rms if pm else None,
+                     "patch max_abs_err": c.max_abs_err, "ok": c.ok})
+    df = pd.DataFrame.from_records(recs)
+    return ("\nPatches, on the gate's inputs (secret seeds: normal, uniform, large-magnitude and outlier values; hidden "
+            "shapes), not the correctness shapes above: each patch's error beside the baseline's on the same inputs, as a "
+            "fraction of the tolerance (1.0 = at the tolerance). `patch max_abs_err` is on those inputs too; compare it "
+            "with no row above.\n\n" + _md_table(df, list(df.columns)))
 
 
 def patch_section(history: list[VariantResult], verdicts: dict[str, Verdict]) -> list[str]:
@@ -669,16 +725,25 @@ def _display_path(path: Path) -> str:
         return str(path)
 
 
-def next_step(kind: str, spec: TaskSpec, spec_path: str) -> str:
-    """What to run to see measured verdicts, when this sweep had none ('' when it had)."""
+def next_step(kind: str, spec: TaskSpec, spec_path: str, judgement: bool = False) -> str:
+    """What to run to see measured verdicts, when this sweep had none ('' when it had): commands a user
+    can paste, with the kregress they invoked (``$KREGRESS_COMMAND``, set by the CLI; else ``kregress``)."""
+    import os
+
+    from kernel_assets.cli import COMMAND_ENV
+
     if kind == "measured":
         return ""
-    demo = (f" Without a GPU, `kregress sweep {_display_path(REPLAY_DEMO_SPEC)}` runs the same pipeline on recorded "
-            "RTX 3090 runs (evidence `replay`) and gives measured PASS / REGRESS verdicts."
-            if REPLAY_DEMO_SPEC.is_file() else "")
-    return (f"To see measured verdicts: on a GPU host, `kregress sweep {_display_path(Path(spec_path))} --backend cuda` "
+    cmd = os.environ.get(COMMAND_ENV) or "kregress"
+    if judgement:
+        return (f"To measure the patches: on a GPU host, `{cmd} judge {_display_path(Path(spec_path))} PATCH... --backend "
+                "cuda` times each beside the baseline.")
+    demo = (f" Without a GPU, `{cmd} sweep {_display_path(REPLAY_DEMO_SPEC)}` shows what measured PASS / REGRESS "
+            "verdicts look like on a different kernel: recorded runs of CLBlast's fp32 SGEMM on an RTX 3090 (evidence "
+            f"`replay`); it says nothing about {spec.task_id}'s kernel."
+            if REPLAY_DEMO_SPEC.is_file() and spec_path and Path(spec_path).resolve() != REPLAY_DEMO_SPEC.resolve() else "")
+    return (f"To measure this kernel: on a GPU host, `{cmd} sweep {_display_path(Path(spec_path))} --backend cuda` "
             f"times every variant.{demo}")
-
 
 
 def _baseline_lines(baseline: VariantResult, recorded: bool) -> list[str]:
@@ -748,8 +813,8 @@ def conditions_lines(history: list[VariantResult], kind: str) -> list[str]:
 def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts: dict[str, Verdict],
                  param_names: list[str], narrative: str = "", narrative_source: str = "",
                  token_table: pd.DataFrame | None = None, extra_sections: list[tuple[str, str]] = (),
-                 family=None) -> dict:
-    """Write report.md, variants.parquet, verdicts.parquet, verdicts_by_shape.parquet, measurements.parquet
+                 family=None, judgement: bool = False) -> dict:
+    """Write report.md (titled "kregress sweep", or "kregress judge" for a ``judgement``), variants.parquet, verdicts.parquet, verdicts_by_shape.parquet, measurements.parquet
     and latency.png. Returns counts, causes, the summary line, the best-variant record, the evidence kind,
     what to run next for measured verdicts, and the frames."""
     from kernel_assets.sweep import best_measured, cause_counts, summary_line
@@ -777,10 +842,10 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     kind = evidence_of(state.history)
     recorded = family.kind == "recorded"
     shapes = [m.shape for m in baseline.measurements]
-    follow = next_step(kind, spec, spec_path)
+    follow = next_step(kind, spec, spec_path, judgement=judgement)
     lat = latency_label(kind)
 
-    lines = [f"# kregress sweep: {spec.task_id}", ""]
+    lines = [f"# {'kregress judge' if judgement else 'kregress sweep'}: {spec.task_id}", ""]
     if spec.description:
         lines += [spec.description, ""]
     lines += ["## Verdicts", "", f"**{line}** (of {len(verdict_df)} variants)", ""]
@@ -802,7 +867,9 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
         if others:
             near = (f" Within {NEAR_TIE:.0%} of it: {', '.join(f'`{i}`' for i in others)}; the model cannot rank "
                     "these (see \"How the estimates are made\").")
-    lines += [best_line(best, spec) + near, "", f"Stopped: {state.stopped or 'not stopped'}{skipped}", ""]
+    lines += [best_line(best, spec) + near, ""]
+    if not judgement:  # a judgement runs no rounds: nothing stopped and nothing was skipped
+        lines += [f"Stopped: {state.stopped or 'not stopped'}{skipped}", ""]
     if kind == "measured":
         lines += [
             "PASS means *not worse than the guard* (x" + f"{guard:g}" + ", the interval entirely below it), not "
@@ -820,7 +887,9 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
               "with a cause: `infeasible` (did not compile, out of resources, spills or registers over the limit), "
               "`wrong` (numerics, NaN/Inf) or `slower`.", ""]
     view, vcols, vheads = verdict_view(verdict_df, verdicts, kind)
-    lines += [_md_table(view, vcols, headers=vheads),
+    lines += [RATIO_NOTE + (" The `ratio` column is the same number: variant time / baseline time (above 1 is slower)."
+                            if "ratio" in vcols else ""), "",
+              _md_table(view, vcols, headers=vheads),
               "![each variant's time relative to the baseline](latency.png)", "",
               "## Per shape", "", per_shape_section(by_shape, kind, shapes)]
     if kind == "model":
@@ -845,6 +914,9 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     bcols = (["shape", "p20_ms", lat, "p80_ms"] if baseline.evidence in MEASURED_EVIDENCE else ["shape", lat])
     rates = _nonzero_cols(bmeas, [est.get("tflops", "tflops"), est.get("gbps", "gbps")])
     lines += [_md_table(bmeas, bcols + rates + ["evidence", "device"]), "## Rounds", ""]
+    if len(shapes) > 1:
+        lines += [f"`{lat}` below is the geometric mean of the variant's {len(shapes)} per-shape "
+                  f"{'estimates' if kind == 'model' else 'p50s'} (each shape's value: the Per shape section).", ""]
     for rnd in sorted(set(variants["round"]) - {0}):
         sub = variants[variants["round"] == rnd].rename(columns={"latency_p50_ms": lat})
         cols = ["variant_id", "source", "config_label", "patch_summary", "expected_effect", "risk", lat]
@@ -871,8 +943,9 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
         lines += ["", "## Narrative", "", f"_{narrative_origin(narrative_source)}_", "", narrative]
     if token_table is not None and len(token_table):
         lines += ["", "## Tokens", "", _md_table(token_table, list(token_table.columns))]
-    lines += ["", "## Files", "", "- `variants.parquet` (every row, baseline first; `latency_p50_ms` is the model's "
-              "estimate where `evidence` is model), `verdicts.parquet` (variants with verdicts and causes), "
+    lines += ["", "## Files", "", "- `variants.parquet` (every row, baseline first; `latency_p50_ms` is the geometric "
+              "mean over the shapes, of the model's estimates where `evidence` is model, as `latency_aggregate` says; "
+              "`measurements.parquet` has each shape, with `samples` 0 for an estimate), `verdicts.parquet` (variants with verdicts and causes), "
               "`verdicts_by_shape.parquet` (a verdict per variant per shape), `measurements.parquet` (per shape, with "
               "device identity and batch), `latency.png`"]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")

@@ -202,7 +202,7 @@ def compile_units(units: list, arch: str, limits: Any, sass: bool = True) -> Com
         except Exception as exc:  # Triton raises many types; all of them mean "did not compile"
             text = str(exc)
             kind = "out_of_resources" if re.search(r"out of resource|shared memory|too many resources", text, re.I) else "compile_failed"
-            raise CompileError(kind, _first_line(text) or type(exc).__name__) from None
+            raise CompileError(kind, compile_error_text(text) or type(exc).__name__) from None
         finally:
             _SHARED_LIMIT.value = None
         smem = int(compiled.metadata.shared)
@@ -240,6 +240,26 @@ def compile_units(units: list, arch: str, limits: Any, sass: bool = True) -> Com
         sass_mix=mix,
         compile_seconds=time.perf_counter() - t0,
     )
+
+
+_AT = re.compile(r"^at (\d+):(\d+):\s*$")
+_CARET = re.compile(r"^\s*\^\s*$")
+
+
+def compile_error_text(text: str, limit: int = 300) -> str:
+    """A compiler error in one line, the error first: Triton's ``CompilationError`` text is ``at L:C:``, the
+    source up to the failing line, a caret line, then the message; the first line alone ("at 44:21:")
+    would drop the message. -> ``<message> (at L:C: <failing source line>)``; other text: its first line."""
+    lines = [ln.rstrip() for ln in (text or "").strip().splitlines()]
+    if not lines or not _AT.match(lines[0]):
+        return _first_line(text)
+    carets = [i for i, ln in enumerate(lines) if _CARET.match(ln)]
+    if not carets:
+        return " ".join(" ".join(lines).split())[:limit]
+    message = " ".join(" ".join(lines[carets[-1] + 1:]).split()) or "no message"
+    where = lines[0].rstrip(":")
+    failing = lines[carets[0] - 1].strip() if carets[0] > 1 else ""
+    return f"{message} ({where}: {failing})"[:limit] if failing else f"{message} ({where})"[:limit]
 
 
 def _first_line(text: str) -> str:

@@ -61,13 +61,15 @@ def test_judge_lines_tables_diffs_and_clean_tree(tmp_path):
     where = f"kernels/gemm.py:{patch.files[0].hunks[0].removed_old_lines()[0][0]}"
     assert where in got["gemm_cheat_loosen_tolerance"][2] and "outside_region" in got["gemm_cheat_loosen_tolerance"][2]
     assert got["broken"][:2] == ("REGRESS", "rejected") and "does not apply" in got["broken"][2]
-    out = home / "reports" / "gemm_smoke"
+    (out,) = [d for d in (home / "reports" / "gemm_smoke" / "judge").iterdir() if d.is_dir()]  # its own record
+    assert f"report: {out / 'report.md'}" in p.stderr
     df = pd.read_parquet(out / "verdicts.parquet")
     assert {"variant_id", "verdict", "cause", "patch_sha256", "config_label"} <= set(df.columns)
     assert set(df["variant_id"]) == {"even_k", "gemm_cheat_loosen_tolerance", "broken"}
     even = df[df["variant_id"] == "even_k"].iloc[0]
     assert even["BLOCK_K"] == 16 and even["max_abs_err"] is not None and even["regs_per_thread"] > 0
     md = (out / "report.md").read_text()
+    assert md.startswith("# kregress judge: gemm_smoke")
     assert "### even_k: NEEDS_REVIEW" in md and "+    EVEN_K: tl.constexpr = False," in md
     assert "### gemm_cheat_loosen_tolerance: REGRESS rejected" in md
     assert {f: f.read_bytes() for f in (REPO / "kernels").glob("*.py")} == before

@@ -146,10 +146,11 @@ def test_the_compact_schema_carries_config_values_and_the_forecast():
                        compact("r2_v2", 64, 32, 8, x=[1.1, 1.2, 1.3]),  # interval does not hold the estimate
                        compact("r2_v3", 32, 128, 4, x=1.3, b="bandwidth"),  # no interval, unknown bottleneck
                        {"id": "r2_v4", "c": [32, 64], "x": [1, 1, 1]},  # two values for three tunables
-                       compact("r2_v5", s="y" * 130)])  # summary over 120 characters
+                       compact("r2_v5", s="y" * 130)])  # summary over 120 characters: cut, the config kept
     p = parse_suggestions(resp, ctx)
-    assert [s.variant_id for s in p.suggestions] == ["r2_v1", "r2_v2", "r2_v3"] and p.unusable is None
-    s1, s2, s3 = p.suggestions
+    assert [s.variant_id for s in p.suggestions] == ["r2_v1", "r2_v2", "r2_v3", "r2_v5"] and p.unusable is None
+    s1, s2, s3, s5 = p.suggestions
+    assert s5.patch_summary == "y" * 117 + "..."
     assert s1.config == {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8} and s1.patch_summary == "smaller M tile"
     assert (s1.expected_speedup, s1.expected_speedup_low, s1.expected_speedup_high, s1.bottleneck) == (1.2, 1.05, 1.4, "compute")
     assert s2.expected_speedup is None and s3.expected_speedup is None and s3.bottleneck is None
@@ -157,8 +158,7 @@ def test_the_compact_schema_carries_config_values_and_the_forecast():
     assert any("r2_v3: forecast 1.3 has no 80% interval" in n for n in p.notes)
     assert any("r2_v3: bottleneck" in n for n in p.notes)
     reasons = [d.reason for d in p.dropped]
-    assert reasons[0] == "c has 2 values, the space has 3 tunables (BLOCK_M, BLOCK_N, num_warps)"
-    assert reasons[1].startswith("schema: patch_summary")
+    assert reasons == ["c has 2 values, the space has 3 tunables (BLOCK_M, BLOCK_N, num_warps)"]
 
 
 def test_parse_keeps_valid_proposals_and_records_every_drop():
@@ -172,14 +172,44 @@ def test_parse_keeps_valid_proposals_and_records_every_drop():
         {"variant_id": "r2_v6", "config": "BLOCK_M=64"},
     ])
     p = parse_suggestions(resp, ctx)
-    assert [s.variant_id for s in p.suggestions] == ["r2_v1", "r2_v5"]
+    # a summary that is too long describes the variant: it is cut, never a reason to drop the config
+    assert [s.variant_id for s in p.suggestions] == ["r2_v1", "r2_v3", "r2_v5"]
+    assert p.suggestions[1].patch_summary == "x" * 117 + "..." and any("r2_v3: patch_summary cut to 120" in n for n in p.notes)
     assert all(s.source == "llm" and s.round == 2 for s in p.suggestions)
     reasons = [d.reason for d in p.dropped]
-    assert reasons[0] == "no variant id" and reasons[1].startswith("schema: patch_summary") and reasons[2] == "proposal is a str, not an object"
-    assert reasons[3] == "no config object"
+    assert reasons[0] == "no variant id" and reasons[1] == "proposal is a str, not an object"
+    assert reasons[2] == "no config object"
     assert all(d.round == 2 and d.source == "llm" and len(d.raw) <= 400 for d in p.dropped)
     assert any("ignored unknown keys rationale" in n for n in p.notes)
     assert any("r2_v1: no forecast (expected_speedup)" in n for n in p.notes)  # the long form without a forecast
+
+
+def test_free_text_in_descriptive_fields_keeps_every_valid_config():
+    """Issue 32: a long-form reply whose risk, expected_effect and patch_summary are free text (models write
+    "more shared memory" for a risk) keeps all of its valid configs; only what defines a variant refuses it."""
+    ctx = make_ctx(n=9)
+    configs = [(32, 32, 8), (32, 64, 4), (32, 64, 8), (32, 128, 4), (32, 128, 8), (64, 32, 4), (64, 32, 8), (64, 64, 8)]
+    resp = json.dumps([
+        {"variant_id": f"r2 v{i}" if i == 0 else f"r2_v{i}", "config": {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w},
+         "patch_summary": "Use a narrower tile so that more blocks fit per SM and the tail wave is shorter, " * 3,
+         "expected_effect": {"latency": "down", "why": "better wave quantization"} if i == 1 else "faster " * 60,
+         "risk": ["more shared memory", "Medium", "HIGH", "low-ish", 3, None, "spills possible", "medium"][i],
+         "parent": 7 if i == 2 else "baseline", "expected_speedup": 1.1, "expected_speedup_low": 0.9, "expected_speedup_high": 1.3}
+        for i, (m, n, w) in enumerate(configs)
+    ] + [{"variant_id": "r2_bad", "config": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4}, "risk": "free text too"}])
+    p = parse_suggestions(resp, ctx)
+    assert len(p.suggestions) == 9 and not p.dropped, [d.reason for d in p.dropped]
+    kept, dropped = validate_and_dedupe(ctx, p.suggestions, "llm")
+    assert {(s.config["BLOCK_M"], s.config["BLOCK_N"], s.config["num_warps"]) for s in kept} == set(configs)
+    # every valid config is measured; the one outside the space (128x128) is refused by its config, the defining field
+    assert [x for x in dropped if "r2_bad" in x.raw] and "BLOCK_M * BLOCK_N" in " ".join(x.reason for x in dropped)
+    by_id = {s.variant_id: s for s in p.suggestions}
+    assert by_id["r2_v0"].risk == "medium" and "risk: more shared memory" in by_id["r2_v0"].expected_effect  # default, text kept
+    assert by_id["r2_v1"].risk == "medium" and '"latency":"down"' in by_id["r2_v1"].expected_effect
+    assert by_id["r2_v2"].risk == "high" and by_id["r2_v2"].parent is None
+    assert all(len(s.patch_summary) <= 120 and len(s.expected_effect) <= 300 for s in p.suggestions)
+    assert any("r2 v0: variant id 'r2 v0' renamed 'r2_v0'" in n for n in p.notes)
+    assert any("risk 'more shared memory' is not low/medium/high" in n for n in p.notes)
 
 
 @pytest.mark.parametrize(

@@ -161,6 +161,56 @@ def _from_long(item: dict[str, Any]) -> tuple[dict[str, Any] | None, str, list[s
     return fields, "", notes
 
 
+# What describes a proposal, as opposed to what defines it (variant_id's config, the config, the patch): a
+# descriptive field the schema cannot take is kept as text or left out with a note, never a reason to drop
+# a valid config. Models write free text there ("risk": "more shared memory").
+RISKS = ("low", "medium", "high")
+TEXT_LIMITS = {name: next((m.max_length for m in Suggestion.model_fields[name].metadata if hasattr(m, "max_length")), None)
+               for name in ("patch_summary", "expected_effect")}
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else _raw(value)
+
+
+def descriptive_fields(fields: dict[str, Any]) -> list[str]:
+    """Make the descriptive fields of one proposal fit the schema, in place; returns notes saying what was
+    changed. ``risk`` not one of low/medium/high: its text leads ``expected_effect`` ("risk: ...") and the
+    risk is left unset; a summary or effect that is too long is cut (with "..."), one that is not text is
+    written as JSON; a ``parent`` that is not a name is left out."""
+    notes: list[str] = []
+    risk = fields.get("risk")
+    if risk is None:
+        fields.pop("risk", None)  # not given (or null): the schema's default
+    else:
+        word = risk.strip().lower() if isinstance(risk, str) else None
+        if word in RISKS:
+            fields["risk"] = word
+        else:
+            fields.pop("risk")
+            said = " ".join(_text(risk).split())
+            # first, so that cutting a long effect to its limit keeps it
+            fields["expected_effect"] = "; ".join(x for x in (f"risk: {said}", _text(fields.get("expected_effect") or "")) if x)
+            notes.append(f"risk {said[:40]!r} is not low/medium/high: kept as text in expected_effect")
+    for name, limit in TEXT_LIMITS.items():
+        value = fields.get(name)
+        if value is None:  # missing or null: empty text (a summary describes a variant, it does not define one)
+            fields[name] = ""
+            continue
+        text = " ".join(_text(value).split()) if not isinstance(value, str) else value
+        if limit and len(text) > limit:
+            text = text[: limit - 3].rstrip() + "..."
+            notes.append(f"{name} cut to {limit} characters")
+        elif not isinstance(value, str):
+            notes.append(f"{name} was not text: kept as JSON")
+        fields[name] = text
+    parent = fields.get("parent")
+    if parent is not None and not isinstance(parent, str):
+        fields.pop("parent")
+        notes.append(f"parent {_raw(parent)[:30]} ignored (a variant id)")
+    return notes
+
+
 def parse_suggestions(
     text: str, ctx: AgentContext, *, source: str = "llm", max_chars: int = MAX_RESPONSE_CHARS, max_items: int = MAX_ITEMS,
     finish_reason: str = "",
@@ -211,6 +261,11 @@ def parse_suggestions(
         if fields is None:
             drop(item, problem)
             continue
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", vid.strip()):  # a name, not what defines the variant: made valid
+            fields["variant_id"] = re.sub(r"[^A-Za-z0-9_.:-]+", "_", vid.strip()).strip("_")[:64] or f"r{ctx.round}_v{out.items}"
+            notes.append(f"variant id {vid[:40]!r} renamed {fields['variant_id']!r} (letters, digits and _.:- only)")
+        else:
+            fields["variant_id"] = vid.strip()
         if fields.get("patch") is not None:  # SEARCH/REPLACE blocks or a diff -> the unified diff the gate judges
             from kernel_assets.judge import patch_from_reply
 
@@ -219,6 +274,7 @@ def parse_suggestions(
                 drop(item, why)
                 continue
         extra = sorted(k for k in item if k not in (COMPACT_KEYS if compact else LONG_KEYS))
+        notes += descriptive_fields(fields)  # only what defines the variant may refuse it
         try:
             s = Suggestion.model_validate({**fields, "source": source, "round": ctx.round})
         except ValidationError as e:

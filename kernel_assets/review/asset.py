@@ -1,5 +1,7 @@
 """The Dagster asset kernel_source_review (partitioned by spec) and its check kernel_review_clean."""
 
+import warnings
+
 import dagster as dg
 from pydantic import Field
 
@@ -12,6 +14,7 @@ from resources.ledger import LedgerResource
 from resources.taotoken import GatewayError, TaotokenResource
 
 GROUP_REVIEW = "review"
+warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec")  # a preview API, nothing to act on
 CHECK_NAME = "kernel_review_clean"
 
 
@@ -27,7 +30,8 @@ class ReviewConfig(dg.Config):
     max_slice_chars: int = Field(default=DEFAULT_SLICE_CHARS, ge=2000, description="diff characters per model call")
     remember: bool = Field(default=True, description="record the reviewed revision as the next review's base")
     patch_variant: str = Field(default="", description="review the patch `kregress judge` judged under this variant id "
-                                                       "(reports/<task_id>/patches/) instead of the git diff")
+                                                       "(reports/<task_id>/judge/<judgement id>/patches/; the newest judgement, "
+                                                       "or <judgement id>/<variant id>) instead of the git diff")
 
 
 def _findings_table(findings: list[ReviewFinding]) -> dg.TableMetadataValue:
@@ -51,7 +55,7 @@ def build_review_assets() -> list:
         owners=OWNERS,
         description="Agent review (role review) of the kernel diff that matters to this spec, against its acceptance checklist; "
                     "offline compile-stat deltas and test coverage when no model is available.",
-        check_specs=[dg.AssetCheckSpec(CHECK_NAME, asset=ASSET_NAME,
+        check_specs=[dg.AssetCheckSpec(CHECK_NAME, asset=ASSET_NAME, partitions_def=SPECS_PARTITIONS,
                                        description="No high-risk finding, no finding citing a line outside the diff, the new source compiles.")],
     )
     def kernel_source_review(context: dg.AssetExecutionContext, config: ReviewConfig, specs: SpecStore,
@@ -108,7 +112,8 @@ def build_review_assets() -> list:
         check = dg.AssetCheckResult(
             check_name=CHECK_NAME, passed=not problems, severity=dg.AssetCheckSeverity.WARN,
             description="; ".join(problems) or "clean",
-            metadata={"reviewed_by": result.reviewed_by, "n_high": len(high), "n_outside_diff": len(outside), "compiles": not broken},
+            metadata={"task_id": context.partition_key, "reviewed_by": result.reviewed_by, "n_high": len(high),
+                      "n_outside_diff": len(outside), "compiles": not broken},
         )
         return dg.MaterializeResult(value=result.model_dump(mode="json"), metadata=md, check_results=[check])
 

@@ -170,10 +170,41 @@ def _run_worker(root: Path, first: list[Path], job: dict, label: str, cache_home
         worker.kill()
 
 
+def _job(spec: Any) -> dict:
+    return {"family": spec.kernel_family, "config": dict(spec.baseline), "params": dict(spec.params or {}), "dtype": spec.dtype,
+            "arch": spec.hardware.arch, "limits": spec.hardware.limits.model_dump()}
+
+
+def patched_compile_deltas(src: FamilySources, head_sha: str, texts: dict[str, str], spec: Any, home: Path,
+                           timeout: float = COMPILE_TIMEOUT_S) -> CompileDelta:
+    """A judged patch's compile comparison: the spec's baseline config compiled with the working tree (base)
+    and with a temporary worktree of ``head_sha`` holding the working tree's family files with the patch
+    applied (new; ``texts``: path relative to the checkout -> text), in parallel. No GPU: an AOT compile."""
+    job = _job(spec)
+    cache_home = home / "cache"
+    cache_dir = Path(os.environ.get("KREGRESS_REVIEW_CACHE") or cache_home / "review-compile")
+
+    def new_side() -> CompileSide:
+        label = "new (working tree + the judged patch)"
+        try:
+            with base_worktree(src.repo, head_sha) as tree:
+                for rel, text in texts.items():
+                    (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (tree / rel).write_text(text, encoding="utf-8")
+                return compile_side(tree, src, job, label, cache_home, cache_dir, timeout)
+        except (ReviewError, OSError) as exc:
+            return CompileSide(label=label, ok=False, error="no_worktree", detail=_one_line(exc))
+
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        fut_new = ex.submit(new_side)
+        base = compile_side(src.repo, src, job, "base (working tree)", cache_home, cache_dir, timeout)
+        new = fut_new.result()
+    return CompileDelta(config=dict(spec.baseline), base=base, new=new, rows=delta_rows(base, new))
+
+
 def compile_deltas(src: FamilySources, base_sha: str | None, spec: Any, home: Path, timeout: float = COMPILE_TIMEOUT_S) -> CompileDelta:
     """AOT-compile the spec's baseline config with the base revision's tree and with the working tree (in parallel)."""
-    job = {"family": spec.kernel_family, "config": dict(spec.baseline), "params": dict(spec.params or {}), "dtype": spec.dtype,
-           "arch": spec.hardware.arch, "limits": spec.hardware.limits.model_dump()}
+    job = _job(spec)
     cache_home = home / "cache"
     cache_dir = Path(os.environ.get("KREGRESS_REVIEW_CACHE") or cache_home / "review-compile")
 
@@ -201,7 +232,8 @@ def delta_rows(base: CompileSide | None, new: CompileSide) -> list[dict[str, Any
     if not (base and base.stats and new.stats):
         return rows
     mix_b, mix_n = base.stats.get("sass_mix", {}), new.stats.get("sass_mix", {})
-    for m in list(DELTA_METRICS) + [f"sass.{k}" for k in sorted(set(mix_b) | set(mix_n))]:
+    both = bool(mix_b) and bool(mix_n)  # a side with no disassembly (a judgement's figures) has no mix to compare
+    for m in list(DELTA_METRICS) + ([f"sass.{k}" for k in sorted(set(mix_b) | set(mix_n))] if both else []):
         if m.startswith("sass."):
             b, n = mix_b.get(m[5:], 0), mix_n.get(m[5:], 0)
         else:

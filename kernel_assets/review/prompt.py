@@ -39,7 +39,8 @@ def offline_facts(cd: CompileDelta | None, coverage: dict[str, list[str]]) -> li
             if side.ok and side.stats:
                 s = side.stats
                 facts.append(f"{side.label}: baseline config compiles: {s['regs_per_thread']} regs/thread, {s['spill_bytes']} spill bytes, "
-                             f"{s['smem_bytes']} B shared memory, occupancy {s['occupancy']:.3f}, {s['sass_instructions']} SASS instructions")
+                             f"{s['smem_bytes']} B shared memory, occupancy {s['occupancy']:.3f}"
+                             + (f", {s['sass_instructions']} SASS instructions" if s.get("sass_instructions") is not None else ""))
             else:
                 facts.append(f"{side.label}: baseline config does not compile: {side.error}: {side.detail}")
             if side.space_check:

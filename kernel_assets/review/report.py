@@ -26,7 +26,7 @@ def findings_markdown(findings: list[ReviewFinding]) -> str:
 
 def compile_markdown(cd: CompileDelta | None) -> str:
     if cd is None:
-        return "_not compiled_"
+        return "_not compiled (the notes say why)_"
     lines = [f"Baseline config `{json.dumps(cd.config, sort_keys=True)}`."]
     for side in (cd.base, cd.new):
         if side is None:

@@ -19,9 +19,9 @@ from kernel_assets.review.diff import (
     resolve_ref,
     worktree_dirty,
 )
-from kernel_assets.review.offline import compile_deltas, compile_findings, coverage_by_item
+from kernel_assets.review.offline import compile_deltas, compile_findings, coverage_by_item, delta_rows, patched_compile_deltas
 from kernel_assets.review.prompt import build_messages, offline_facts, parse_findings
-from kernel_assets.review.records import RISK_ORDER, ReviewError, ReviewResult, spec_checklist
+from kernel_assets.review.records import RISK_ORDER, CompileDelta, CompileSide, ReviewError, ReviewResult, spec_checklist
 from kernel_assets.review.report import render_report
 from kregress.core import paths
 from kregress.core.family import RecordedFamily
@@ -143,9 +143,11 @@ def run_review(
     repo, module_path = src.repo, src.module_path
 
     head_sha = resolve_ref(repo, "HEAD", "HEAD")
+    patched_texts: dict[str, str] | None = None
     if patch_variant:
         diffs, base_label, notes = judged_patch_diff(spec, family, repo, patch_variant, home)
-        base_sha, dirty, compile, remember = head_sha, worktree_dirty(repo, src.dirs), False, False
+        base_sha, dirty, remember = head_sha, worktree_dirty(repo, src.dirs), False
+        patched_texts = patched_files(spec, family, repo, patch_variant, home) if compile else None
     else:
         base_sha, base_label, notes = choose_base(repo, src.files, base_ref, home, spec.task_id, head_sha)
         dirty = worktree_dirty(repo, src.dirs)
@@ -164,6 +166,20 @@ def run_review(
     else:
         if compile and isinstance(family, RecordedFamily):
             result.notes.append(f"family {family.name} serves recorded runs: nothing to compile, no compile comparison")
+        elif compile and patched_texts is not None:
+            say(f"review: AOT-compiling the baseline config without and with the judged patch ({spec.hardware.arch})")
+            result.compile = patched_compile_deltas(src, head_sha, patched_texts, spec, home)
+            judged = judged_compile_side(spec, patch_variant, home)
+            if not result.compile.new.ok and judged is not None:
+                # the family's own compile units do not know what the patch changed (a new constexpr the wrapper
+                # passes, say); the judgement compiled it from the patched launch: its figures stand for the new side
+                judged.note = (f"the family's compile units could not compile the patched kernel ({result.compile.new.error}: "
+                               f"{result.compile.new.detail[:160]}); these are the judgement's own compile figures")
+                result.compile = CompileDelta(config=result.compile.config, base=result.compile.base, new=judged,
+                                              rows=delta_rows(result.compile.base, judged))
+            result.findings += compile_findings(result.compile, spec, module_path, f"kregress judge {spec_path or 'SPEC'} PATCH")
+        elif compile and patch_variant:
+            result.notes.append(f"the judged patch {patch_variant} no longer applies to the working tree: no compile comparison")
         elif compile:
             say(f"review: AOT-compiling the baseline config with the base and the new source ({spec.hardware.arch})")
             has_base = git(repo, "cat-file", "-e", f"{base_sha}:{module_path}", check=False).returncode == 0
@@ -186,6 +202,41 @@ def run_review(
                                               "run_id": run_id, "base": base_sha, "model_reviewed": result.model_reviewed})
     say(f"review {spec.task_id}: {len(result.findings)} finding(s); {result.reviewed_by}")
     return result
+
+
+def judged_compile_side(spec: Any, variant_id: str, home: Path) -> CompileSide | None:
+    """The judgement's own AOT compile of the patched kernel (verdicts.parquet), as a compile side; None without one."""
+    from kernel_assets.judge import load_judged_patch
+
+    _, row = load_judged_patch(spec.task_id, variant_id, home)
+    regs = row.get("regs_per_thread")
+    if regs is None or regs != regs:
+        return None
+    stats = {k: (int(row[k]) if k != "occupancy" else float(row[k])) for k in ("regs_per_thread", "spill_bytes", "smem_bytes", "occupancy")
+             if row.get(k) is not None and row[k] == row[k]}
+    return CompileSide(label=f"new (the judged patch, as judgement {row.get('judgement_id', '?')} compiled it)", ok=True, stats=stats)
+
+
+def patched_files(spec: Any, family: Any, repo: Path, variant_id: str, home: Path) -> dict[str, str] | None:
+    """The family's editable files (paths relative to the checkout) as the working tree has them, with the
+    judged patch applied; None when it does not apply any more (the tree changed since the judgement)."""
+    from kernel_assets.judge import load_judged_patch
+    from kregress.core.patch import PatchApplyError, apply_and_check, editable_set, parse_patch, read_sources
+
+    text, _ = load_judged_patch(spec.task_id, variant_id, home)
+    es = editable_set(family)
+    sources = read_sources(es)
+    try:
+        applied = apply_and_check(parse_patch(text), sources)
+    except (PatchApplyError, ValueError):
+        return None
+    out = {}
+    for rel, body in {**sources, **applied.new_texts}.items():
+        try:
+            out[(es.root / rel).resolve().relative_to(repo).as_posix()] = body
+        except ValueError:
+            continue  # outside this checkout: not part of the compile comparison
+    return out
 
 
 def judged_patch_diff(spec: Any, family: Any, repo: Path, variant_id: str, home: Path) -> tuple[list[FileDiff], str, list[str]]:

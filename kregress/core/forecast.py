@@ -150,6 +150,22 @@ def _f(x: float | None, fmt: str = "{:.3f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def ratio_words(time_ratio: float | None, estimate: bool = False) -> str:
+    """A time ratio (variant time / baseline time) in words, one convention everywhere: "12.5% slower"
+    (takes 12.5% longer), "47.4% faster" (takes 47.4% less time), and beyond a factor of two "2.39x slower"
+    (takes 2.39 times as long) or "3.10x faster" (a third of the time); " (model estimate)" when it is one."""
+    if time_ratio is None or time_ratio != time_ratio or time_ratio <= 0:
+        return ""
+    if time_ratio >= 2:
+        text = f"{time_ratio:.2f}x slower"
+    elif time_ratio <= 0.5:
+        text = f"{1 / time_ratio:.2f}x faster"
+    else:
+        d = (time_ratio - 1.0) * 100
+        text = "same time" if abs(d) < 0.05 else f"{abs(d):.1f}% {'slower' if d > 0 else 'faster'}"
+    return text + (" (model estimate)" if estimate else "")
+
+
 def section(history: Sequence[VariantResult], models: Mapping[int, str] | None = None) -> str:
     """The report's forecast section: forecast beside measurement per variant, then calibration per policy and model."""
     rows = score(history, models)
@@ -161,17 +177,21 @@ def section(history: Sequence[VariantResult], models: Mapping[int, str] | None =
         "Each proposal's forecast (speedup = baseline p50 / variant p50, with an 80% interval) was stored before the "
         "variant was measured; it orders work and never decides a verdict. It is scored only on measured evidence "
         "(cuda, replay); on model evidence the measurement is itself an estimate and the forecast cannot be scored. "
-        "Both columns here are speedups (above 1 is faster); the verdict table's `ratio` is the other way round "
-        "(variant time / baseline time, above 1 is slower).",
+        "The number columns here are speedups (baseline time / variant time: above 1 is faster), the other way "
+        "round from a time ratio; each is also said in words, as the verdict table says its `vs baseline` "
+        "(\"12.5% faster\": takes 12.5% less time; \"2.39x slower\": takes 2.39 times as long).",
         "",
-        "| variant | round | policy | model | forecast speedup | 80% interval | measured speedup | inside | evidence |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| variant | round | policy | model | forecast speedup | forecast in words | 80% interval | measured speedup | "
+        "measured in words | inside | evidence |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         interval = f"[{_f(r.low, '{:.2f}')}, {_f(r.high, '{:.2f}')}]" if r.low is not None else "-"
         inside = {True: "yes", False: "no", None: "-"}[r.covered]
         measured = _f(r.measured) if r.scorable else ("not scorable" if r.measured is not None else "not timed")
-        lines.append(f"| {r.variant_id} | {r.round} | {r.policy} | {r.model} | {r.expected:.3f} | {interval} | {measured} | "
+        said = ratio_words(1 / r.measured) if r.scorable and r.measured else "-"
+        lines.append(f"| {r.variant_id} | {r.round} | {r.policy} | {r.model} | {r.expected:.3f} | "
+                     f"{ratio_words(1 / r.expected) if r.expected else '-'} | {interval} | {measured} | {said} | "
                      f"{inside} | {r.evidence or '-'} |")
     lines += ["", "| policy | model | forecasts | scored | median abs log error | interval coverage (0.8 nominal) | "
                   "Spearman within round | rounds ranked |", "|---|---|---|---|---|---|---|---|"]
