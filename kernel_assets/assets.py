@@ -166,9 +166,10 @@ def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench:
     recorded = isinstance(fam, RecordedFamily)
     correct_check = (not_checked("baseline_correct", "recorded runs are not re-checked (they were validated when recorded)",
                                  task, error=row.error or "none") if recorded and correct and c is None else
+                     not_checked("baseline_correct", row.error_detail or "compile facts only: correctness needs a GPU", task)
+                     if facts_only and correct else
                      dg.AssetCheckResult(check_name="baseline_correct", passed=correct, severity=dg.AssetCheckSeverity.ERROR,
-                                         description=(sweep.failure_line(row) if not correct
-                                                       else row.error_detail if facts_only else None),
+                                         description=sweep.failure_line(row) if not correct else None,
                                          metadata={"task_id": task, **check_md}))
     constraints_check = (not_checked("baseline_constraints", NO_COMPILE_FACTS, task) if recorded and row.compile is None else
                          dg.AssetCheckResult(check_name="baseline_constraints", passed=not violations,
