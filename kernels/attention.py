@@ -267,17 +267,36 @@ def _smem_fits(c: dict[str, int], p: dict[str, Any], lim: Any) -> bool:
     return all(smem_bytes(c, d, dv) <= lim.max_shared_memory_per_block for d, dv in _pairs_of(p))
 
 
-# fp32 values per thread the rules allow: the accumulator (BLOCK_M x padded d_v) and the score tile
-# (BLOCK_M x BLOCK_N) live in registers at once. The bounds come from sm_90 AOT compiles of every head
-# dim (tests/test_attention_head_dims.py records the facts): past them ptxas spills.
+# Registers, from sm_90 AOT compiles of every head-dim pair (scripts/attention_head_dim_facts.py prints
+# them): what one thread keeps live is about the fp32 accumulator (BLOCK_M x padded d_v), three copies of
+# the scores (BLOCK_M x BLOCK_N: the fp32 scores, their exponentials, and P in bf16 for the second MMA
+# counted as one more) and its share of the Q tile (BLOCK_M x d_qk, two bf16 per register), over
+# 32 * num_warps threads. With 4 or more warps the MMA is a warpgroup MMA that reads K and V from shared
+# memory: 280 such values fit in 255 registers (96/96 at BLOCK_M 64, BLOCK_N 128, 4 warps: 280, 254
+# registers, no spill), 288 spill (128/128 at BLOCK_M 64, BLOCK_N 128, 4 warps: 96 bytes; 256/256 at
+# BLOCK_M 64, BLOCK_N 64, 4 warps: 168 bytes). With 2 warps the MMA is mma.sync and the K and V fragments
+# take registers too: 120 fits (64/64 at BLOCK_M 16, BLOCK_N 128: 193 registers), 136 spills (192/192 at
+# BLOCK_M 16, BLOCK_N 64: 80 bytes). A 256-wide v tile against 128 keys spills at 4 warps (128/192 at
+# BLOCK_M 32, BLOCK_N 128: 8 bytes, though it counts only 176), so 4 warps take BLOCK_N <= 64 there.
 ACC_REGS = 128
-LIVE_REGS = 160
+LIVE_WARPGROUP = 280
+LIVE_MMA_SYNC = 120
+
+
+def live_values(c: dict[str, int], d_qk: int, d_v: int) -> float:
+    """fp32-register-sized values one thread keeps live (see the comment above)."""
+    return c["BLOCK_M"] * (padded_v(d_v) + 3 * c["BLOCK_N"] + d_qk / 2) / (32 * c["num_warps"])
 
 
 def _regs_fit(c: dict[str, int], p: dict[str, Any], lim: Any) -> bool:
-    threads = 32 * c["num_warps"]
-    dvp = max(padded_v(dv) for _, dv in _pairs_of(p))
-    return c["BLOCK_M"] * dvp <= ACC_REGS * threads and c["BLOCK_M"] * (dvp + c["BLOCK_N"]) <= LIVE_REGS * threads
+    for d, dv in _pairs_of(p):
+        if c["BLOCK_M"] * padded_v(dv) > ACC_REGS * 32 * c["num_warps"]:
+            return False
+        if live_values(c, d, dv) > (LIVE_WARPGROUP if c["num_warps"] >= 4 else LIVE_MMA_SYNC):
+            return False
+        if c["num_warps"] == 4 and padded_v(dv) > 128 and c["BLOCK_N"] > 64:
+            return False
+    return True
 
 
 SPACE = Space(
@@ -288,9 +307,10 @@ SPACE = Space(
         "num_warps": (2, 4, 8),
     },
     rules=(
-        Rule("acc_in_registers", f"BLOCK_M * d_v / (32 * num_warps) <= {ACC_REGS} and BLOCK_M * (d_v + BLOCK_N) / "
-             f"(32 * num_warps) <= {LIVE_REGS} (fp32 accumulator and scores per thread; d_v: the largest v head dim "
-             "of params.head_dims, padded to a power of two)", _regs_fit),
+        Rule("acc_in_registers", f"BLOCK_M * d_v / (32 * num_warps) <= {ACC_REGS} and BLOCK_M * (d_v + 3 * BLOCK_N + d_qk / 2) / "
+             f"(32 * num_warps) <= {LIVE_WARPGROUP} ({LIVE_MMA_SYNC} with 2 warps), and BLOCK_N <= 64 with 4 warps and "
+             "d_v > 128, for every (d_qk, d_v) of params.head_dims (d_v padded to a power of two): fp32 accumulator, "
+             "scores and Q per thread, measured on sm_90 to fit 255 registers without spilling", _regs_fit),
         Rule("rows_per_warp", "BLOCK_M >= 16 * num_warps / 4 (a warp's MMA needs 16 rows; a warpgroup shares them)",
              lambda c, p, lim: 4 * c["BLOCK_M"] >= 16 * c["num_warps"]),
         Rule("smem_ring", "(BLOCK_M * d_qk + num_stages * BLOCK_N * (d_qk + d_v)) * 2 bytes <= "
