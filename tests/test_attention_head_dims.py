@@ -162,6 +162,9 @@ def test_rules_refuse_the_configs_measured_to_spill_or_overflow():
     spilled = [  # (d_qk, d_v, config, spill bytes measured)
         (256, 256, dict(BLOCK_M=64, BLOCK_N=64, num_stages=3, num_warps=4), 168),
         (256, 256, dict(BLOCK_M=128, BLOCK_N=64, num_stages=2, num_warps=8), 56),
+        (256, 256, dict(BLOCK_M=64, BLOCK_N=32, num_stages=4, num_warps=4), 64),
+        (256, 256, dict(BLOCK_M=128, BLOCK_N=32, num_stages=4, num_warps=8), 16),
+        (256, 256, dict(BLOCK_M=16, BLOCK_N=32, num_stages=4, num_warps=2), 64),
         (128, 128, dict(BLOCK_M=64, BLOCK_N=128, num_stages=3, num_warps=4), 96),
         (32, 32, dict(BLOCK_M=128, BLOCK_N=128, num_stages=4, num_warps=4), 144),
         (128, 192, dict(BLOCK_M=32, BLOCK_N=128, num_stages=2, num_warps=4), 8),
@@ -171,7 +174,7 @@ def test_rules_refuse_the_configs_measured_to_spill_or_overflow():
     for d, dv, cfg, _ in spilled:
         problem = ATTN.space.check(cfg, {"head_dims": [d], "head_dim_v": dv}, lim)
         assert problem and "acc_in_registers" in problem, (d, dv, cfg)
-    # 256/256 with 3 stages of 128-key tiles needs (64 * 256 + 3 * 128 * 512) * 2 bytes: over 227 KiB
-    big = dict(BLOCK_M=64, BLOCK_N=128, num_stages=3, num_warps=8)
+    # 256/256 with 3 stages of 128-key tiles needs (32 * 256 + 3 * 128 * 512) * 2 bytes: over 227 KiB
+    big = dict(BLOCK_M=32, BLOCK_N=128, num_stages=3, num_warps=8)
     assert smem_bytes(big, 256, 256) > lim.max_shared_memory_per_block
     assert "smem_ring" in ATTN.space.check(big, {"head_dims": [256]}, lim)
