@@ -229,7 +229,7 @@ def test_sm90_compile_stats_deepseek_192_128():
     assert stats.spill_bytes == 0 and stats.sass_mix.get("tensor_wgmma", 0) > 0
     # the Q tile (192 wide) plus one K (192) and V (128) tile per pipeline stage, 2 bytes each
     assert stats.smem_bytes == (128 * 192 + 3 * 64 * (192 + 128)) * 2
-    assert "smem_ring" in ATTN.space.check(dict(BASE, num_stages=4, BLOCK_N=128), {"head_dims": [192]})
+    assert "smem_ring" in ATTN.space.check(dict(BASE, BLOCK_M=64, num_stages=4, BLOCK_N=128), {"head_dims": [192]})
 
 
 def test_deprecated_single_window_maps_to_flash_attn_left_right():
