@@ -280,11 +280,14 @@ def _smem_fits(c: dict[str, int], p: dict[str, Any], lim: Any) -> bool:
 # BLOCK_M 32, BLOCK_N 128: 8 bytes, though it counts only 176), so 4 warps take BLOCK_N <= 64 there. The
 # 256-dim head (one 256-wide Q operand, a 256-wide accumulator) fits less: 144 fits (BLOCK_M 64, BLOCK_N
 # 64, 8 warps: 253 registers), 240 spills (BLOCK_M 64, BLOCK_N 32, 4 warps: 64 bytes), and with 2 warps
-# even BLOCK_M 16, BLOCK_N 32 spills (64 bytes): LIVE_256 with 4 or more warps, none with 2.
+# even BLOCK_M 16, BLOCK_N 32 spills (64 bytes): LIVE_256 with 4 or more warps, none with 2. A 192-dim
+# q/k (two dots, 128 + 64) on one warpgroup fits less too: 208 spills (192/128 at BLOCK_M 64, BLOCK_N 64,
+# 4 stages, 4 warps: 48 bytes), so 4 warps take LIVE_192_W4 there (8 warps: 208 fits, 230 registers).
 ACC_REGS = 128
 LIVE_WARPGROUP = 280
 LIVE_MMA_SYNC = 120
 LIVE_256 = 160
+LIVE_192_W4 = 200
 
 
 def live_values(c: dict[str, int], d_qk: int, d_v: int) -> float:
@@ -298,6 +301,8 @@ def _regs_fit(c: dict[str, int], p: dict[str, Any], lim: Any) -> bool:
             return False
         if d >= 256 or dv >= 256:
             bound = LIVE_256 if c["num_warps"] >= 4 else 0
+        elif d == 192 and c["num_warps"] == 4:
+            bound = LIVE_192_W4
         else:
             bound = LIVE_WARPGROUP if c["num_warps"] >= 4 else LIVE_MMA_SYNC
         if live_values(c, d, dv) > bound:
@@ -317,7 +322,7 @@ SPACE = Space(
     rules=(
         Rule("acc_in_registers", f"BLOCK_M * d_v / (32 * num_warps) <= {ACC_REGS} and BLOCK_M * (d_v + 3 * BLOCK_N + d_qk / 2) / "
              f"(32 * num_warps) <= {LIVE_WARPGROUP} ({LIVE_MMA_SYNC} with 2 warps; {LIVE_256} and no 2 warps for a 256-wide "
-             "head), and BLOCK_N <= 64 with 4 warps and "
+             "head; {LIVE_192_W4} for a 192-wide q/k at 4 warps), and BLOCK_N <= 64 with 4 warps and "
              "d_v > 128, for every (d_qk, d_v) of params.head_dims (d_v padded to a power of two): fp32 accumulator, "
              "scores and Q per thread, measured on sm_90 to fit 255 registers without spilling", _regs_fit),
         Rule("rows_per_warp", "BLOCK_M >= 16 * num_warps / 4 (a warp's MMA needs 16 rows; a warpgroup shares them)",

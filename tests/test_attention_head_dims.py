@@ -170,6 +170,8 @@ def test_rules_refuse_the_configs_measured_to_spill_or_overflow():
         (128, 192, dict(BLOCK_M=32, BLOCK_N=128, num_stages=2, num_warps=4), 8),
         (96, 96, dict(BLOCK_M=16, BLOCK_N=128, num_stages=4, num_warps=2), 16),
         (192, 192, dict(BLOCK_M=16, BLOCK_N=64, num_stages=3, num_warps=2), 80),
+        (192, 128, dict(BLOCK_M=64, BLOCK_N=64, num_stages=4, num_warps=4), 48),
+        (192, 128, dict(BLOCK_M=128, BLOCK_N=16, num_stages=4, num_warps=4), 56),
     ]
     for d, dv, cfg, _ in spilled:
         problem = ATTN.space.check(cfg, {"head_dims": [d], "head_dim_v": dv}, lim)
