@@ -283,6 +283,8 @@ def _smem_fits(c: dict[str, int], p: dict[str, Any], lim: Any) -> bool:
 # even BLOCK_M 16, BLOCK_N 32 spills (64 bytes): LIVE_256 with 4 or more warps, none with 2. A 192-dim
 # q/k (two dots, 128 + 64) on one warpgroup fits less too: 208 spills (192/128 at BLOCK_M 64, BLOCK_N 64,
 # 4 stages, 4 warps: 48 bytes), so 4 warps take LIVE_192_W4 there (8 warps: 208 fits, 230 registers).
+# And a v narrower than q/k (128/64, 192/64) at BLOCK_M 32 against 128 keys gets an 8- or 16-byte stack
+# frame at 128 to 168 registers (not pressure: 8 warps too), so those tiles are refused for such pairs.
 ACC_REGS = 128
 LIVE_WARPGROUP = 280
 LIVE_MMA_SYNC = 120
@@ -309,6 +311,8 @@ def _regs_fit(c: dict[str, int], p: dict[str, Any], lim: Any) -> bool:
             return False
         if c["num_warps"] == 4 and padded_v(dv) > 128 and c["BLOCK_N"] > 64:
             return False
+        if dv < d and c["BLOCK_M"] == 32 and c["BLOCK_N"] == 128:
+            return False
     return True
 
 
@@ -322,8 +326,8 @@ SPACE = Space(
     rules=(
         Rule("acc_in_registers", f"BLOCK_M * d_v / (32 * num_warps) <= {ACC_REGS} and BLOCK_M * (d_v + 3 * BLOCK_N + d_qk / 2) / "
              f"(32 * num_warps) <= {LIVE_WARPGROUP} ({LIVE_MMA_SYNC} with 2 warps; {LIVE_256} and no 2 warps for a 256-wide "
-             "head; {LIVE_192_W4} for a 192-wide q/k at 4 warps), and BLOCK_N <= 64 with 4 warps and "
-             "d_v > 128, for every (d_qk, d_v) of params.head_dims (d_v padded to a power of two): fp32 accumulator, "
+             f"head; {LIVE_192_W4} for a 192-wide q/k at 4 warps), and BLOCK_N <= 64 with 4 warps and "
+             "d_v > 128, not BLOCK_M 32 with BLOCK_N 128 when d_v < d_qk, for every (d_qk, d_v) of params.head_dims (d_v padded to a power of two): fp32 accumulator, "
              "scores and Q per thread, measured on sm_90 to fit 255 registers without spilling", _regs_fit),
         Rule("rows_per_warp", "BLOCK_M >= 16 * num_warps / 4 (a warp's MMA needs 16 rows; a warpgroup shares them)",
              lambda c, p, lim: 4 * c["BLOCK_M"] >= 16 * c["num_warps"]),

@@ -172,6 +172,8 @@ def test_rules_refuse_the_configs_measured_to_spill_or_overflow():
         (192, 192, dict(BLOCK_M=16, BLOCK_N=64, num_stages=3, num_warps=2), 80),
         (192, 128, dict(BLOCK_M=64, BLOCK_N=64, num_stages=4, num_warps=4), 48),
         (192, 128, dict(BLOCK_M=128, BLOCK_N=16, num_stages=4, num_warps=4), 56),
+        (128, 64, dict(BLOCK_M=32, BLOCK_N=128, num_stages=4, num_warps=4), 8),
+        (192, 64, dict(BLOCK_M=32, BLOCK_N=128, num_stages=3, num_warps=8), 16),
     ]
     for d, dv, cfg, _ in spilled:
         problem = ATTN.space.check(cfg, {"head_dims": [d], "head_dim_v": dv}, lim)
