@@ -7,7 +7,8 @@ Shapes (packed "varlen" layout and conventions of flash_attn_varlen_func):
 - q [total_q, h_q, d_qk], k [total_k, h_kv, d_qk], v [total_k, h_kv, d_v], cu_seqlens_q and
   cu_seqlens_k [batch + 1] int32 (prefix sums of the query and key lengths), out [total_q, h_q, d_v]
   in the input dtype, lse [h_q, total_q] fp32 (natural log, flash-attn's varlen layout).
-- d_qk is 64, 128 or 192; d_v is 64 or 128; h_kv divides h_q and query head h reads KV head
+- (d_qk, d_v): q/k = v in 32, 64, 96, 128, 192, 256 (flash-attn's head dims), DeepSeek's (192, 128),
+  (64, 128), (128, 64), (192, 64) and (128, 192) (HEAD_DIM_PAIRS); h_kv divides h_q and query head h reads KV head
   h // (h_q / h_kv).
 - seqlen_q <= seqlen_k per sequence; the queries are the *last* seqlen_q positions (bottom-right
   alignment, as flash-attn >= 2.1): query i sits at position i + seqlen_k - seqlen_q.
@@ -17,8 +18,9 @@ Math and why:
   BLOCK_N steps with an online softmax (running max m and sum l per row, fp32 accumulator for
   P @ V, exp2 with scale * log2(e) folded into the scores), so the score matrix never exists.
   lse = (m + log2 l) * ln 2 at the end.
-- d_qk = 192 is not a power of two (Triton tiles are): the score is the sum of two dots, the first
-  128 dims and the last 64 ("rope") dims, into one fp32 accumulator.
+- Triton tiles are powers of two. A 96- or 192-dim q/k head is two dots into one fp32 score, 64 + 32 or
+  128 + 64 dims (no padded MMA work). A 96- or 192-dim v is loaded into a 128- or 256-wide tile whose
+  extra columns are masked to 0 (D_VP); they are never stored.
 - Visibility of key j from query i, with off = seqlen_k - seqlen_q: j < seqlen_k; window
   (left, right), -1 unbounded: i + off - left <= j <= i + off + right; causal is right = 0. A
   program only visits the key blocks its rows can see, and splits them into masked edge blocks and
@@ -39,7 +41,8 @@ Family params (spec.params), all optional:
   sequence's queries (chunked prefill), so seqlen_k = seqlen_q + prefix.
 - seqlens: "uniform" (default: every sequence has seqlen query tokens), "spread" (same total,
   uneven lengths) or a list of lengths >= 0 cycled over the batch (see ``seq_lengths``).
-- head_dim_v: 64 or 128, the v head dim; default the shape's head_dim (128 when head_dim is 192).
+- head_dim_v: the v head dim (32, 64, 96, 128, 192 or 256, a pair of HEAD_DIM_PAIRS with each of
+  head_dims); default the shape's head_dim (128 when head_dim is 192).
 - softmax_scale: float > 0, default d_qk ** -0.5.
 - head_dims: the head_dims (d_qk) the spec's shapes use, e.g. [192]; the AOT compile (which sees
   no shapes) builds one kernel per entry and reports the heaviest. Default [64, 128].
@@ -64,13 +67,15 @@ from kernels.softmax import SOFTMAX_FILE, online_softmax_step
 @triton.jit
 def _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k, diag, qk_scale,
                  win_left, win_right, lo, hi,
-                 D_QK: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr, BLOCK_N: tl.constexpr,
+                 D_QK: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr, D_VP: tl.constexpr, BLOCK_N: tl.constexpr,
                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK: tl.constexpr):
     """Online-softmax update over key blocks [lo, hi); MASK=False only for blocks fully visible to all rows.
-    ``diag`` = seqlen_k - seqlen_q: query row i sits at key position i + diag."""
+    ``diag`` = seqlen_k - seqlen_q: query row i sits at key position i + diag. V tiles are D_VP wide
+    (D_V padded to a power of two), the columns past D_V masked to 0."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_QK)
-    offs_v = tl.arange(0, D_V)
+    offs_v = tl.arange(0, D_VP)
+    v_col_ok = offs_v[None, :] < D_V
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k_rows = k_base + cols[:, None].to(tl.int64) * stride_kt
@@ -81,7 +86,7 @@ def _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, o
         else:
             k = tl.load(k_ptrs)
         qk = tl.dot(q, tl.trans(k))
-        if D_PE > 0:  # the rope dims of a 192-dim head: a second dot into the same scores
+        if D_PE > 0:  # the rest of a 96- or 192-dim head (32 or 64 dims): a second dot into the same scores
             pe_ptrs = tl.multiple_of(k_rows + D_QK + tl.arange(0, D_PE)[None, :], [16, 16])
             if MASK:
                 k_pe = tl.load(pe_ptrs, mask=cols[:, None] < seqlen_k, other=0.0)
@@ -89,7 +94,9 @@ def _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, o
                 k_pe = tl.load(pe_ptrs)
             qk = tl.dot(q_pe, tl.trans(k_pe), qk)
         if MASK:
-            v = tl.load(v_ptrs, mask=cols[:, None] < seqlen_k, other=0.0)
+            v = tl.load(v_ptrs, mask=(cols[:, None] < seqlen_k) & v_col_ok, other=0.0)
+        elif D_VP != D_V:
+            v = tl.load(v_ptrs, mask=v_col_ok, other=0.0)
         else:
             v = tl.load(v_ptrs)
         qk = qk * qk_scale
@@ -111,8 +118,8 @@ def attn_fwd_kernel(
     sm_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
     GROUP, WIN_LEFT, WIN_RIGHT, NUM_M_BLOCKS,
-    D_QK: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    D_QK: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr, D_VP: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = NUM_M_BLOCKS - 1 - tl.program_id(0)  # heaviest row tiles first
     h = tl.program_id(1)
@@ -126,7 +133,7 @@ def attn_fwd_kernel(
     if start_m < seqlen_q:
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D_QK)
-        offs_v = tl.arange(0, D_V)
+        offs_v = tl.arange(0, D_VP)
         row_ok = offs_m < seqlen_q
         tq0 = q_start.to(tl.int64)
         tk0 = k_start.to(tl.int64)
@@ -158,29 +165,35 @@ def attn_fwd_kernel(
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D_VP], dtype=tl.float32)
         qk_scale = sm_scale * 1.4426950408889634
         acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k,
                                      diag, qk_scale, WIN_LEFT, WIN_RIGHT, lo, mid_lo,
-                                     D_QK, D_PE, D_V, BLOCK_N, HAS_LEFT, HAS_RIGHT, True)
+                                     D_QK, D_PE, D_V, D_VP, BLOCK_N, HAS_LEFT, HAS_RIGHT, True)
         acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k,
                                      diag, qk_scale, WIN_LEFT, WIN_RIGHT, mid_lo, mid_hi,
-                                     D_QK, D_PE, D_V, BLOCK_N, HAS_LEFT, HAS_RIGHT, False)
+                                     D_QK, D_PE, D_V, D_VP, BLOCK_N, HAS_LEFT, HAS_RIGHT, False)
         acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k,
                                      diag, qk_scale, WIN_LEFT, WIN_RIGHT, mid_hi, hi,
-                                     D_QK, D_PE, D_V, BLOCK_N, HAS_LEFT, HAS_RIGHT, True)
+                                     D_QK, D_PE, D_V, D_VP, BLOCK_N, HAS_LEFT, HAS_RIGHT, True)
         empty = l_i == 0.0
         l_safe = tl.where(empty, 1.0, l_i)
         out = acc / l_safe[:, None]
         o_ptrs = o_ptr + (tq0 + offs_m[:, None]) * stride_ot + h * stride_oh + offs_v[None, :]
-        tl.store(tl.multiple_of(o_ptrs, [16, 16]), out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        o_ok = row_ok[:, None]
+        if D_VP != D_V:  # the padded columns of a 96- or 192-dim v are never stored
+            o_ok = o_ok & (offs_v[None, :] < D_V)
+        tl.store(tl.multiple_of(o_ptrs, [16, 16]), out.to(o_ptr.dtype.element_ty), mask=o_ok)
         lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
         tl.store(lse_ptr + h * stride_lh + tq0 + offs_m, lse, mask=row_ok)
 
 
-HEAD_DIMS = (64, 128, 192)  # d_qk
-V_HEAD_DIMS = (64, 128)
-ROPE_DIM = 64  # d_qk = 192 is 128 + 64
+HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # d_qk
+V_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+# (d_qk, d_v) pairs: q/k = v for every head dim (flash-attn), DeepSeek's 192/128 (flash-attn 3 allows
+# d_qk in (128, 192] with d_v in (96, 128]), the pairs this family always took, and 128/192 (no
+# flash-attn build takes it; the kernel does).
+HEAD_DIM_PAIRS = tuple((d, d) for d in HEAD_DIMS) + ((64, 128), (128, 64), (192, 64), (192, 128), (128, 192))
 SEQLEN_PATTERNS = ("uniform", "spread")
 PARAM_KEYS = ("causal", "window", "prefix", "seqlens", "softmax_scale", "head_dims", "head_dim_v")
 DEFAULT_HEAD_DIMS = (64, 128)
@@ -229,18 +242,78 @@ def _scale(params: dict[str, Any], head_dim: int) -> float:
 
 
 def _split(d_qk: int) -> tuple[int, int]:
-    """(power-of-two main part, rope part) of a q/k head dim."""
-    return (d_qk - ROPE_DIM, ROPE_DIM) if d_qk == 192 else (d_qk, 0)
+    """(power-of-two main part, power-of-two rest) of a q/k head dim: 96 = 64 + 32, 192 = 128 + 64 (two dots
+    into one score, no padded MMA work); a power of two is all main part."""
+    main = 1 << (d_qk.bit_length() - 1)
+    return (main, d_qk - main) if d_qk != main else (d_qk, 0)
 
 
-def _max_dims(params: dict[str, Any]) -> tuple[int, int]:
-    dims = _head_dims(params)
-    return max(dims), max(v_head_dim(params, d) for d in dims)
+def padded_v(d_v: int) -> int:
+    """The v tile's width: d_v rounded up to a power of two (96 -> 128, 192 -> 256), the columns past d_v masked."""
+    return triton.next_power_of_2(d_v)
+
+
+def _pairs_of(params: dict[str, Any]) -> list[tuple[int, int]]:
+    return [(d, v_head_dim(params, d)) for d in _head_dims(params)]
+
+
+def smem_bytes(c: dict[str, int], d_qk: int, d_v: int) -> int:
+    """Shared memory of one program as Triton lays it out on sm_90 for this kernel: the Q tile, and per
+    pipeline stage one K tile (d_qk wide) and one V tile (d_v padded), 2 bytes each."""
+    return (c["BLOCK_M"] * d_qk + c["num_stages"] * c["BLOCK_N"] * (d_qk + padded_v(d_v))) * 2
 
 
 def _smem_fits(c: dict[str, int], p: dict[str, Any], lim: Any) -> bool:
-    d_qk, d_v = _max_dims(p)
-    return (c["BLOCK_M"] * d_qk + c["num_stages"] * c["BLOCK_N"] * (d_qk + d_v)) * 2 <= lim.max_shared_memory_per_block
+    return all(smem_bytes(c, d, dv) <= lim.max_shared_memory_per_block for d, dv in _pairs_of(p))
+
+
+# Registers, from sm_90 AOT compiles of every head-dim pair (scripts/attention_head_dim_facts.py prints
+# them): what one thread keeps live is about the fp32 accumulator (BLOCK_M x padded d_v), three copies of
+# the scores (BLOCK_M x BLOCK_N: the fp32 scores, their exponentials, and P in bf16 for the second MMA
+# counted as one more) and its share of the Q tile (BLOCK_M x d_qk, two bf16 per register), over
+# 32 * num_warps threads. With 4 or more warps the MMA is a warpgroup MMA that reads K and V from shared
+# memory: 280 such values fit in 255 registers (96/96 at BLOCK_M 64, BLOCK_N 128, 4 warps: 280, 254
+# registers, no spill), 288 spill (128/128 at BLOCK_M 64, BLOCK_N 128, 4 warps: 96 bytes; 256/256 at
+# BLOCK_M 64, BLOCK_N 64, 4 warps: 168 bytes). With 2 warps the MMA is mma.sync and the K and V fragments
+# take registers too: 120 fits (64/64 at BLOCK_M 16, BLOCK_N 128: 193 registers), 136 spills (192/192 at
+# BLOCK_M 16, BLOCK_N 64: 80 bytes). A 256-wide v tile against 128 keys spills at 4 warps (128/192 at
+# BLOCK_M 32, BLOCK_N 128: 8 bytes, though it counts only 176), so 4 warps take BLOCK_N <= 64 there. The
+# 256-dim head (one 256-wide Q operand, a 256-wide accumulator) fits less: 144 fits (BLOCK_M 64, BLOCK_N
+# 64, 8 warps: 253 registers), 240 spills (BLOCK_M 64, BLOCK_N 32, 4 warps: 64 bytes), and with 2 warps
+# even BLOCK_M 16, BLOCK_N 32 spills (64 bytes): LIVE_256 with 4 or more warps, none with 2. A 192-dim
+# q/k (two dots, 128 + 64) on one warpgroup fits less too: 208 spills (192/128 at BLOCK_M 64, BLOCK_N 64,
+# 4 stages, 4 warps: 48 bytes), so 4 warps take LIVE_192_W4 there (8 warps: 208 fits, 230 registers).
+# And a v narrower than q/k (128/64, 192/64) at BLOCK_M 32 against 128 keys gets an 8- or 16-byte stack
+# frame at 128 to 168 registers (not pressure: 8 warps too), so those tiles are refused for such pairs.
+ACC_REGS = 128
+LIVE_WARPGROUP = 280
+LIVE_MMA_SYNC = 120
+LIVE_256 = 160
+LIVE_192_W4 = 200
+
+
+def live_values(c: dict[str, int], d_qk: int, d_v: int) -> float:
+    """fp32-register-sized values one thread keeps live (see the comment above)."""
+    return c["BLOCK_M"] * (padded_v(d_v) + 3 * c["BLOCK_N"] + d_qk / 2) / (32 * c["num_warps"])
+
+
+def _regs_fit(c: dict[str, int], p: dict[str, Any], lim: Any) -> bool:
+    for d, dv in _pairs_of(p):
+        if c["BLOCK_M"] * padded_v(dv) > ACC_REGS * 32 * c["num_warps"]:
+            return False
+        if d >= 256 or dv >= 256:
+            bound = LIVE_256 if c["num_warps"] >= 4 else 0
+        elif d == 192 and c["num_warps"] == 4:
+            bound = LIVE_192_W4
+        else:
+            bound = LIVE_WARPGROUP if c["num_warps"] >= 4 else LIVE_MMA_SYNC
+        if live_values(c, d, dv) > bound:
+            return False
+        if c["num_warps"] == 4 and padded_v(dv) > 128 and c["BLOCK_N"] > 64:
+            return False
+        if dv < d and c["BLOCK_M"] == 32 and c["BLOCK_N"] == 128:
+            return False
+    return True
 
 
 SPACE = Space(
@@ -251,13 +324,16 @@ SPACE = Space(
         "num_warps": (2, 4, 8),
     },
     rules=(
-        Rule("acc_in_registers", "BLOCK_M * 128 / (32 * num_warps) <= 128 (fp32 accumulator at head_dim_v 128)",
-             lambda c, p, lim: c["BLOCK_M"] * max(V_HEAD_DIMS) <= 128 * 32 * c["num_warps"]),
+        Rule("acc_in_registers", f"BLOCK_M * d_v / (32 * num_warps) <= {ACC_REGS} and BLOCK_M * (d_v + 3 * BLOCK_N + d_qk / 2) / "
+             f"(32 * num_warps) <= {LIVE_WARPGROUP} ({LIVE_MMA_SYNC} with 2 warps; {LIVE_256} and no 2 warps for a 256-wide "
+             f"head; {LIVE_192_W4} for a 192-wide q/k at 4 warps), and BLOCK_N <= 64 with 4 warps and "
+             "d_v > 128, not BLOCK_M 32 with BLOCK_N 128 when d_v < d_qk, for every (d_qk, d_v) of params.head_dims (d_v padded to a power of two): fp32 accumulator, "
+             "scores and Q per thread, measured on sm_90 to fit 255 registers without spilling", _regs_fit),
         Rule("rows_per_warp", "BLOCK_M >= 16 * num_warps / 4 (a warp's MMA needs 16 rows; a warpgroup shares them)",
              lambda c, p, lim: 4 * c["BLOCK_M"] >= 16 * c["num_warps"]),
         Rule("smem_ring", "(BLOCK_M * d_qk + num_stages * BLOCK_N * (d_qk + d_v)) * 2 bytes <= "
-             "hardware.limits.max_shared_memory_per_block (d_qk, d_v: the largest of params.head_dims and its v dim; "
-             "227 KiB on an H100)", _smem_fits),
+             "hardware.limits.max_shared_memory_per_block for every (d_qk, d_v) of params.head_dims (d_v padded to a "
+             "power of two; 227 KiB on an H100)", _smem_fits),
     ),
 )
 
@@ -375,6 +451,10 @@ class AttentionFamily(TritonFamily):
             v = params["head_dim_v"]
             if isinstance(v, bool) or v not in V_HEAD_DIMS:
                 return f"head_dim_v={v!r} is not allowed; allowed: {', '.join(map(str, V_HEAD_DIMS))}"
+        bad = [pair for pair in _pairs_of(params) if pair not in HEAD_DIM_PAIRS]
+        if bad:
+            return (f"head_dims/head_dim_v: (q/k, v) = {', '.join(f'({a}, {b})' for a, b in bad)} is not allowed; allowed pairs: "
+                    f"{', '.join(f'({a}, {b})' for a, b in HEAD_DIM_PAIRS)}")
         return None
 
     # --- inputs, launch, reference -------------------------------------------------------------
@@ -451,7 +531,7 @@ class AttentionFamily(TritonFamily):
             "stride_qt": "i32", "stride_qh": "i32", "stride_kt": "i32", "stride_kh": "i32",
             "stride_vt": "i32", "stride_vh": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32",
             "GROUP": "i32", "WIN_LEFT": "i32", "WIN_RIGHT": "i32", "NUM_M_BLOCKS": "i32",
-            "D_QK": "constexpr", "D_PE": "constexpr", "D_V": "constexpr", "HAS_LEFT": "constexpr",
+            "D_QK": "constexpr", "D_PE": "constexpr", "D_V": "constexpr", "D_VP": "constexpr", "HAS_LEFT": "constexpr",
             "HAS_RIGHT": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
         }
         # What the GPU JIT specializes as divisible by 16: every pointer and every q/k/v/o stride (all
@@ -462,7 +542,8 @@ class AttentionFamily(TritonFamily):
         units = []
         for d in _head_dims(params):
             main, pe = _split(d)
-            consts = {"D_QK": main, "D_PE": pe, "D_V": v_head_dim(params, d), "HAS_LEFT": left >= 0,
+            dv = v_head_dim(params, d)
+            consts = {"D_QK": main, "D_PE": pe, "D_V": dv, "D_VP": padded_v(dv), "HAS_LEFT": left >= 0,
                       "HAS_RIGHT": right >= 0, "BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"]}
             units.append(CompileUnit(attn_fwd_kernel, sig, consts, config["num_warps"], config["num_stages"], DIVISIBLE))
         return units
@@ -543,9 +624,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: t
     if k.shape[2] != d or v.shape[:2] != k.shape[:2]:
         raise ValueError(f"attention: k must be [total_k, h_kv, {d}] and v [total_k, h_kv, d_v], got {tuple(k.shape)} and {tuple(v.shape)}")
     dv = v.shape[2]
-    if d not in HEAD_DIMS or dv not in V_HEAD_DIMS:
-        raise ValueError(f"attention: head dims q/k={d}, v={dv} not supported; allowed: q/k {', '.join(map(str, HEAD_DIMS))}, "
-                         f"v {', '.join(map(str, V_HEAD_DIMS))}")
+    if (d, dv) not in HEAD_DIM_PAIRS:
+        raise ValueError(f"attention: head dims q/k={d}, v={dv} not supported; allowed (q/k, v): "
+                         f"{', '.join(f'({a}, {b})' for a, b in HEAD_DIM_PAIRS)}")
     if h_q % h_kv:
         raise ValueError(f"attention: h_kv={h_kv} must divide h_q={h_q}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16):
@@ -569,7 +650,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: t
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         lse.stride(0),
         h_q // h_kv, max(left, 0), max(right, 0), n_m,
-        D_QK=main, D_PE=pe, D_V=dv, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
+        D_QK=main, D_PE=pe, D_V=dv, D_VP=padded_v(dv), HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )

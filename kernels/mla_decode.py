@@ -17,11 +17,10 @@ Math and why:
   The same [BLOCK_N, 512] latent tile is then the V operand: it is loaded once per step and used twice.
 - Online softmax in base 2: scores are pre-multiplied by scale * log2(e) so exp2 is used; the running
   max m and sum l are per row; lse = (m + log2 l) * ln 2 at the end.
-- Always causal over s_q (speculative/MTP decode): query i of s_q sees keys 0 .. seqlen - s_q + i,
-  i.e. the s_q queries are the last s_q tokens of the cache. There is no non-causal mode. FlashMLA's
-  ``flash_mla_with_kvcache`` defaults to ``causal=False`` (every query sees the whole cache): compare
-  this family with FlashMLA called with ``causal=True``, as DeepSeek's MTP decode calls it. With
-  s_q = 1 the two are the same (the one query sees the whole cache).
+- causal (FlashMLA's flag of ``flash_mla_with_kvcache``, default False as upstream): False, every query
+  token sees the whole cache; True, query i of s_q sees keys 0 .. seqlen - s_q + i (the s_q queries are
+  the last s_q tokens of the cache, speculative/MTP decode). With s_q = 1 the two are the same (FlashMLA
+  itself turns causal off then). A constexpr: the non-causal kernel has no per-row key bound.
 - Paging: BLOCK_N divides page_size, so a BLOCK_N tile never straddles a page and one block-table
   lookup per tile gives its page. Page offsets are int64 (a 132 x 32k-token cache has > 2^31
   elements). Tokens past the sequence end are masked at the load (other=0): the unused tail of the
@@ -39,7 +38,7 @@ Math and why:
   sequence) write o_s = 0 and lse_s = -inf, i.e. weight 0 in the combine.
 
 Zero-length policy (FlashMLA's convention, not an error): a row that sees no key at all (a sequence
-with cache_seqlens = 0, or query i of s_q when seqlen - s_q + i < 0) gets out = 0 and lse = +inf,
+with cache_seqlens = 0, or, causal, query i of s_q when seqlen - s_q + i < 0) gets out = 0 and lse = +inf,
 as FlashMLA's kernel and reference mark it (a split partial with no key keeps lse_s = -inf inside,
 its weight 0 in the combine). No NaN is produced. The float64 reference does the same, and the
 check requires the infinities to match exactly.
@@ -48,11 +47,18 @@ Family params (spec.params), all optional:
 - softmax_scale: float > 0, default 576 ** -0.5.
 - page_size: 16, 32, 64 (default), 128 or 256 tokens per KV page; BLOCK_N must divide it.
 - seqlens: "spread" (default), "uniform" or a list of non-negative ints (see ``cache_seqlens``).
-- kv_dtype: "fp8_e4m3" for an FP8 KV cache: e4m3 values with one fp32 scale per token
+- causal: bool, default false (FlashMLA's default; see above).
+- kv_dtype: "fp8_e4m3" for kregress's FP8 KV cache: e4m3 values with one fp32 scale per token
   (``kv_scale`` [num_blocks, page_size]; a cached token is ``kv_fp8 * scale``, quantized with
   amax / 448 over its 576 values). The kernel dequantizes each tile in fp32 and rounds it to q's
-  dtype before the same two dots; the float64 reference dequantizes the same way. Default: the
-  cache has q's dtype.
+  dtype before the same two dots; the float64 reference dequantizes the same way.
+  "fp8_flashmla" for FlashMLA's FP8 cache: 656 bytes per token (512 e4m3 latent values, 4 fp32
+  scales, one per 128 values, rounded up to powers of two, and the 64 rope values in bf16), seen as
+  [num_blocks, page_size, 1, 656] float8_e4m3fn, written by ``pack_kv_flashmla`` from a bf16 cache as
+  FlashMLA's quantizer does. The kernel reads the same bytes three ways (e4m3 latent, fp32 scales, bf16
+  rope), multiplies each 128-value tile by its scale in fp32 and rounds to q's dtype (exact: the
+  products of e4m3 values and powers of two are bf16 and fp16 numbers); the reference dequantizes
+  exactly in float64 (``unpack_kv_flashmla``). Default: the cache has q's dtype.
 - check_lse: bool, default true: ``run`` returns (out, lse) and the correctness check compares both
   (the kernel writes lse anyway, so nothing extra is timed); false returns out only.
 """
@@ -78,7 +84,7 @@ D_QK = D_LATENT + D_ROPE
 @triton.jit
 def mla_decode_kernel(
     q_ptr, kv_ptr, block_table_ptr, seqlens_ptr,
-    out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, kv_scale_ptr,
+    out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, kv_scale_ptr, kv_rope_ptr,
     sm_scale,
     stride_qb, stride_qs, stride_qh,
     stride_kvb, stride_kvt,
@@ -87,7 +93,8 @@ def mla_decode_kernel(
     stride_lb, stride_lh,
     H_Q, S_Q, M,
     PAGE_SIZE: tl.constexpr, D_V: tl.constexpr, D_PE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FMT: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     pid_h = tl.program_id(0)
     b = tl.program_id(1)
@@ -126,15 +133,28 @@ def mla_decode_kernel(
             page = tl.load(bt_row + start_n // PAGE_SIZE).to(tl.int64)
             tok = start_n + offs_n
             tok_ok = tok < end
-            kv_rows = kv_ptr + page * stride_kvb + ((start_n % PAGE_SIZE) + offs_n)[:, None] * stride_kvt
+            tok_off = page * stride_kvb + ((start_n % PAGE_SIZE) + offs_n) * stride_kvt  # [BLOCK_N] int64
+            kv_rows = kv_ptr + tok_off[:, None]
             kv = tl.load(tl.multiple_of(kv_rows + offs_v[None, :], [16, 16]), mask=tok_ok[:, None], other=0.0)  # K_nope = V
-            k_pe = tl.load(tl.multiple_of(kv_rows + D_V + offs_pe[None, :], [16, 16]), mask=tok_ok[:, None], other=0.0)
-            if KV_FP8:  # e4m3 cache, one fp32 scale per token: dequantize in fp32, round to q's dtype
+            if KV_FMT == 2:  # FlashMLA's 656-byte token: bytes 512..527 are 4 fp32 scales, 528..655 the bf16 rope
+                k_pe = tl.load(kv_rope_ptr + (tok_off // 2 + (D_V + 16) // 2)[:, None] + offs_pe[None, :],
+                               mask=tok_ok[:, None], other=0.0).to(q_nope.dtype)
+                # one fp32 scale per 128 values: [BLOCK_N, 4] scales times the [BLOCK_N, 4, 128] view of the tile
+                tile_scale = tl.load(kv_scale_ptr + (tok_off // 4 + D_V // 4)[:, None] + tl.arange(0, D_V // 128)[None, :],
+                                     mask=tok_ok[:, None], other=0.0)
+                kv = tl.reshape(tl.reshape(kv.to(tl.float32), [BLOCK_N, D_V // 128, 128]) * tile_scale[:, :, None],
+                                [BLOCK_N, D_V]).to(q_nope.dtype)
+            else:
+                k_pe = tl.load(tl.multiple_of(kv_rows + D_V + offs_pe[None, :], [16, 16]), mask=tok_ok[:, None], other=0.0)
+            if KV_FMT == 1:  # kregress's e4m3 cache, one fp32 scale per token: dequantize in fp32, round to q's dtype
                 tok_scale = tl.load(kv_scale_ptr + page * PAGE_SIZE + (start_n % PAGE_SIZE) + offs_n, mask=tok_ok, other=0.0)
                 kv = (kv.to(tl.float32) * tok_scale[:, None]).to(q_nope.dtype)
                 k_pe = (k_pe.to(tl.float32) * tok_scale[:, None]).to(q_nope.dtype)
             qk = tl.dot(q_pe, tl.trans(k_pe), acc=tl.dot(q_nope, tl.trans(kv)))
-            visible = tok_ok[None, :] & (tok[None, :] <= last_key[:, None])
+            if CAUSAL:
+                visible = tok_ok[None, :] & (tok[None, :] <= last_key[:, None])
+            else:  # FlashMLA's default: every query sees the whole cache
+                visible = tok_ok[None, :]
             qk = tl.where(visible, qk * qk_scale, float("-inf"))
             acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, kv)  # kv is both K and V (MLA)
 
@@ -195,9 +215,15 @@ def mla_combine_kernel(
 
 PAGE_SIZES = (16, 32, 64, 128, 256)
 SEQLEN_PATTERNS = ("spread", "uniform")
-PARAM_KEYS = ("softmax_scale", "page_size", "seqlens", "check_lse", "kv_dtype")
-KV_DTYPES = ("fp8_e4m3",)
+PARAM_KEYS = ("softmax_scale", "page_size", "seqlens", "check_lse", "kv_dtype", "causal")
+KV_DTYPES = ("fp8_e4m3", "fp8_flashmla")
 FP8_MAX = 448.0
+# FlashMLA's FP8 token ("V32" layout of its tests/quant.py): 512 e4m3 latent values, 4 fp32 scales (one per
+# 128 values), 64 bf16 rope values: 512 + 16 + 128 = 656 bytes.
+FLASHMLA_TILE = 128
+FLASHMLA_SCALES = D_LATENT // FLASHMLA_TILE
+FLASHMLA_TOKEN_BYTES = D_LATENT + 4 * FLASHMLA_SCALES + 2 * D_ROPE
+KV_FMT_SAME, KV_FMT_TOKEN_SCALE, KV_FMT_FLASHMLA = 0, 1, 2
 COMBINE_WARPS = 4
 COMBINE_ROWS = 8
 
@@ -213,12 +239,75 @@ def _kv_fp8(params: dict[str, Any]) -> bool:
     return (params or {}).get("kv_dtype") == "fp8_e4m3"
 
 
+def _kv_flashmla(params: dict[str, Any]) -> bool:
+    return (params or {}).get("kv_dtype") == "fp8_flashmla"
+
+
+def _kv_fmt(params: dict[str, Any]) -> int:
+    return KV_FMT_FLASHMLA if _kv_flashmla(params) else (KV_FMT_TOKEN_SCALE if _kv_fp8(params) else KV_FMT_SAME)
+
+
+def _causal(params: dict[str, Any]) -> bool:
+    """FlashMLA's flash_mla_with_kvcache defaults to causal=False: every query token sees the whole cache."""
+    return bool((params or {}).get("causal", False))
+
+
+def kv_token_bytes(params: dict[str, Any], dtype_bytes: int) -> int:
+    """Bytes one cached token occupies: 576 values in q's dtype, 576 e4m3 + one fp32 scale, or FlashMLA's 656."""
+    if _kv_flashmla(params):
+        return FLASHMLA_TOKEN_BYTES
+    return D_QK + 4 if _kv_fp8(params) else D_QK * dtype_bytes
+
+
 def quantize_kv_per_token(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[num_blocks, page, 1, 576] -> (e4m3 cache, fp32 scale [num_blocks, page]): amax / 448 per token
     (clamped at 1e-4); a NaN token (poison) stays NaN."""
     x = kv.float()
     scale = x.abs().amax(dim=(2, 3)).clamp(min=1e-4) / FP8_MAX
     return (x / scale[:, :, None, None]).to(torch.float8_e4m3fn), scale
+
+
+def _ue8m0(scale: torch.Tensor) -> torch.Tensor:
+    """A scale rounded up to a power of two (FlashMLA stores its scales so): 2 ** ceil(log2(max(s, 1e-4)))."""
+    return torch.pow(2.0, torch.clamp_min(scale, 1e-4).log2().ceil())
+
+
+def pack_kv_flashmla(kv: torch.Tensor) -> torch.Tensor:
+    """A bf16 cache [num_blocks, page, 1, 576] -> FlashMLA's FP8 cache [num_blocks, page, 1, 656] float8_e4m3fn.
+
+    Per token: bytes 0..511 the latent values quantized to e4m3 by tiles of 128, each tile divided by its
+    scale 2 ** ceil(log2(max(amax / 448, 1e-4))) (a power of two, FlashMLA's ue8m0 rounding); bytes
+    512..527 those 4 scales as fp32 (multiply to dequantize); bytes 528..655 the 64 rope values as bf16,
+    unquantized. Pages are (page + 1) * 656 bytes apart, as FlashMLA's packer allocates them (one spare token
+    row per page), so the result is a non-contiguous view. A NaN token (poison) stays NaN in all three parts.
+    """
+    if kv.dtype != torch.bfloat16 or kv.ndim != 4 or kv.shape[2] != 1 or kv.shape[3] != D_QK:
+        raise ValueError(f"pack_kv_flashmla: the cache must be bf16 [num_blocks, page, 1, {D_QK}], got {kv.dtype} {tuple(kv.shape)}")
+    blocks, page = kv.shape[0], kv.shape[1]
+    src = kv[:, :, 0, :]
+    full = torch.zeros((blocks, page + 1, FLASHMLA_TOKEN_BYTES), dtype=torch.float8_e4m3fn, device=kv.device)
+    out = full[:, :page, :]
+    scales = out[..., D_LATENT:D_LATENT + 4 * FLASHMLA_SCALES].view(torch.float32)
+    out[..., D_LATENT + 4 * FLASHMLA_SCALES:].view(torch.bfloat16)[:] = src[..., D_LATENT:]
+    for t in range(FLASHMLA_SCALES):
+        tile = src[..., t * FLASHMLA_TILE:(t + 1) * FLASHMLA_TILE].float()
+        scale = _ue8m0(tile.abs().amax(dim=-1) / FP8_MAX)  # [blocks, page]
+        scales[..., t] = scale
+        out[..., t * FLASHMLA_TILE:(t + 1) * FLASHMLA_TILE] = (tile / scale[..., None]).to(torch.float8_e4m3fn)
+    return out.unsqueeze(2)  # [num_blocks, page, 1, 656], page stride (page + 1) * 656
+
+
+def unpack_kv_flashmla(cache: torch.Tensor) -> torch.Tensor:
+    """FlashMLA's FP8 cache [..., 656] -> its exact values in float64 [..., 576]: e4m3 times its tile's fp32
+    scale for the 512 latent values, the bf16 rope as is. (With power-of-two scales every product is exact
+    in bf16 too, so the kernel's dequantized bf16 tile holds exactly these numbers.)"""
+    if cache.dtype != torch.float8_e4m3fn or cache.shape[-1] != FLASHMLA_TOKEN_BYTES:
+        raise ValueError(f"unpack_kv_flashmla: expected float8_e4m3fn [..., {FLASHMLA_TOKEN_BYTES}], got {cache.dtype} {tuple(cache.shape)}")
+    nope = cache[..., :D_LATENT].double()
+    scales = cache[..., D_LATENT:D_LATENT + 4 * FLASHMLA_SCALES].contiguous().view(torch.float32).double()
+    rope = cache[..., D_LATENT + 4 * FLASHMLA_SCALES:].contiguous().view(torch.bfloat16).double()
+    nope = (nope.unflatten(-1, (FLASHMLA_SCALES, FLASHMLA_TILE)) * scales[..., None]).flatten(-2)
+    return torch.cat([nope, rope], dim=-1)
 
 
 def _page_size(params: dict[str, Any]) -> int:
@@ -323,11 +412,13 @@ class MlaDecodeFamily(TritonFamily):
             problem = check_seqlens_param(params["seqlens"], SEQLEN_PATTERNS)
             if problem:
                 return problem
-        problem = check_bool_param(params, "check_lse")
-        if problem:
-            return problem
+        for key in ("check_lse", "causal"):
+            problem = check_bool_param(params, key)
+            if problem:
+                return problem
         if "kv_dtype" in params and params["kv_dtype"] not in KV_DTYPES:
-            return f"kv_dtype={params['kv_dtype']!r} is not allowed; allowed: {', '.join(KV_DTYPES)} (absent: q's dtype)"
+            return (f"kv_dtype={params['kv_dtype']!r} is not allowed; allowed: {', '.join(KV_DTYPES)} (absent: q's dtype; "
+                    "fp8_e4m3: 576 e4m3 + one fp32 scale per token; fp8_flashmla: FlashMLA's 656-byte token)")
         return None
 
     # --- inputs, launch, reference -------------------------------------------------------------
@@ -361,23 +452,26 @@ class MlaDecodeFamily(TritonFamily):
         out = {"q": q, "kv_cache": kv, "block_table": block_table, "cache_seqlens": seqlens}
         if _kv_fp8(params):
             out["kv_cache"], out["kv_scale"] = quantize_kv_per_token(kv)
+        elif _kv_flashmla(params):  # FlashMLA packs from a bf16 cache, whatever q's dtype
+            out["kv_cache"] = pack_kv_flashmla(kv.to(torch.bfloat16))
         return out
 
     def run(self, inputs, config, params):
         out, lse = mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["cache_seqlens"],
-                              _softmax_scale(params), config, kv_scale=inputs.get("kv_scale"))
+                              _softmax_scale(params), config, kv_scale=inputs.get("kv_scale"), causal=_causal(params))
         return (out, lse) if _check_lse(params) else out
 
     def reference(self, inputs, params):
         out, lse = reference_mla_decode(inputs["q"], inputs["kv_cache"], inputs["block_table"],
-                                        inputs["cache_seqlens"], _softmax_scale(params), kv_scale=inputs.get("kv_scale"))
+                                        inputs["cache_seqlens"], _softmax_scale(params), kv_scale=inputs.get("kv_scale"),
+                                        causal=_causal(params))
         return (out, lse) if _check_lse(params) else out
 
     # --- formulas ------------------------------------------------------------------------------
     def flops(self, shape, params):
         # Per visible (row, key) pair: a 576-long dot for the score and a 512-long one for P @ V.
-        s_q = shape["s_q"]
-        pairs = sum(_visible_keys(n, s_q, s) for n in cache_seqlens(shape, params) for s in range(s_q))
+        s_q, causal = shape["s_q"], _causal(params)
+        pairs = sum(_visible_keys(n, s_q, s) if causal else n for n in cache_seqlens(shape, params) for s in range(s_q))
         return 2.0 * (D_QK + D_LATENT) * shape["h_q"] * pairs
 
     def bytes_moved(self, shape, dtype_bytes, params):
@@ -385,7 +479,7 @@ class MlaDecodeFamily(TritonFamily):
         lens = cache_seqlens(shape, params)
         rows = shape["batch"] * shape["s_q"] * shape["h_q"]
         pages = sum(math.ceil(n / _page_size(params)) for n in lens)
-        token = D_QK + 4 if _kv_fp8(params) else D_QK * dtype_bytes  # fp8: 576 bytes + the fp32 scale
+        token = kv_token_bytes(params, dtype_bytes)  # fp8: 576 bytes + the fp32 scale; FlashMLA's fp8: 656
         return float(sum(lens) * token + dtype_bytes * rows * (D_QK + D_LATENT) + 4 * rows + 4 * (pages + shape["batch"]))
 
     def tolerance(self, shape, dtype, base_tol, params):
@@ -403,8 +497,9 @@ class MlaDecodeFamily(TritonFamily):
         splits = config["num_splits"]
         ptr = TRITON_PTR[dtype]
         sig = {
-            "q_ptr": ptr, "kv_ptr": "*fp8e4nv" if _kv_fp8(params) else ptr, "block_table_ptr": "*i32", "seqlens_ptr": "*i32",
+            "q_ptr": ptr, "kv_ptr": "*fp8e4nv" if _kv_fmt(params) else ptr, "block_table_ptr": "*i32", "seqlens_ptr": "*i32",
             "out_ptr": ptr, "lse_ptr": "*fp32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "kv_scale_ptr": "*fp32",
+            "kv_rope_ptr": "*bf16",
             "sm_scale": "fp32",
             "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
             "stride_kvb": "i32", "stride_kvt": "i32", "stride_btb": "i32",
@@ -412,11 +507,12 @@ class MlaDecodeFamily(TritonFamily):
             "stride_lb": "i32", "stride_lh": "i32",
             "H_Q": "i32", "S_Q": "i32", "M": "i32",
             "PAGE_SIZE": "constexpr", "D_V": "constexpr", "D_PE": "constexpr",
-            "BLOCK_H": "constexpr", "BLOCK_N": "constexpr", "NUM_SPLITS": "constexpr", "KV_FP8": "constexpr",
+            "BLOCK_H": "constexpr", "BLOCK_N": "constexpr", "NUM_SPLITS": "constexpr", "KV_FMT": "constexpr",
+            "CAUSAL": "constexpr",
         }
         consts = {"PAGE_SIZE": _page_size(params), "D_V": D_LATENT, "D_PE": D_ROPE,
                   "BLOCK_H": config["BLOCK_H"], "BLOCK_N": config["BLOCK_N"], "NUM_SPLITS": splits,
-                  "KV_FP8": _kv_fp8(params)}
+                  "KV_FMT": _kv_fmt(params), "CAUSAL": _causal(params)}
         # What the GPU JIT specializes as divisible by 16 on the timed shapes: every pointer (fresh
         # torch allocations), strides built from the 576/512 head dims, and sizes built from h_q
         # (a multiple of 16 in every DeepSeek config). Not: the block-table row stride (max pages), S_Q,
@@ -449,7 +545,12 @@ class MlaDecodeFamily(TritonFamily):
         of HBM bandwidth, discounted by the KV tiles in flight (kv_buffers) and occupancy. Launch: 3 us per kernel
         (CUDA-graph replay). Spills add local-memory traffic.
 
-        Sees: the KV bytes per token (bf16 or fp8 with its scale), row tiles (BLOCK_H), splits and their
+        causal: a row tile holds every query of a sequence and the last query sees the whole cache, so
+        each program streams the same tokens and issues the same (masked) MMAs whether causal is true or
+        false; causal changes the visible pairs (``flops``, the TFLOP/s column), never this estimate.
+
+        Sees: the KV bytes per token (q's dtype, fp8 with its per-token scale, or FlashMLA's 656-byte
+        token), row tiles (BLOCK_H), splits and their
         fp32 partials, the KV tiles in flight (num_stages through kv_buffers), occupancy from the compile.
         Ignores: the order of pages in the block table (scattered pages cost more on the GPU); the
         combine kernel's own time beyond its launch; num_warps except through occupancy; clocks.
@@ -459,7 +560,7 @@ class MlaDecodeFamily(TritonFamily):
         lens = cache_seqlens(shape, params)
         rows = shape["s_q"] * shape["h_q"]
         tiles_h = math.ceil(rows / bh)
-        token_bytes = D_QK + 4 if _kv_fp8(params) else D_QK * dtype_bytes
+        token_bytes = kv_token_bytes(params, dtype_bytes)
         kv_bytes = sum(lens) * token_bytes
         traffic = kv_bytes * (1.0 + 0.15 * (tiles_h - 1)) + shape["batch"] * rows * (D_QK + D_LATENT) * dtype_bytes
         if splits > 1:
@@ -491,22 +592,29 @@ def _aligned_rows(t: torch.Tensor) -> bool:
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
                softmax_scale: float, config: dict[str, int],
-               kv_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               kv_scale: torch.Tensor | None = None, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode attention over a paged latent cache; returns (out [B, s_q, h_q, 512], lse [B, h_q, s_q] fp32, FlashMLA layout).
 
+    causal: FlashMLA's flag (default False: every query sees the whole cache; True: query i of s_q sees
+    keys 0 .. seqlen - s_q + i). kv_cache is [num_blocks, page, 1, 576] in q's dtype, or float8_e4m3fn
+    with kv_scale (one fp32 per token), or FlashMLA's FP8 cache [num_blocks, page, 1, 656] float8_e4m3fn
+    (``pack_kv_flashmla``; no kv_scale: its scales are in the token).
     (1) check shapes (metadata only: nothing here syncs with the device, so it can be captured in a
     CUDA graph), (2) allocate, (3) launch the split kernel and, when num_splits > 1, the combine.
     """
     if q.ndim != 4 or q.shape[-1] != D_QK:
         raise ValueError(f"mla_decode: q must be [batch, s_q, h_q, {D_QK}], got {tuple(q.shape)}")
-    if kv_cache.ndim != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != D_QK:
-        raise ValueError(f"mla_decode: kv_cache must be [num_blocks, page_size, 1, {D_QK}], got {tuple(kv_cache.shape)}")
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    flashmla = fp8 and kv_cache.ndim == 4 and kv_cache.shape[3] == FLASHMLA_TOKEN_BYTES
+    if kv_cache.ndim != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != (FLASHMLA_TOKEN_BYTES if flashmla else D_QK):
+        raise ValueError(f"mla_decode: kv_cache must be [num_blocks, page_size, 1, {D_QK}] (or float8_e4m3fn "
+                         f"[..., {FLASHMLA_TOKEN_BYTES}], FlashMLA's FP8 cache), got {tuple(kv_cache.shape)}")
     if q.dtype not in (torch.float16, torch.bfloat16) or (kv_cache.dtype != q.dtype and not fp8):
         raise ValueError(f"mla_decode: q must be fp16 or bf16 and kv_cache the same or float8_e4m3fn, got {q.dtype} and {kv_cache.dtype}")
-    if fp8 != (kv_scale is not None):
-        raise ValueError("mla_decode: an float8_e4m3fn kv_cache needs kv_scale (one fp32 scale per token), and only it")
-    if fp8 and (kv_scale.shape != kv_cache.shape[:2] or kv_scale.dtype != torch.float32 or not kv_scale.is_contiguous()):
+    if (fp8 and not flashmla) != (kv_scale is not None):
+        raise ValueError("mla_decode: a float8_e4m3fn [..., 576] kv_cache needs kv_scale (one fp32 scale per token), and only it "
+                         f"(FlashMLA's [..., {FLASHMLA_TOKEN_BYTES}] cache carries its scales)")
+    if kv_scale is not None and (kv_scale.shape != kv_cache.shape[:2] or kv_scale.dtype != torch.float32 or not kv_scale.is_contiguous()):
         raise ValueError(f"mla_decode: kv_scale must be contiguous fp32 [{kv_cache.shape[0]}, {kv_cache.shape[1]}], "
                          f"got {kv_scale.dtype} {tuple(kv_scale.shape)}")
     B, s_q, h_q, _ = q.shape
@@ -523,6 +631,10 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     if not _aligned_rows(kv_cache):
         raise ValueError("mla_decode: kv_cache needs a contiguous last dim and 16-byte aligned pages and tokens")
     block_table = block_table.contiguous()
+    kv_fmt = KV_FMT_FLASHMLA if flashmla else (KV_FMT_TOKEN_SCALE if fp8 else KV_FMT_SAME)
+    # FlashMLA's token seen as fp32 (its scales at 128..131) and as bf16 (its rope at 264..327): same bytes
+    kv_f32 = kv_cache.view(torch.float32) if flashmla else None
+    kv_rope = kv_cache.view(torch.bfloat16) if flashmla else None
     M = s_q * h_q
     splits = config["num_splits"]
     out = torch.empty((B, s_q, h_q, D_LATENT), device=q.device, dtype=q.dtype)
@@ -534,7 +646,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         o_part = lse_part = lse  # unused by the kernel when NUM_SPLITS == 1
     grid = lambda META: (triton.cdiv(M, META["BLOCK_H"]), B, META["NUM_SPLITS"])  # noqa: E731
     mla_decode_kernel[grid](
-        q, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part, kv_scale if fp8 else lse,
+        q, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part,
+        kv_f32 if flashmla else (kv_scale if fp8 else lse), kv_rope if flashmla else lse,
         softmax_scale,
         q.stride(0), q.stride(1), q.stride(2),
         kv_cache.stride(0), kv_cache.stride(1),
@@ -543,7 +656,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         lse.stride(0), lse.stride(1),  # batch and head strides
         h_q, s_q, M,
         PAGE_SIZE=page, D_V=D_LATENT, D_PE=D_ROPE,
-        BLOCK_H=config["BLOCK_H"], BLOCK_N=config["BLOCK_N"], NUM_SPLITS=splits, KV_FP8=fp8,
+        BLOCK_H=config["BLOCK_H"], BLOCK_N=config["BLOCK_N"], NUM_SPLITS=splits, KV_FMT=kv_fmt, CAUSAL=bool(causal),
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     if splits > 1:
@@ -560,9 +673,10 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 
 def reference_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                          cache_seqlens: torch.Tensor, softmax_scale: float,
-                         kv_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         kv_scale: torch.Tensor | None = None, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 reference that gathers each sequence's pages; lse [B, h_q, s_q]; empty rows give out = 0,
-    lse = +inf (FlashMLA's convention)."""
+    lse = +inf (FlashMLA's convention). causal as FlashMLA's flag (False: every query sees the whole
+    cache). FlashMLA's 656-byte FP8 cache is dequantized exactly (``unpack_kv_flashmla``)."""
     B, s_q, h_q, _ = q.shape
     page = kv_cache.shape[1]
     out = torch.zeros((B, s_q, h_q, D_LATENT), dtype=torch.float64)
@@ -572,13 +686,17 @@ def reference_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         if n == 0:
             continue
         pages = block_table[b, : math.ceil(n / page)].long()
-        kv = kv_cache[pages].reshape(-1, D_QK)[:n].double()  # [n, 576]
+        if kv_cache.shape[-1] == FLASHMLA_TOKEN_BYTES:
+            kv = unpack_kv_flashmla(kv_cache[pages].reshape(-1, FLASHMLA_TOKEN_BYTES)[:n])  # [n, 576] exact
+        else:
+            kv = kv_cache[pages].reshape(-1, D_QK)[:n].double()  # [n, 576]
         if kv_scale is not None:  # FP8 cache: fp8 value times its token's scale, rounded to q's dtype as the kernel does
             kv = (kv.float() * kv_scale[pages].reshape(-1)[:n, None]).to(q.dtype).double()
         scores = torch.einsum("shd,nd->shn", q[b].double(), kv) * softmax_scale
         keys = torch.arange(n)
-        last = n - s_q + torch.arange(s_q)  # causal: query s sees keys <= n - s_q + s
-        scores = scores.masked_fill(keys[None, None, :] > last[:, None, None], float("-inf"))
+        if causal:
+            last = n - s_q + torch.arange(s_q)  # query s sees keys <= n - s_q + s
+            scores = scores.masked_fill(keys[None, None, :] > last[:, None, None], float("-inf"))
         row_lse = torch.logsumexp(scores, dim=-1)
         seen = torch.isfinite(row_lse)
         p = torch.where(seen[..., None], torch.exp(scores - row_lse.masked_fill(~seen, 0.0)[..., None]), 0.0)

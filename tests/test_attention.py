@@ -165,7 +165,7 @@ def test_tolerance_by_dtype_and_length():
 def test_shapes_and_params_are_validated_with_clear_messages():
     good = {"batch": 1, "seqlen": 8, "h_q": 8, "h_kv": 2, "head_dim": 128}
     assert ATTN.check_shape(good) is None
-    assert "allowed: 64, 128, 192" in ATTN.check_shape(dict(good, head_dim=96))
+    assert "allowed: 32, 64, 96, 128, 192, 256" in ATTN.check_shape(dict(good, head_dim=80))
     assert ATTN.check_shape(dict(good, head_dim=192)) is None
     assert "h_kv=3 must divide h_q=8" in ATTN.check_shape(dict(good, h_kv=3))
     assert ATTN.check_params({"causal": False, "window": [127, 127], "seqlens": "spread", "head_dims": [64]}) is None
@@ -175,15 +175,16 @@ def test_shapes_and_params_are_validated_with_clear_messages():
     assert "[left, right] with integers >= -1" in ATTN.check_params({"window": [3]})
     assert "causal=true means right = 0" in ATTN.check_params({"causal": True, "window": [3, 2]})
     assert "prefix=-3 must be an integer >= 0" in ATTN.check_params({"prefix": -3})
-    assert "head_dim_v=192 is not allowed; allowed: 64, 128" in ATTN.check_params({"head_dim_v": 192})
+    assert "head_dim_v=80 is not allowed; allowed: 32, 64, 96, 128, 192, 256" in ATTN.check_params({"head_dim_v": 80})
+    assert "(q/k, v) = (64, 192) is not allowed" in ATTN.check_params({"head_dim_v": 192})  # 128/192 is, 64/192 not
     assert "allowed: uniform, spread" in ATTN.check_params({"seqlens": "zipf"})
-    assert "drawn from 64, 128, 192" in ATTN.check_params({"head_dims": [96]})
+    assert "drawn from 32, 64, 96, 128, 192, 256" in ATTN.check_params({"head_dims": [80]})
     assert "unknown param(s) page_size" in ATTN.check_params({"page_size": 64})
 
 
 def test_registered_like_any_family():
     assert families()["attention"] is ATTN and ATTN.headline_metric == "tflops" and not ATTN.use_cudagraph()
-    assert "BLOCK_M * 128 / (32 * num_warps) <= 128" in ATTN.space.check(dict(BASE, BLOCK_M=128, num_warps=2))
+    assert "BLOCK_M * d_v / (32 * num_warps) <= 128" in ATTN.space.check(dict(BASE, BLOCK_M=128, num_warps=2))
 
 
 def test_sm90_compile_stats_per_head_dim():
@@ -228,7 +229,7 @@ def test_sm90_compile_stats_deepseek_192_128():
     assert stats.spill_bytes == 0 and stats.sass_mix.get("tensor_wgmma", 0) > 0
     # the Q tile (192 wide) plus one K (192) and V (128) tile per pipeline stage, 2 bytes each
     assert stats.smem_bytes == (128 * 192 + 3 * 64 * (192 + 128)) * 2
-    assert "smem_ring" in ATTN.space.check(dict(BASE, num_stages=4, BLOCK_N=128), {"head_dims": [192]})
+    assert "smem_ring" in ATTN.space.check(dict(BASE, BLOCK_M=64, num_stages=4, BLOCK_N=128), {"head_dims": [192]})
 
 
 def test_deprecated_single_window_maps_to_flash_attn_left_right():

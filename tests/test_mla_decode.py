@@ -47,11 +47,11 @@ def test_edge_lengths_match_reference(interpreter, config, dtype):
 
 
 def test_causal_two_queries_and_more_splits_than_blocks(interpreter):
-    """s_q = 2: query 0 sees seqlen - 1 keys (none for seqlen 1); 32 splits over at most 3 blocks."""
+    """s_q = 2, causal: query 0 sees seqlen - 1 keys (none for seqlen 1); 32 splits over at most 3 blocks."""
     cfg = dict(BLOCK_H=16, BLOCK_N=64, num_splits=32, num_stages=1, num_warps=4)
     shape = {"batch": 4, "s_q": 2, "h_q": 16, "seqlen_k": 129}
     _ok(interpreter.correctness("mla_decode", cfg, [shape], dtype="bf16",
-                                params={"seqlens": [1, 2, 65, 129], "check_lse": True}))
+                                params={"seqlens": [1, 2, 65, 129], "check_lse": True, "causal": True}))
 
 
 def test_long_and_short_sequences_mixed_small_pages(interpreter):
@@ -94,8 +94,8 @@ from kernels.measure import compare
 cfg = dict(BLOCK_H=16, BLOCK_N=32, num_splits=4, num_stages=1, num_warps=4)
 params = {"seqlens": [0, 1, 70]}
 inp = FAMILY.make_inputs({"batch": 3, "s_q": 2, "h_q": 16, "seqlen_k": 70}, torch.float16, "cpu", 0, params)
-out, lse = mla_decode(inp["q"], inp["kv_cache"], inp["block_table"], inp["cache_seqlens"], 0.1, cfg)
-r_out, r_lse = reference_mla_decode(inp["q"], inp["kv_cache"], inp["block_table"], inp["cache_seqlens"], 0.1)
+out, lse = mla_decode(inp["q"], inp["kv_cache"], inp["block_table"], inp["cache_seqlens"], 0.1, cfg, causal=True)
+r_out, r_lse = reference_mla_decode(inp["q"], inp["kv_cache"], inp["block_table"], inp["cache_seqlens"], 0.1, causal=True)
 res = {"empty_out_zero": bool((out[0] == 0).all()) and bool((out[1, 0] == 0).all()),
        "lse_shape": list(lse.shape),
        # FlashMLA's layout [batch, h_q, s_q]: sequence 0 is empty, query 0 of sequence 1 sees no key
@@ -107,7 +107,7 @@ res = {"empty_out_zero": bool((out[0] == 0).all()) and bool((out[1, 0] == 0).all
        "good": compare(out, r_out, 1e-2, 1e-2)["ok"]}
 # A broken kernel path: launch with the pages in allocation order instead of the block table.
 bad_table = torch.sort(inp["block_table"], dim=1).values.contiguous()
-bad, _ = mla_decode(inp["q"], inp["kv_cache"], bad_table, inp["cache_seqlens"], 0.1, cfg)
+bad, _ = mla_decode(inp["q"], inp["kv_cache"], bad_table, inp["cache_seqlens"], 0.1, cfg, causal=True)
 res["broken"] = compare(bad, r_out, 1e-2, 1e-2)
 print("@@" + json.dumps(res))
 """
@@ -187,9 +187,10 @@ def test_flops_and_bytes():
     rows = 2 * 128
     pages = 2 * math.ceil(1000 / 64)
     assert MLA.bytes_moved(shape, 2, uniform) == 2 * (2 * 1000 * 576 + rows * (576 + 512)) + 4 * rows + 4 * (pages + 2)
-    # causal over s_q = 2: query 0 sees seqlen - 1 keys, query 1 sees all
+    # causal over s_q = 2: query 0 sees seqlen - 1 keys, query 1 sees all; not causal (the default): both see all
     two = {"batch": 1, "s_q": 2, "h_q": 16, "seqlen_k": 10}
-    assert MLA.flops(two, {"seqlens": [10]}) == 2.0 * 1088 * 16 * (9 + 10)
+    assert MLA.flops(two, {"seqlens": [10], "causal": True}) == 2.0 * 1088 * 16 * (9 + 10)
+    assert MLA.flops(two, {"seqlens": [10]}) == 2.0 * 1088 * 16 * (10 + 10)
     assert MLA.flops(two, {"seqlens": [0]}) == 0.0
 
 
@@ -204,6 +205,7 @@ def test_tolerance_by_dtype_and_length():
 
 def test_params_and_shapes_are_validated_with_clear_messages():
     assert MLA.check_params({"softmax_scale": 0.1, "page_size": 64, "seqlens": "spread", "check_lse": False}) is None
+    assert MLA.check_params({"causal": True}) is None and "must be true or false" in MLA.check_params({"causal": "yes"})
     assert "allowed: 16, 32, 64, 128, 256" in MLA.check_params({"page_size": 48})
     assert "positive number" in MLA.check_params({"softmax_scale": -1})
     assert "allowed: spread, uniform" in MLA.check_params({"seqlens": "zipf"})
@@ -301,7 +303,7 @@ def test_fp8_kv_cache_inputs_formulas_and_sm90_compile():
     lim = HardwareLimits()
     cfg = dict(BLOCK_H=16, BLOCK_N=32, num_splits=1, num_stages=2, num_warps=4)
     units = MLA.compile_units(cfg, "bf16", {"kv_dtype": "fp8_e4m3"})
-    assert units[0].signature["kv_ptr"] == "*fp8e4nv" and units[0].constexprs["KV_FP8"] is True
+    assert units[0].signature["kv_ptr"] == "*fp8e4nv" and units[0].constexprs["KV_FMT"] == 1
     fp8 = compile_units(units, "sm_90", lim)
     bf16 = compile_units(MLA.compile_units(cfg, "bf16", {}), "sm_90", lim)
     assert fp8.spill_bytes == 0 and 0 < fp8.regs_per_thread <= 255
