@@ -406,6 +406,25 @@ class AttentionFamily(TritonFamily):
         return reference_attention(inputs["q"], inputs["k"], inputs["v"], inputs["cu_seqlens_q"], inputs["cu_seqlens_k"],
                                    window_size(params), _scale(params, inputs["q"].shape[-1]))
 
+    # --- the gate's hidden structure ------------------------------------------------------------
+    structure_keys = ("h_q", "h_kv")  # the GQA ratio: hidden shapes keep it; structure_cases vary it
+    reduction_keys = ("seqlen",)
+
+    def structure_inputs(self, params):
+        return ("cu_seqlens_q", "cu_seqlens_k")
+
+    def structure_cases(self, shapes, params, rng):
+        """The spec's GQA ratio and another one, each with 2 KV heads (a wrong KV-head map shows), and
+        one long sequence (>= 4096 keys) with one head."""
+        base = max(shapes, key=lambda s: s["batch"] * s["seqlen"] * s["h_q"])
+        ratio = max(1, base["h_q"] // base["h_kv"])
+        other = rng.choice([r for r in (2, 3, 4, 8) if r != ratio])
+        out = [(f"structure_gqa{r}", dict(base, h_kv=2, h_q=2 * r), {}) for r in (ratio, other)]
+        long_n = 4096 + rng.randint(1, 63)
+        over = {"seqlens": [long_n]} if isinstance((params or {}).get("seqlens"), list) else {}
+        out.append(("structure_long", dict(base, batch=1, seqlen=long_n, h_q=1, h_kv=1), over))
+        return out
+
     # --- formulas ------------------------------------------------------------------------------
     def _pairs(self, shape, params) -> int:
         left, right = window_size(params)

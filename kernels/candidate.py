@@ -206,6 +206,41 @@ def _to(value: Any, device: str) -> Any:
     return value
 
 
+def _fresh(value: Any, device: str) -> Any:
+    """A deep copy on ``device``: what every call (baseline, candidate, reference) gets, so nothing one
+    call writes reaches another (``.to(device)`` on the tensor's own device returns the same tensor)."""
+    import torch
+
+    if torch.is_tensor(value):
+        return value.detach().to(device, copy=True)
+    if isinstance(value, dict):
+        return {k: _fresh(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fresh(v, device) for v in value)
+    return value
+
+
+def poison_buffers(inputs: dict, names: Any, mode: str, seed: int) -> dict:
+    """Fill the output buffers ``names`` of ``inputs`` in place: ``nan`` (a kernel that writes nothing
+    returns NaN) or ``random`` finite non-zero values (a kernel that tests for NaN, or leaves rows it must
+    write, returns stale numbers). The reference starts from the same buffers, so what a correct kernel
+    leaves untouched must come back bit for bit."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(seed & 0x7FFF_FFFF_FFFF)
+    for name in names:
+        t = inputs.get(name)
+        if not torch.is_tensor(t) or not t.is_floating_point():
+            continue
+        if mode == "nan":
+            t.fill_(float("nan"))
+        else:
+            r = torch.randn(t.shape, generator=g)
+            r = torch.where(r == 0, torch.ones_like(r), r)
+            t.copy_(r.to(t.dtype).to(t.device))
+    return inputs
+
+
 def _clone_cpu(value: Any) -> Any:
     import torch
 
@@ -287,7 +322,11 @@ def _outputs(value: Any) -> list:
 
 # --- the timed shape on a CPU host: a few programs of each launch --------------------------------------------
 
-SAMPLED_PROGRAMS = 4  # programs run per launch: the first, the last and two drawn from the secret
+# Programs run per launch (see ``sample_programs``): per grid axis, one program in each residue class
+# modulo STRATA (so also modulo 2 and 4) and modulo 3, the first and the last, and RANDOM_PROGRAMS more,
+# all drawn per candidate from the secret.
+STRATA = (8, 3)
+RANDOM_PROGRAMS = 2
 SAMPLED_MAX_FLOPS = 2e10  # the float64 reference of a sampled shape must stay cheap on a CPU
 SAMPLED_MAX_BYTES = 256e6
 SAMPLED_FULL_BUDGET_S = 120.0  # a full interpreter run (what a suspicion escalates to) must be affordable
@@ -315,6 +354,7 @@ class _ProgramProxy:
         self.fn(**args)
         self.launch["seconds"] += time.perf_counter() - t0
         self.launch["programs"].append([b - _nan_count(t) for b, t in zip(before, tensors)])
+        self.launch["pids"].append(",".join(map(str, self.builder.grid_idx)))
         return None
 
 
@@ -326,17 +366,17 @@ def _nan_count(t: Any) -> int:
 
 
 class _ProgramSampler:
-    """While active, every interpreted launch runs only ``k`` of its programs (the first, the last and
-    ``k - 2`` drawn from ``seed``), NaN-poisoned outputs showing what they wrote. A timed shape costs the
+    """While active, every interpreted launch runs only the programs ``sample_programs`` draws from
+    ``seed`` (stratified by program id), NaN-poisoned outputs showing what they wrote. A timed shape costs the
     interpreter seconds per program; a few programs of it still show a launch that skips programs past a
     count, a wrapper that truncates work on large shapes, or a kernel that cheats on large program ids,
     which the small checked shapes never reach. Relies on the interpreter's grid loop (``GridExecutor``,
     ``interpreter_builder``); where those are not as expected it raises, and the case is not used."""
 
-    def __init__(self, k: int, seed: int):
+    def __init__(self, seeds: list[int]):
         import random
 
-        self.k, self.rng = k, random.Random(seed)
+        self.rngs = [random.Random(s) for s in seeds]
         self.launches: list[dict] = []
 
     def __enter__(self) -> "_ProgramSampler":
@@ -355,7 +395,7 @@ class _ProgramSampler:
         class Sampled(interp.GridExecutor):  # type: ignore[misc, valid-type]
             def __call__(ex, *args_dev: Any, **kwargs: Any) -> Any:  # noqa: N805
                 tensors = [t for t in list(args_dev) + list(kwargs.values()) if torch.is_tensor(t)]
-                launch = {"tensors": tensors, "programs": [], "grid": 0, "sample": set(), "seconds": 0.0}
+                launch = {"tensors": tensors, "programs": [], "pids": [], "grid": 0, "sample": set(), "seconds": 0.0}
                 sampler.launches.append(launch)
                 real = ex.fn
                 ex.fn = _ProgramProxy(real, launch, builder)
@@ -371,10 +411,8 @@ class _ProgramSampler:
 
     def _choose(self, nx: int, ny: int, nz: int) -> None:
         launch = self.launches[-1]
-        total = nx * ny * nz
-        picks = {0, total - 1} | set(self.rng.sample(range(1, max(1, total - 1)), max(0, min(self.k - 2, total - 2))))
-        launch["grid"] = total
-        launch["sample"] = {(i // (ny * nz), (i // nz) % ny, i % nz) for i in picks}
+        launch["grid"] = nx * ny * nz
+        launch["sample"] = set().union(*(sample_programs((nx, ny, nz), rng) for rng in self.rngs))
 
     def __exit__(self, *exc: object) -> None:
         interp, cls, builder = self._restore
@@ -395,21 +433,44 @@ class _ProgramSampler:
                     idx = [i for i, t in enumerate(launch["tensors"]) if t.untyped_storage().data_ptr() == ptr]
                     if idx:
                         entry["launches"].append({"grid": launch["grid"],
-                                                  "filled": [sum(p[i] for i in idx) for p in launch["programs"]]})
+                                                  "filled": [sum(p[i] for i in idx) for p in launch["programs"]],
+                                                  "pids": list(launch["pids"])})
             per_out.append(entry)
         full = sum(la["seconds"] / max(1, len(la["programs"])) * la["grid"] for la in self.launches)
         return {"outputs": per_out, "launches": len(self.launches), "full_seconds": full,
                 "programs": sum(len(la["programs"]) for la in self.launches), "grid": sum(la["grid"] for la in self.launches)}
 
 
-def _sampled_call(family: Any, inputs: dict, config: dict, params: dict, k: int, seed: int) -> tuple[Any, dict]:
+def sample_programs(grid: tuple[int, int, int], rng: Any) -> set[tuple[int, int, int]]:
+    """The programs of a ``grid`` (nx, ny, nz) that a sampled run executes: the first and the last; for
+    each modulus m of ``STRATA``, m programs whose coordinates on every axis fall in each residue class
+    modulo m (paired at random across axes); and ``RANDOM_PROGRAMS`` uniform ones. A kernel that skips
+    the programs of one residue class (one program in eight, every third group) is always sampled there;
+    which programs of the class is drawn from ``rng``, per candidate."""
+    nx, ny, nz = grid
+    picks = {(0, 0, 0), (nx - 1, ny - 1, nz - 1)}
+
+    def in_class(n: int, m: int, r: int) -> int:
+        members = range(r % m, n, m) if n > r % m else range(0, n)
+        return rng.choice(members)
+
+    for m in STRATA:
+        perms = [rng.sample(range(m), m) for _ in range(3)]
+        for r in range(m):
+            picks.add(tuple(in_class(n, m, p[r]) for n, p in zip((nx, ny, nz), perms)))
+    for _ in range(RANDOM_PROGRAMS):
+        picks.add((rng.randrange(nx), rng.randrange(ny), rng.randrange(nz)))
+    return picks
+
+
+def _sampled_call(family: Any, inputs: dict, config: dict, params: dict, seeds: list[int]) -> tuple[Any, dict]:
     """One call of the entry point on the CPU interpreter with only sampled programs running (see
     ``_ProgramSampler``): (outputs, with NaN where no sampled program wrote; the sampling stats)."""
     _poison(2 * _tensor_bytes(inputs) + (1 << 20), "cpu")
     cfg, prm = copy.deepcopy(config), copy.deepcopy(params)
     _THREADS["in_call"] = True
     try:
-        with _ProgramSampler(k, seed) as sampler:
+        with _ProgramSampler(seeds) as sampler:
             out = family.run(inputs, cfg, prm)
     finally:
         _THREADS["in_call"] = False
@@ -439,11 +500,14 @@ def _launch_grids(family: Any, shape: dict, config: dict, dtype: Any, params: di
 
 def wide_shape(family: Any, timed: dict, correctness: list[dict], config: dict, dtype: Any, params: dict) -> dict | None:
     """``timed`` with every dimension that does not change the baseline's launch grids cut to its smallest
-    (1, else the smallest checked value): every program of the timed launch, the least work per program
-    (for a GEMM, M and N as timed and K = 1). None when no dimension can be cut."""
+    (1, else the smallest checked value): every program of the timed launch, the least work per program.
+    The reduction (``reduction_keys``: GEMM K, attention keys) keeps its timed length and the structure
+    (``structure_keys``: the GQA heads) is never cut, so a skip past a length or a wrong head map runs
+    here too. None when no dimension can be cut."""
     target = _launch_grids(family, timed, config, dtype, params)
     shape = dict(timed)
-    for k in family.shape_keys:
+    kept = set(getattr(family, "reduction_keys", ())) | set(getattr(family, "structure_keys", ()))
+    for k in [k for k in family.shape_keys if k not in kept]:
         for v in sorted({1, min(s[k] for s in correctness)}):
             trial = {**shape, k: v}
             if v < shape[k] and family.check_shape(trial) is None and _launch_grids(family, trial, config, dtype, params) == target:
@@ -452,11 +516,18 @@ def wide_shape(family: Any, timed: dict, correctness: list[dict], config: dict, 
     return None if shape == timed else shape
 
 
-def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float) -> list[str]:
+def base_writes(stats: dict) -> list[list[dict[str, int]]]:
+    """Per output, per launch: program id -> elements the baseline's program wrote there."""
+    return [[dict(zip(la["pids"], la["filled"])) for la in o["launches"]] for o in stats["outputs"]]
+
+
+def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
+                     base: list[list[dict[str, int]]] | None = None) -> list[str]:
     """What a sampled run of a timed shape shows that a full run would have to settle: a written element
     that differs from the reference, a launch whose programs cannot cover the output (the largest amount
-    a sampled program wrote, times the grid, is less than the output), a sampled program that wrote
-    nothing where others of its launch did, no launch writing an output at all. Empty: nothing to settle."""
+    a sampled program wrote, times the grid, is less than the output), no launch writing an output at
+    all; and with ``base`` (the baseline's writes on the same programs) a program that wrote less than
+    the baseline's program of the same id, or launches unlike the baseline's. Empty: nothing to settle."""
     import torch
 
     from kernels.measure import compare
@@ -479,10 +550,18 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float) 
         if reach < o.numel():
             why.append(f"output {i}: the launches reach at most {reach} of its {o.numel()} elements "
                        f"(largest write of a sampled program x grid)")
-        for la in launches:
-            if la["filled"] and max(la["filled"]) > 0 and min(la["filled"]) == 0:
-                why.append(f"output {i}: a sampled program of a {la['grid']}-program launch wrote nothing")
-                break
+        if base is not None:
+            mine = base[i] if i < len(base) else []
+            if len(mine) != len(launches):
+                why.append(f"output {i}: written by {len(launches)} launch(es), the baseline's by {len(mine)}")
+            for j, la in enumerate(launches[:len(mine)]):
+                short = [(p, n, mine[j][p]) for p, n in zip(la.get("pids", []), la["filled"]) if n < mine[j].get(p, -1)]
+                missing = [p for p in la.get("pids", []) if p not in mine[j]]
+                if short or missing:
+                    p, n, b = short[0] if short else (missing[0], 0, "?")
+                    why.append(f"output {i}: program ({p}) of a {la['grid']}-program launch wrote {n} elements, "
+                               f"the baseline's {b}")
+                    break
         written = ~torch.isnan(o)
         if written.any():
             res = compare(o[written], r[written], atol, rtol)
@@ -657,33 +736,37 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
     cases_out, dropped, ops = [], [], set()
     keep = job.get("keep", False)
 
-    def make(shape: dict, seed: int, dist: str) -> dict:
-        inputs = family.make_inputs(shape, dtype, "cpu", seed, params)
-        return transform_inputs(inputs, dist, dtype, seed + 7919)
+    def make(shape: dict, seed: int, dist: str, prm: dict | None = None, poison: str = "nan") -> dict:
+        """A case's inputs as shipped to every call: output buffers poisoned (``nan`` for the first call,
+        ``random`` finite for the second), never written by any call (each call gets a fresh copy)."""
+        prm = params if prm is None else prm
+        inputs = family.make_inputs(shape, dtype, "cpu", seed, prm)
+        inputs = transform_inputs(inputs, dist, dtype, seed + 7919)
+        return poison_buffers(inputs, family.output_buffers(prm), poison, seed + 104729)
 
-    def reference(inputs: dict) -> Any:
+    def reference(inputs: dict, prm: dict | None = None) -> Any:
+        prm = params if prm is None else prm
         ref_dev = job.get("reference_device", "cpu")
         try:
-            return _clone_cpu(family.reference(_to(_clone_cpu(inputs), ref_dev), params))
+            return _clone_cpu(family.reference(_fresh(inputs, ref_dev), prm))
         except Exception:  # noqa: BLE001 - a reference that only runs on the CPU
             if ref_dev == "cpu":
                 raise
-            return family.reference(_clone_cpu(inputs), params)
+            return family.reference(_fresh(inputs, "cpu"), prm)
 
     threads = 0
 
     op_count = 0
 
-    def one(shape: dict, seed: int, dist: str) -> tuple[dict, Any, Any, set[str], str | None]:
+    def one(shape: dict, seed: int, dist: str, prm: dict) -> tuple[dict, Any, Any, set[str], str | None]:
         nonlocal threads, op_count
-        inputs = make(shape, seed, dist)
-        ref = reference(inputs)
-        dev_inputs = _to(inputs, device)
-        out, seen = _call(family, dev_inputs, config, params, device)
+        inputs = make(shape, seed, dist, prm)
+        ref = reference(inputs, prm)
+        out, seen = _call(family, _fresh(inputs, device), config, prm, device)
         run_ops = seen["ops"]
         op_count = max(op_count, seen["op_count"])
         threads += seen["threads"]
-        atol, rtol = family.tolerance(shape, job["dtype"], base_tol, params)
+        atol, rtol = family.tolerance(shape, job["dtype"], base_tol, prm)
         outs, refs = _outputs(out), _outputs(ref)
         if len(outs) != len(refs):
             return inputs, ref, out, run_ops, f"{len(outs)} outputs, reference has {len(refs)}"
@@ -712,11 +795,15 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
             continue
         chosen = None
         tried = []
+        prm = {**params, **group.get("params", {})}
         for shape in group["shapes"]:
             seed, dist = group["seed"], group["dist"]
             t0 = time.perf_counter()
             try:
-                inputs, ref, out, run_ops, bad = one(shape, seed, dist)
+                inputs, ref, out, run_ops, bad = one(shape, seed, dist, prm)
+            except MemoryError as exc:
+                tried.append(f"{shape}: the baseline cannot run it here (out of memory: {str(exc)[:80]})")
+                continue
             except Exception as exc:  # noqa: BLE001 - a shape the family refuses: try the next one
                 tried.append(f"{shape}: {type(exc).__name__}: {str(exc)[:120]}")
                 continue
@@ -733,22 +820,22 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
         shape, inputs, ref, out, run_ops = chosen
         ops |= run_ops
         case = {"id": group["id"], "kind": group["kind"], "shape": shape, "seed_index": group["seed_index"],
-                "dist": group["dist"], "tol": list(family.tolerance(shape, job["dtype"], base_tol, params)),
-                "label": family.shape_label(shape)}
+                "dist": group["dist"], "tol": list(family.tolerance(shape, job["dtype"], base_tol, prm)),
+                "label": family.shape_label(shape) + (f" {group['kind']}" if group.get("params") else ""),
+                "params": group.get("params", {}), "buffers": family.output_buffers(prm)}
         payload = {"inputs": inputs, "ref": ref, "base": out}
         if group.get("second"):
             s2 = group["second"]
-            inputs2 = make(shape, s2["seed"], s2["dist"])
-            ref2 = reference(inputs2)
-            dev2 = _to(inputs2, device)
-            out2, seen2 = _call(family, dev2, config, params, device, decoys=_outputs(out), seed=s2["seed"])
+            inputs2 = make(shape, s2["seed"], s2["dist"], prm, poison="random")
+            ref2 = reference(inputs2, prm)
+            out2, seen2 = _call(family, _fresh(inputs2, device), config, prm, device, decoys=_outputs(out), seed=s2["seed"])
             ops |= seen2["ops"]
             op_count = max(op_count, seen2["op_count"])
             threads += seen2["threads"]
             payload.update({"inputs2": inputs2, "ref2": ref2, "base2": out2})
             case["dist2"] = s2["dist"]
         if keep and group["kind"] == "timed":
-            state["kept"][group["id"]] = _to(inputs, device)
+            state["kept"][group["id"]] = _fresh(inputs, device)
         case["payload"] = _sandbox.pack(payload, out_blobs)
         cases_out.append(case)
     return {"cases": cases_out, "dropped": dropped, "ops": sorted(ops), "op_count": op_count, "threads": threads}, out_blobs
@@ -769,7 +856,7 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
     try:
         inputs = make(shape, group["seed"], group["dist"])
         ref = reference(inputs)
-        out, stats = _sampled_call(family, _to(inputs, "cpu"), config, params, SAMPLED_PROGRAMS, group["sample_seed"])
+        out, stats = _sampled_call(family, _fresh(inputs, "cpu"), config, params, group["candidate_seeds"])
     except Exception as exc:  # noqa: BLE001 - a family the sampler cannot run: the check is not used
         dropped.append(f"{label}: the sampled run failed ({type(exc).__name__}: {str(exc)[:120]})")
         return None
@@ -782,8 +869,9 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
         dropped.append(f"{label}: a full run would take ~{stats['full_seconds']:.0f}s on the interpreter (not sampled)")
         return None
     return {"id": group["id"], "kind": group["kind"], "shape": shape, "seed_index": group["seed_index"], "dist": group["dist"],
-            "tol": [atol, rtol], "label": family.shape_label(shape), "sampled": True,
-            "full_seconds": stats["full_seconds"], "sample_seed": group["sample_seed"], "data": {"inputs": inputs, "ref": ref}}
+            "tol": [atol, rtol], "label": family.shape_label(shape), "sampled": True, "params": {},
+            "buffers": family.output_buffers(params),
+            "full_seconds": stats["full_seconds"], "base_writes": base_writes(stats), "data": {"inputs": inputs, "ref": ref}}
 
 
 def _job_full(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
@@ -795,7 +883,8 @@ def _job_full(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[by
     for case in job["cases"]:
         data = sandbox.unpack(case["payload"], blobs)
         try:
-            out, seen = _call(state["family"], _to(data["inputs"], job["device"]), job["config"], job["params"], job["device"])
+            prm = {**job["params"], **case.get("params", {})}
+            out, seen = _call(state["family"], _fresh(data["inputs"], job["device"]), job["config"], prm, job["device"])
             results.append({"id": case["id"], "problems": seen["problems"], "payload": sandbox.pack({"out": out}, out_blobs)})
         except Exception as exc:  # noqa: BLE001 - a crashing candidate is a value
             results.append({"id": case["id"], "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
@@ -816,15 +905,16 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
     for case in job["cases"]:
         data = sandbox.unpack(case["payload"], blobs)
         res: dict[str, Any] = {"id": case["id"]}
+        prm = {**params, **case.get("params", {})}
         try:
-            inputs = _to(data["inputs"], device)
+            inputs = _fresh(data["inputs"], device)  # the shipped inputs are never handed to a call
             if case.get("sample"):
-                out, stats = _sampled_call(family, inputs, config, params, SAMPLED_PROGRAMS, int(case["sample"]))
+                out, stats = _sampled_call(family, inputs, config, prm, [int(case["sample"])])
                 res.update({"sampled": stats, "problems": [],
                             "payload": sandbox.pack({"out": out, "after": _clone_cpu(inputs)}, out_blobs)})
                 results.append(res)
                 continue
-            out, seen = _call(family, inputs, config, params, device)
+            out, seen = _call(family, inputs, config, prm, device)
             ops |= seen["ops"]
             op_count = max(op_count, seen["op_count"])
             threads += seen["threads"]
@@ -834,7 +924,7 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
                 _write_inplace(inputs, data["inputs2"])
                 # the second call finds the first call's outputs (or random numbers) in what it allocates,
                 # not NaN: reading the output before writing it shows
-                out2, seen2 = _call(family, inputs, config, params, device, decoys=_outputs(out),
+                out2, seen2 = _call(family, inputs, config, prm, device, decoys=_outputs(out),
                                     seed=int(case.get("decoy_seed", 0)))
                 ops |= seen2["ops"]
                 op_count = max(op_count, seen2["op_count"])
@@ -846,7 +936,10 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
             res["problems"] = problems
             res["payload"] = sandbox.pack(payload, out_blobs)
         except Exception as exc:  # noqa: BLE001 - a crashing candidate is a value
+            import traceback
+
             res["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            res["traceback"] = traceback.format_exc(limit=-3)[-800:]
         results.append(res)
     return {"results": results, "ops": sorted(ops), "op_count": op_count, "threads": threads}, out_blobs
 
@@ -1107,11 +1200,14 @@ def _odd_near(v: int, avoid: set[int], below: bool, rng: Any = None) -> int:
 
 
 def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu: bool, rng: Any,
-                 seeds: list[int]) -> list[dict]:
+                 seeds: list[int], params: dict | None = None) -> list[dict]:
     """The case groups: each has a kind, candidate shapes in order of preference (the reference child
     keeps the first the family accepts and the baseline passes), a seed and a distribution for the
-    first call and another for the second call in the same buffers."""
-    keys = list(family.shape_keys)
+    first call and another for the second call in the same buffers. The generic hidden shapes never
+    change the family's ``structure_keys`` (the GQA heads: an odd prime for both makes every group 1);
+    the family's ``structure_cases`` (params overrides: group sizes, cache lengths, another GQA ratio,
+    a long sequence) vary the structure on purpose, drawn fresh from ``rng``."""
+    keys = [k for k in family.shape_keys if k not in getattr(family, "structure_keys", ())]
     base = max(correctness, key=lambda s: sum(math.log(max(1, s[k])) for k in keys))
     tiled = [k for k in keys if max(s[k] for s in correctness) >= 16] or keys
     seen = {k: {s[k] for s in correctness} for k in keys}
@@ -1158,6 +1254,14 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
         return t
 
     groups = [{"kind": "correctness", "shapes": [s]} for s in correctness]
+    try:
+        structure = family.structure_cases(correctness, dict(params or {}), rng) if hasattr(family, "structure_cases") else []
+    except Exception as exc:  # noqa: BLE001 - a family's own hook failing is said, not fatal
+        structure = []
+        groups.append({"kind": f"structure (not drawn: {type(exc).__name__}: {str(exc)[:80]})", "shapes": []})
+    for kind, shape, over in structure:
+        if ok(shape):
+            groups.append({"kind": kind, "shapes": [shape], "params": dict(over)})
     groups += [
         {"kind": "odd", "shapes": variants(odd, tiled + [k for k in keys if k not in tiled])},
         {"kind": "ones", "shapes": variants(ones, keys)},
@@ -1186,7 +1290,7 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
     if not on_gpu:
         # each timed shape itself, a few programs of each launch (see _ProgramSampler): what only the
         # timed size reaches (every dimension large at once, the program count) is checked on a CPU too
-        groups += [{"kind": "sampled", "shapes": [s], "sample": True, "sample_seed": rng.randrange(1, 2**31)} for s in timed]
+        groups += [{"kind": "sampled", "shapes": [s], "sample": True} for s in timed]
         # and every program of each timed launch with the least work each (see wide_shape): a launch that
         # skips programs past a count, or maps them onto the same tiles, leaves part of the output unwritten
         groups += [{"kind": "wide", "shapes": [], "wide_of": s} for s in timed]
@@ -1197,7 +1301,8 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
         d1, d2 = DISTRIBUTIONS[i % len(DISTRIBUTIONS)], DISTRIBUTIONS[(i + 1) % len(DISTRIBUTIONS)]
         s1, s2 = i % len(seeds), (i + 1) % len(seeds)
         # on the CPU the largest hidden shapes are called once (their cost is the interpreter's)
-        second = on_gpu or g["kind"] not in ("aligned", "hidden_odd", "sampled", "wide") and not g["kind"].startswith("stretched")
+        second = on_gpu or (g["kind"] not in ("aligned", "hidden_odd", "sampled", "wide", "structure_long")
+                             and not g["kind"].startswith("stretched"))
         out.append({"id": f"g{i}", **g, "seed": seeds[s1], "seed_index": s1, "dist": d1,
                     "second": {"seed": seeds[s2], "dist": d2} if second else None})
     return out
@@ -1250,6 +1355,63 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return a == b
+
+
+def _where(tb: str) -> str:
+    """The last source line a traceback names (where the candidate raised), as `` (at: ...)``."""
+    lines = [ln.strip() for ln in tb.strip().splitlines()[:-1] if ln.strip() and set(ln.strip()) - {"^", "~"}]
+    code = [ln for ln in lines if not ln.startswith(("File ", "Traceback"))]
+    return f" (at: {code[-1][:200]})" if code else ""
+
+
+def input_problems(after: dict, before: dict, buffers: dict) -> list[str]:
+    """Read-only inputs (every input but the output buffers) that are not bit-identical after the call."""
+    if not isinstance(after, dict) or not isinstance(before, dict):
+        return [] if _same(after, before) else ["the inputs changed during the call (they must be left as they were)"]
+    changed = [k for k in before if k not in buffers and not _same(after.get(k), before[k])]
+    return [f"the read-only input(s) {', '.join(changed)} changed during the call (they must come back bit-identical)"] if changed else []
+
+
+def buffer_problems(out: Any, after: dict, before: dict, ref: Any, buffers: dict, tol: list[float], poison: str) -> list[str]:
+    """An output buffer compared as an output: after the call it must hold the result it stands for
+    (within tolerance, where the reference computes a value), and every element the reference leaves as
+    handed in (padding, rows past ``masked_m``: the poison) must come back bit for bit, in the buffer and
+    in the returned result."""
+    import torch
+
+    from kernels.measure import compare
+
+    why: list[str] = []
+    refs, outs = _outputs(ref), _outputs(out)
+    for name, idx in buffers.items():
+        b0, b1 = before.get(name), after.get(name) if isinstance(after, dict) else None
+        if not (torch.is_tensor(b0) and torch.is_tensor(b1)) or idx >= len(refs) or not torch.is_tensor(refs[idx]):
+            continue
+        r = refs[idx].detach().to("cpu", torch.float64)
+        p = b0.detach().to("cpu", torch.float64)
+        if r.shape != p.shape or b1.shape != b0.shape:
+            why.append(f"the output buffer {name} is {tuple(b1.shape)}, the reference {tuple(r.shape)}")
+            continue
+        untouched = (r == p) | (torch.isnan(r) & torch.isnan(p))
+        res = compare(b1[~untouched], r[~untouched], *tol)
+        if not res["ok"]:
+            why.append(f"the output buffer {name} does not hold the result after the call: {res['sample'][:200]}")
+        for what, t in (("buffer " + name, b1), (f"result {idx}", outs[idx] if idx < len(outs) else None)):
+            if not torch.is_tensor(t) or t.shape != b0.shape or t.dtype != b0.dtype:
+                continue
+            kept = _bits(t)[untouched] == _bits(b0)[untouched]
+            if not bool(kept.all()):
+                n = int((~kept).sum())
+                why.append(f"the {what}: {n} of {int(untouched.sum())} elements a correct kernel leaves untouched "
+                           f"(padding, rows past the valid count; poisoned with {poison}) were written")
+    return why
+
+
+def _bits(t: Any) -> Any:
+    import torch
+
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.detach().cpu().contiguous().view(ints[t.element_size()])
 
 
 class _Tally:
@@ -1503,15 +1665,19 @@ class _Judgement:
 
         spec, opts = self.spec, self.opts
         secret = opts.seed if opts.seed is not None else secrets.randbits(62)
+        self.secret = secret
         rng = random.Random(secret)
         seeds = [rng.randrange(1, 2**62) for _ in range(max(3, opts.seeds))]
         self.decoy_seed = rng.randrange(1, 2**31)
-        groups = shape_groups(self.family, spec.correctness_shapes, spec.shape_matrix, self.on_gpu, rng, seeds)
+        groups = shape_groups(self.family, spec.correctness_shapes, spec.shape_matrix, self.on_gpu, rng, seeds, spec.params)
         self.log(f"judging {len(live)} patch(es) in sandboxed children ({'cuda' if self.on_gpu else 'interpreter'}); "
                  f"{len(groups)} case group(s), {len(seeds)} secret seeds, distributions {', '.join(DISTRIBUTIONS)}")
         try:
             with _sandbox.Zygote(self.env, cwd=self.work) as zyg:
                 self.zyg = zyg
+                for g in groups:  # the baseline runs every program any candidate's sampled run will run
+                    if g.get("sample"):
+                        g["candidate_seeds"] = [self._sample_seed(g, f"cand{i}") for i, _ in live]
                 self._prepare(groups)
                 lanes = 1 if self.on_gpu else max(1, min(len(live), workers or min(4, os.cpu_count() or 1)))
                 with ThreadPoolExecutor(max_workers=lanes) as pool:
@@ -1562,7 +1728,7 @@ class _Judgement:
         cases = self.cases
         rep.cases = sum(2 if "inputs2" in self.data[c["id"]] else 1 for c in cases)
         rep.cases_dropped = list(self.dropped)
-        rep.hidden_shapes = [c["label"] for c in cases if c["kind"] in ("odd", "ones", "aligned", "hidden_odd")
+        rep.hidden_shapes = [c["label"] for c in cases if c["kind"] in ("odd", "ones", "aligned", "hidden_odd") or c["kind"].startswith("structure")
                              or c["kind"].startswith("stretched")]
         rep.seeds = len({c["seed_index"] for c in cases})
         rep.distributions = sorted({c["dist"] for c in cases} | {c["dist2"] for c in cases if "dist2" in c})
@@ -1634,7 +1800,8 @@ class _Judgement:
                 payload["inputs2"] = d["inputs2"]
             job_cases.append({"id": c["id"], "payload": _sandbox.pack(payload, blobs), "keep": c["kind"] == "timed",
                               "decoy_seed": self.decoy_seed + len(job_cases),
-                              **({"sample": c["sample_seed"]} if c.get("sampled") else {})})
+                              "params": c.get("params", {}),
+                              **({"sample": self._sample_seed(c, name)} if c.get("sampled") else {})})
         t0 = time.perf_counter()
         try:
             child = self.zyg.fork(self.child_spec(root, name, interpret=not self.on_gpu))
@@ -1696,8 +1863,11 @@ class _Judgement:
             if head.get("error"):
                 row.error, row.error_detail = "runtime_error", head.get("detail", "")
                 return
-            self._compare(row, rep, head, ran["blobs"], child)
+            crashes = self._compare(row, rep, head, ran["blobs"], child)
             rep.notes.append(f"cases {head.get('seconds', 0.0):.1f}s")
+            if crashes:  # the candidate raised where the baseline ran: a crash, said as one
+                row.error, row.error_detail = "crashed", "; ".join(crashes)[:600]
+                return
             if not row.correctness.ok:
                 row.error = "nan_inf" if row.correctness.nan_inf else "numeric_mismatch"
                 row.error_detail = row.correctness.mismatch_sample[:600]
@@ -1741,25 +1911,36 @@ class _Judgement:
         if vio:
             tally.problem("sandbox: " + "; ".join(vio)[:300])
 
-    def _compare(self, row: Any, rep: GateReport, head: dict, blobs: list[bytes], child: Any = None) -> None:
+    def _sample_seed(self, case: dict, name: str) -> int:
+        """The programs a candidate's sampled run executes: drawn from the secret per candidate and case,
+        so two patches of one judgement are not sampled alike."""
+        import random
+
+        return random.Random(f"{self.secret}:{name}:{case['id']}").randrange(1, 2**31)
+
+    def _compare(self, row: Any, rep: GateReport, head: dict, blobs: list[bytes], child: Any = None) -> list[str]:
         tally = _Tally(self.family, self.spec.dtype)
         prec = _Tally(self.family, self.spec.dtype)
         by_id = {c["id"]: c for c in self.cases}
         settle: list[tuple[dict, list[str]]] = []
+        crashes: list[str] = []
         for res in head["results"]:
             c = by_id[res["id"]]
             d = self.data[c["id"]]
             if res.get("error"):
                 tally.problem(f"[{c['label']}] the call raised {res['error']}")
+                crashes.append(f"[{c['label']}] the call raised {res['error']}{_where(res.get('traceback', ''))}")
                 continue
             got = _sandbox.unpack(res["payload"], blobs)
             for p in res.get("problems", []):
                 tally.problem(f"[{c['label']}] {p}")
+            buffers = c.get("buffers") or {}
             if c.get("sampled"):
-                if not _same(got["after"], d["inputs"]):
-                    tally.problem(f"[{c['label']}] the inputs changed during the call (they must be left as they were)")
+                for why in input_problems(got["after"], d["inputs"], buffers):
+                    tally.problem(f"[{c['label']}] {why}")
                 st = res.get("sampled") or {}
-                why = sampled_problems(got["out"], d["ref"], st, *c["tol"]) if st else ["no sampling statistics"]
+                why = (sampled_problems(got["out"], d["ref"], st, *c["tol"], base=c.get("base_writes"))
+                       if st else ["no sampling statistics"])
                 rep.notes.append(f"sampled {c['label']}: {st.get('programs', 0)} of {st.get('grid', 0)} programs"
                                  + (f"; to settle: {'; '.join(why)[:300]}" if why else ""))
                 if why:
@@ -1771,18 +1952,24 @@ class _Judgement:
                     tally.problem(f"[{c['label']}] {why}")
             tally.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
             prec.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
-            if not _same(got["after"], d["inputs"]):
-                tally.problem(f"[{c['label']}] the inputs changed during the call (they must be left as they were)")
+            for why in input_problems(got["after"], d["inputs"], buffers):
+                tally.problem(f"[{c['label']}] {why}")
+            for why in buffer_problems(got["out"], got["after"], d["inputs"], d["ref"], buffers, c["tol"], "NaN"):
+                tally.problem(f"[{c['label']}] {why}")
             if "out2" in got:
                 tally.add(f"{c['label']} {c['dist2']} (2nd call, same buffers)", got["out2"], d["ref2"], c["tol"])
                 prec.add(f"{c['label']} {c['dist2']}", got["out2"], d["ref2"], c["tol"])
-                if not _same(got["after2"], d["inputs2"]):
-                    tally.problem(f"[{c['label']}] the inputs changed during the second call")
+                for why in input_problems(got["after2"], d["inputs2"], buffers):
+                    tally.problem(f"[{c['label']}] second call: {why}")
+                for why in buffer_problems(got["out2"], got["after2"], d["inputs2"], d["ref2"], buffers, c["tol"],
+                                           "random values"):
+                    tally.problem(f"[{c['label']}] second call: {why}")
         if settle:
             self._settle(settle, tally, child, row.config)
         row.correctness = tally.correctness()
         rep.precision = PrecisionMetrics(candidate_max=prec.frac_max, baseline_max=self.base_tally.frac_max,
                                          candidate_rms=prec.rms, baseline_rms=self.base_tally.rms, worst_case=prec.worst)
+        return crashes
 
 
 def _time_on_gpu(child, ref, row, rep, spec, family, cases, data, pack, timeout_s, log) -> None:
