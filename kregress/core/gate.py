@@ -139,6 +139,9 @@ JIT_BUILTINS = frozenset({"range", "min", "max", "float", "int", "len", "print",
                           "enumerate"})
 JIT_DECORATOR_KWARGS = frozenset({"do_not_specialize", "do_not_specialize_on_alignment", "noinline", "debug"})
 TORCH_CUDA_ALLOWED = frozenset({"device"})  # `with torch.cuda.device(x.device):` in a wrapper
+# Builtins that turn any object into text: of a module-level object (a kernel: JITFunction or the
+# interpreter's InterpretedFunction) the text tells who runs it.
+TEXT_BUILTINS = frozenset({"str", "repr", "ascii", "format", "print"})
 
 RULES = {
     "torch_compute": "computes with torch (or numpy) instead of the kernel",
@@ -313,6 +316,7 @@ class _Walker:
         self.parent = {c: p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
         self.seen: set[tuple[str, int]] = set()
         self.aliased, self.device_locals = self._aliases()
+        self.objects = self._object_aliases()
 
     # -- what a local name holds
     def _global_object(self, n: str) -> bool:
@@ -387,6 +391,82 @@ class _Walker:
         devices = {t.id for target, value in binds for t in [target]
                    if isinstance(t, ast.Name) and isinstance(value, ast.Attribute) and value.attr == "device"}
         return aliased, devices
+
+    def _bindings(self) -> list[tuple[ast.AST, ast.AST]]:
+        """(target, value) of every binding in the function: assignments (chains and tuple unpacking
+        included), walrus, for and comprehension targets, with-items, and the defaults of nested
+        functions and lambdas (a default binds its parameter)."""
+        binds: list[tuple[ast.AST, ast.AST]] = []
+        for n in ast.walk(self.fn):
+            if isinstance(n, ast.Assign):
+                binds += [(t, n.value) for t in n.targets]
+            elif isinstance(n, (ast.AnnAssign, ast.NamedExpr, ast.AugAssign)) and n.value is not None:
+                binds.append((n.target, n.value))
+            elif isinstance(n, (ast.For, ast.comprehension)):
+                binds.append((n.target, n.iter))
+            elif isinstance(n, ast.withitem) and n.optional_vars is not None:
+                binds.append((n.optional_vars, n.context_expr))
+            elif isinstance(n, (ast.Lambda, ast.FunctionDef)) and n is not self.fn:
+                pos = n.args.posonlyargs + n.args.args
+                binds += [(ast.Name(id=a.arg, ctx=ast.Store()), d) for a, d in zip(pos[len(pos) - len(n.args.defaults):], n.args.defaults)]
+                binds += [(ast.Name(id=a.arg, ctx=ast.Store()), d) for a, d in zip(n.args.kwonlyargs, n.args.kw_defaults) if d is not None]
+        return binds
+
+    def _object_aliases(self) -> set[str]:
+        """Local names that may hold a module-level object (a kernel, a function, an imported object, a
+        table), through any chain of bindings: ``kk = gemm_kernel``, ``a, kk = 1, gemm_kernel``,
+        ``(kk := gemm_kernel)``, ``for kk in (gemm_kernel,)``, ``lambda kk=gemm_kernel: ...``,
+        ``f = lambda: gemm_kernel``. The kernel-object and private-attribute rules follow them."""
+        binds = self._bindings()
+        objs: set[str] = set()
+        for _ in range(8):
+            grown = False
+            for target, value in binds:
+                if self.holds_object(value, objs):
+                    for t in ast.walk(target):
+                        if isinstance(t, ast.Name) and t.id not in objs:
+                            objs.add(t.id)
+                            grown = True
+            if not grown:
+                break
+        return objs
+
+    def holds_object(self, node: ast.AST, objs: set[str] | None = None) -> bool:
+        """Whether ``node`` may evaluate to (or contain, or be reached from) a module-level object that is
+        not a module or a constant."""
+        objs = self.objects if objs is None else objs
+        if isinstance(node, ast.Name):
+            f = self.facts
+            if node.id in objs:
+                return True
+            return node.id not in self.local and node.id not in f.aliases and node.id not in f.constants and (
+                node.id in self.all_jit or node.id in f.functions or node.id in f.imported_objects
+                or node.id in f.other_globals or node.id in f.wrappers)
+        if isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+            return self.holds_object(node.value, objs)
+        if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Lambda):
+                return self.holds_object(node.func.body, objs)
+            if isinstance(node.func, ast.Name) and node.func.id in objs:
+                return True
+            return any(self.holds_object(a, objs) for a in list(node.args) + [k.value for k in node.keywords])
+        if isinstance(node, ast.Lambda):
+            return self.holds_object(node.body, objs)
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return any(self.holds_object(e, objs) for e in node.elts)
+        if isinstance(node, ast.Dict):
+            return any(self.holds_object(v, objs) for v in node.values if v is not None)
+        if isinstance(node, ast.IfExp):
+            return self.holds_object(node.body, objs) or self.holds_object(node.orelse, objs)
+        if isinstance(node, ast.BoolOp):
+            return any(self.holds_object(v, objs) for v in node.values)
+        if isinstance(node, ast.NamedExpr):
+            return self.holds_object(node.value, objs)
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            return self.holds_object(node.elt, objs) or any(self.holds_object(g.iter, objs) for g in node.generators)
+        if isinstance(node, ast.DictComp):
+            return self.holds_object(node.value, objs) or any(self.holds_object(g.iter, objs) for g in node.generators)
+        return False
 
     def hit(self, node: ast.AST) -> bool:
         return any(n in self.changed for n in _own_lines(node))
@@ -522,6 +602,9 @@ class _Walker:
         if n in BANNED_BUILTINS:
             self.flag(BANNED_BUILTINS[n], node, f"`{n}`")
             return
+        if "hook" in n.lower():
+            self.flag("module_state", node, f"`{n}`: hook registration (code run on every launch)")
+            return
         if n in self.facts.aliases:
             # a module may only be the base of an attribute chain (judged by check_chain); binding or
             # passing the module itself would hide what is called on it
@@ -609,6 +692,11 @@ class _Walker:
                                   else "mutates_input", sub, f"writes `{ast.unparse(sub)[:60]}`")
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             self.flag("torch_compute", node, "the @ operator")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) \
+                and isinstance(node.left.value, str) and self.holds_object(node.right):
+            self.flag("introspection", node, f"`{ast.unparse(node)[:60]}`: a module-level object formatted as text")
+        elif isinstance(node, ast.FormattedValue) and self.holds_object(node.value):
+            self.flag("introspection", node, f"`{ast.unparse(node.value)[:60]}` in an f-string: a module-level object as text")
         elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
             operands = [node.left] + list(node.comparators)
             if not any(isinstance(o, ast.Constant) and o.value in (None, True, False, ...) for o in operands):
@@ -681,9 +769,18 @@ class _Walker:
         if a == "device" and isinstance(node.ctx, ast.Load) and not self._device_use_ok(node):
             self.flag("environment", node, f"`{ast.unparse(self.parent.get(node, node))[:60]}`")
             return
+        if "hook" in a.lower():
+            self.flag("module_state", node, f"`.{a}`: hook registration (code run on every launch, shared by every call)")
+            return
         base = node.value
         if isinstance(base, ast.Name) and self._global_object(base.id) and base.id not in self.facts.constants:
             self.flag("kernel_object", node, f"`{ast.unparse(node)[:60]}`")
+            return
+        if not self._is_module_chain(node) and self.holds_object(base):
+            self.flag("kernel_object", node, f"`{ast.unparse(node)[:60]}` (through a local alias of a module-level object)")
+            return
+        if a.startswith("_") and not self._is_module_chain(node):
+            self.flag("introspection", node, f"`.{a}` (private attribute, whatever the root)")
             return
         if not self.jit and not self._is_module_chain(node):
             if a in HOST_DATA_ATTRS:
@@ -738,6 +835,12 @@ class _Walker:
 
     def check_call(self, node: ast.Call) -> None:
         f = node.func
+        if isinstance(f, ast.Name) and f.id in TEXT_BUILTINS and f.id not in self.local \
+                and any(self.holds_object(a) for a in list(node.args) + [k.value for k in node.keywords]):
+            self.flag("introspection", node, f"`{ast.unparse(node)[:60]}`: a module-level object turned into text")
+        if isinstance(f, ast.Attribute) and f.attr in ("format", "format_map", "join") \
+                and any(self.holds_object(a) for a in list(node.args) + [k.value for k in node.keywords]):
+            self.flag("introspection", node, f"`{ast.unparse(node)[:60]}`: a module-level object turned into text")
         if isinstance(f, ast.Attribute):
             method = f.attr
             ch = dotted(f)
