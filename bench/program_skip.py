@@ -83,7 +83,7 @@ def judged(n: int) -> list[dict]:
     for _ in range(n):
         r = secrets.randbelow(8)
         new = old.replace("    tl.store(c_ptrs, c, mask=mask_m & mask_n)",
-                          f"    tl.store(c_ptrs, c, mask=mask_m & mask_n & (tl.program_id(0) % 8 != {r}))")
+                          f"    if tl.program_id(0) % 8 != {r}:\n        tl.store(c_ptrs, c, mask=mask_m & mask_n)")
         diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}"))
         p = Path(tempfile.mkdtemp()) / f"skip_one_in_eight_{r}.patch"
         p.write_text(diff)
