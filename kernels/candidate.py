@@ -531,10 +531,10 @@ class _Judgement:
                 why = _structure_problem(got.get(key), d.get(base_key)) if key in got else None
                 if why:
                     tally.problem(f"[{c['label']}] {why}")
+            for why in input_problems(got["after"], d["inputs"], buffers):  # first: the telling reason
+                tally.problem(f"[{c['label']}] {why}")
             tally.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
             prec.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
-            for why in input_problems(got["after"], d["inputs"], buffers):
-                tally.problem(f"[{c['label']}] {why}")
             for why in buffer_problems(got["out"], got["after"], d["inputs"], d["ref"], buffers, c["tol"], "NaN"):
                 tally.problem(f"[{c['label']}] {why}")
             if "out2" in got:

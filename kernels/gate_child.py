@@ -7,6 +7,7 @@ that never imports a candidate."""
 from __future__ import annotations
 
 import copy
+import math
 import os
 import threading
 import time
@@ -24,9 +25,13 @@ from kernels.gate_cases import (
     transform_inputs,
     wide_shape,
 )
-from kernels.gate_compare import base_writes, sampled_problems
+from kernels.gate_compare import _error_fractions, base_writes, sampled_problems
 from kernels.gate_compile import _job_compile
 # Fresh allocations a candidate may read before writing: what they hold in the second call (see _OpRecorder).
+# The tolerance's calibration (see _job_prepare): the baseline may use at most this fraction of it ...
+CALIBRATION_HEADROOM = 0.5
+# ... else it grows, at most this many times (a baseline further off fails the case).
+CALIBRATION_MAX = 8.0
 EMPTY_OPS = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"})
 
 
@@ -467,7 +472,13 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
 
     op_count = 0
 
-    def one(shape: dict, seed: int, dist: str, prm: dict) -> tuple[dict, Any, Any, set[str], str | None]:
+    calib = {"scale": 1.0}
+
+    def one(shape: dict, seed: int, dist: str, prm: dict) -> tuple[dict, Any, Any, set[str], str | None, list[float]]:
+        """The baseline on one case. The tolerance is the family's, calibrated against the baseline's own
+        error on this exact (float64, exactly dequantized) reference: where the baseline uses more than
+        ``CALIBRATION_HEADROOM`` of it, both atol and rtol grow until it uses that much (at most
+        ``CALIBRATION_MAX`` times; beyond that the baseline fails the case)."""
         nonlocal threads, op_count
         inputs = make(shape, seed, dist, prm)
         ref = reference(inputs, prm)
@@ -478,13 +489,19 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
         atol, rtol = family.tolerance(shape, job["dtype"], base_tol, prm)
         outs, refs = _outputs(out), _outputs(ref)
         if len(outs) != len(refs):
-            return inputs, ref, out, run_ops, f"{len(outs)} outputs, reference has {len(refs)}"
+            return inputs, ref, out, run_ops, f"{len(outs)} outputs, reference has {len(refs)}", [atol, rtol]
+        worst = max([_error_fractions(o, r, atol, rtol)[0] for o, r in zip(outs, refs)
+                     if torch.is_tensor(o) and torch.is_tensor(r)] + [0.0])
+        scale = max(1.0, worst / CALIBRATION_HEADROOM) if math.isfinite(worst) else math.inf
+        if scale <= CALIBRATION_MAX:
+            atol, rtol = atol * scale, rtol * scale
+            calib["scale"] = max(calib["scale"], scale)
         for o, r in zip(outs, refs):
             if torch.is_tensor(o) and torch.is_tensor(r):
                 res = compare(o, r, atol, rtol)
                 if not res["ok"] or res["nan_inf"]:
-                    return inputs, ref, out, run_ops, res["sample"][:200] or "NaN/Inf"
-        return inputs, ref, out, run_ops, None
+                    return inputs, ref, out, run_ops, res["sample"][:200] or "NaN/Inf", [atol, rtol]
+        return inputs, ref, out, run_ops, None, [atol, rtol]
 
     for group in job["groups"]:
         if group.get("wide_of"):
@@ -497,7 +514,7 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
                 continue
             group = dict(group, shapes=[wide])
         if group.get("sample"):
-            case = _prepare_sampled(family, group, job, make, reference, dropped)
+            case = _prepare_sampled(family, group, job, make, reference, dropped, calib["scale"])
             if case is not None:
                 case["payload"] = _sandbox.pack(case.pop("data"), out_blobs)
                 cases_out.append(case)
@@ -509,7 +526,7 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
             seed, dist = group["seed"], group["dist"]
             t0 = time.perf_counter()
             try:
-                inputs, ref, out, run_ops, bad = one(shape, seed, dist, prm)
+                inputs, ref, out, run_ops, bad, tol = one(shape, seed, dist, prm)
             except MemoryError as exc:
                 tried.append(f"{shape}: the baseline cannot run it here (out of memory: {str(exc)[:80]})")
                 continue
@@ -519,17 +536,17 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
             if bad:
                 tried.append(f"{shape}: the baseline fails it ({bad})")
                 continue
-            chosen = (shape, inputs, ref, out, run_ops)
+            chosen = (shape, inputs, ref, out, run_ops, tol)
             # ascending groups keep growing while the run stays within half the budget (the next is ~2x)
             if not group.get("ascending") or time.perf_counter() - t0 > group.get("budget_s", 1.0) / 2:
                 break
         if chosen is None:
             dropped.append(f"{group['kind']}: no usable shape ({'; '.join(tried)[:400]})")
             continue
-        shape, inputs, ref, out, run_ops = chosen
+        shape, inputs, ref, out, run_ops, tol = chosen
         ops |= run_ops
         case = {"id": group["id"], "kind": group["kind"], "shape": shape, "seed_index": group["seed_index"],
-                "dist": group["dist"], "tol": list(family.tolerance(shape, job["dtype"], base_tol, prm)),
+                "dist": group["dist"], "tol": tol,
                 "label": family.shape_label(shape) + (f" {group['kind']}" if group.get("params") else ""),
                 "params": group.get("params", {}), "buffers": family.output_buffers(prm)}
         payload = {"inputs": inputs, "ref": ref, "base": out}
@@ -550,7 +567,8 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
     return {"cases": cases_out, "dropped": dropped, "ops": sorted(ops), "op_count": op_count, "threads": threads}, out_blobs
 
 
-def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, reference: Callable, dropped: list) -> dict | None:
+def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, reference: Callable, dropped: list,
+                     scale: float = 1.0) -> dict | None:
     """Reference child: a timed shape for the sampled check, used only where it is cheap to make and the
     baseline passes it (a family whose programs share their outputs, a split-K reduction, say, cannot be
     checked by sampling) and a full run, what a suspicion escalates to, is affordable."""
@@ -569,7 +587,7 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
     except Exception as exc:  # noqa: BLE001 - a family the sampler cannot run: the check is not used
         dropped.append(f"{label}: the sampled run failed ({type(exc).__name__}: {str(exc)[:120]})")
         return None
-    atol, rtol = family.tolerance(shape, job["dtype"], job["tolerance"], params)
+    atol, rtol = (scale * t for t in family.tolerance(shape, job["dtype"], job["tolerance"], params))
     why = sampled_problems(out, ref, stats, atol, rtol)
     if why:
         dropped.append(f"{label}: the baseline itself does not pass a sampled run ({'; '.join(why)[:200]})")

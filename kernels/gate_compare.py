@@ -125,7 +125,8 @@ def input_problems(after: dict, before: dict, buffers: dict) -> list[str]:
     if not isinstance(after, dict) or not isinstance(before, dict):
         return [] if _same(after, before) else ["the inputs changed during the call (they must be left as they were)"]
     changed = [k for k in before if k not in buffers and not _same(after.get(k), before[k])]
-    return [f"the read-only input(s) {', '.join(changed)} changed during the call (they must come back bit-identical)"] if changed else []
+    return [f"the inputs changed during the call: the read-only input(s) {', '.join(changed)} must come back "
+            "bit-identical"] if changed else []
 
 
 def buffer_problems(out: Any, after: dict, before: dict, ref: Any, buffers: dict, tol: list[float], poison: str) -> list[str]:
