@@ -55,21 +55,23 @@ def draws(n: int, fam_grids: dict) -> dict:
 
     res = {}
     for fam, gs in fam_grids.items():
-        caught = total = 0
-        for _ in range(n):
-            secret = secrets.randbits(62)
-            rng = random.Random(f"{secret}:cand0:g0")  # as _Judgement._sample_seed derives it
-            rng = random.Random(rng.randrange(1, 2**31))
-            for g in gs:
-                picks = sample_programs(g, rng)
-                for axis in range(3):
-                    if g[axis] < 8:
-                        continue
-                    for r in range(8):
-                        total += 1
-                        caught += any(p[axis] % 8 == r for p in picks)
-        res[fam] = {"grids": [list(g) for g in gs], "skips_tried": total, "caught": caught,
-                    "rate": caught / total if total else None}
+        entry: dict = {"grids": [list(g) for g in gs]}
+        for period in (8, 16, 5, 7):
+            caught = total = 0
+            for _ in range(n):
+                secret = secrets.randbits(62)
+                rng = random.Random(f"{secret}:cand0:g0")  # as _Judgement._sample_seed derives it
+                rng = random.Random(rng.randrange(1, 2**31))
+                for g in gs:
+                    picks = sample_programs(g, rng)
+                    for axis in range(3):
+                        if g[axis] < period:
+                            continue
+                        for r in range(period):
+                            total += 1
+                            caught += any(p[axis] % period == r for p in picks)
+            entry[f"one_in_{period}"] = {"skips_tried": total, "caught": caught, "rate": caught / total if total else None}
+        res[fam] = entry
     return res
 
 
@@ -105,8 +107,9 @@ def main() -> None:
     a = ap.parse_args()
     report = {"draws": draws(a.draws, grids())}
     for fam, r in report["draws"].items():
-        print(f"{fam}: {r['caught']}/{r['skips_tried']} one-in-eight skips sampled over {a.draws} judgements "
-              f"(grids {r['grids']})", flush=True)
+        parts = [f"1/{p}: {r[f'one_in_{p}']['caught']}/{r[f'one_in_{p}']['skips_tried']}" for p in (8, 16, 5, 7)]
+        print(f"{fam} (grids {r['grids']}): skipped class sampled in {', '.join(parts)} over {a.draws} judgements",
+              flush=True)
     if a.judged:
         report["judged"] = judged(a.judged)
         print(f"judged: {sum(j['verdict'] == 'REGRESS' for j in report['judged'])}/{len(report['judged'])} REGRESS")

@@ -132,30 +132,43 @@ def _outputs(value: Any) -> list:
 
 # --- the timed shape on a CPU host: a few programs of each launch --------------------------------------------
 
-# Programs run per launch (see ``sample_programs``): per grid axis, one program in each residue class
-# modulo STRATA (so also modulo 2 and 4) and modulo 3, the first and the last, and RANDOM_PROGRAMS more,
-# all drawn per candidate from the secret.
-STRATA = (8, 3)
+# Programs run per launch (see ``sample_programs``): on every grid axis one program in each residue class
+# modulo STRATA (so also modulo 8, 4 and 2), chosen so that, as far as the axis allows, they also cover every
+# class modulo COVER; an axis of at most STRATA programs runs all of them; plus the first and the last
+# program and RANDOM_PROGRAMS more; all drawn per candidate from the secret.
+STRATA = 16
+COVER = (3, 5, 7)
 RANDOM_PROGRAMS = 2
 
 
+def _axis_picks(n: int, rng: Any) -> list[int]:
+    """Coordinates on an axis of ``n`` programs: every one when ``n <= STRATA``, else one per residue class
+    modulo STRATA, each the member of its class that covers the most new classes modulo COVER."""
+    if n <= STRATA:
+        return rng.sample(range(n), n)
+    covered: dict[int, set[int]] = {m: set() for m in COVER}
+    picks = []
+    for r in rng.sample(range(STRATA), STRATA):
+        members = range(r, n, STRATA)
+        cands = members if len(members) <= 64 else [members[rng.randrange(len(members))] for _ in range(64)]
+        best = max(cands, key=lambda x: (sum(x % m not in covered[m] for m in COVER), rng.random()))
+        for m in COVER:
+            covered[m].add(best % m)
+        picks.append(best)
+    return picks
+
+
 def sample_programs(grid: tuple[int, int, int], rng: Any) -> set[tuple[int, int, int]]:
-    """The programs of a ``grid`` (nx, ny, nz) that a sampled run executes: the first and the last; for
-    each modulus m of ``STRATA``, m programs whose coordinates on every axis fall in each residue class
-    modulo m (paired at random across axes); and ``RANDOM_PROGRAMS`` uniform ones. A kernel that skips
-    the programs of one residue class (one program in eight, every third group) is always sampled there;
-    which programs of the class is drawn from ``rng``, per candidate."""
+    """The programs of a ``grid`` (nx, ny, nz) a sampled run executes: on every axis the coordinates of
+    ``_axis_picks`` (every residue class modulo 16, and modulo 3, 5 and 7 as far as the axis allows),
+    paired across axes at random; the first and the last program; ``RANDOM_PROGRAMS`` uniform ones. A
+    kernel that skips the programs of one residue class (one program in eight or sixteen, every third
+    group) is always sampled there; which members of a class run is drawn from ``rng``, per candidate."""
     nx, ny, nz = grid
+    axes = [_axis_picks(n, rng) for n in (nx, ny, nz)]
+    k = max(len(a) for a in axes)
     picks = {(0, 0, 0), (nx - 1, ny - 1, nz - 1)}
-
-    def in_class(n: int, m: int, r: int) -> int:
-        members = range(r % m, n, m) if n > r % m else range(0, n)
-        return rng.choice(members)
-
-    for m in STRATA:
-        perms = [rng.sample(range(m), m) for _ in range(3)]
-        for r in range(m):
-            picks.add(tuple(in_class(n, m, p[r]) for n, p in zip((nx, ny, nz), perms)))
+    picks |= {tuple(a[i % len(a)] for a in axes) for i in range(k)}
     for _ in range(RANDOM_PROGRAMS):
         picks.add((rng.randrange(nx), rng.randrange(ny), rng.randrange(nz)))
     return picks

@@ -119,7 +119,7 @@ def test_hidden_shapes_keep_the_gqa_ratio():
     assert any(g["kind"].startswith("structure_gqa") for g in groups)
 
 
-@pytest.mark.parametrize("grid", [(256, 1, 1), (12, 4, 1), (9, 17, 3), (1, 1, 1), (3, 1, 1)])
+@pytest.mark.parametrize("grid", [(256, 1, 1), (12, 4, 1), (9, 17, 3), (1, 1, 1), (3, 1, 1), (1000, 2, 1)])
 def test_the_program_sample_covers_every_residue_class(grid):
     rng = random.Random(7)
     for _ in range(20):
@@ -127,9 +127,14 @@ def test_the_program_sample_covers_every_residue_class(grid):
         assert all(0 <= p[i] < grid[i] for p in picks for i in range(3))
         assert (0, 0, 0) in picks and tuple(n - 1 for n in grid) in picks
         for axis in range(3):
-            for m in (8, 3):
-                if grid[axis] >= m:
-                    assert {p[axis] % m for p in picks} == set(range(m)), (grid, axis, m)
+            seen = {p[axis] for p in picks}
+            if grid[axis] <= 16:
+                assert seen == set(range(grid[axis]))
+            for m in (16, 8, 3):
+                if grid[axis] >= 16:
+                    assert {x % m for x in seen} == set(range(m)), (grid, axis, m)
+            if grid[axis] >= 256:
+                assert all({x % m for x in seen} == set(range(m)) for m in (5, 7)), (grid, axis)
 
 
 def test_compile_failures_carry_the_compilers_message():
