@@ -101,7 +101,7 @@ def test_structure_cases_vary_what_indexing_depends_on():
     cases = attn.structure_cases([{"batch": 2, "seqlen": 64, "h_q": 8, "h_kv": 2, "head_dim": 64}], {}, rng)
     ratios = {c[1]["h_q"] // c[1]["h_kv"] for c in cases if c[0].startswith("structure_gqa")}
     assert 4 in ratios and len(ratios) == 2 and all(c[1]["h_kv"] == 2 for c in cases if c[0].startswith("structure_gqa"))
-    assert any(c[1]["seqlen"] >= 4096 for c in cases)
+    assert any(c[1]["seqlen"] + c[2].get("prefix", [0])[0] >= 4096 and c[1]["h_q"] == 1 for c in cases)
     mla = get_family("mla_decode")
     cases = mla.structure_cases([{"batch": 2, "s_q": 1, "h_q": 16, "seqlen_k": 100}], {}, rng)
     assert any(c[2]["seqlens"] == [c[1]["seqlen_k"]] and c[1]["seqlen_k"] >= 4096 for c in cases)
