@@ -408,12 +408,13 @@ class AttentionFamily(TritonFamily):
 
     # --- the gate's hidden structure ------------------------------------------------------------
     structure_keys = ("h_q", "h_kv")  # the GQA ratio: hidden shapes keep it; structure_cases vary it
-    reduction_keys = ("seqlen",)
+    # no reduction_keys: seqlen is the queries too (a longer one is minutes on the interpreter); the long
+    # structure case goes past the timed keys with a cached prefix instead
 
     def structure_inputs(self, params):
         return ("cu_seqlens_q", "cu_seqlens_k")
 
-    def structure_cases(self, shapes, params, rng):
+    def structure_cases(self, shapes, params, rng, timed=()):
         """The spec's GQA ratio and another one, each with 2 KV heads (a wrong KV-head map shows), and
         one long sequence (>= 4096 keys: ~128 queries after a cached prefix, so the interpreter can afford
         it while the mask still hides 3% of the keys from the first query) with one head."""
@@ -422,7 +423,8 @@ class AttentionFamily(TritonFamily):
         other = rng.choice([r for r in (2, 3, 4, 8) if r != ratio])
         out = [(f"structure_gqa{r}", dict(base, h_kv=2, h_q=2 * r), {}) for r in (ratio, other)]
         n_q = 128 + rng.randint(1, 15)
-        over: dict[str, Any] = {"prefix": [4096 - n_q + rng.randint(1, 63)]}
+        longest = max([max(key_lengths(s, params) + [0]) for s in timed] + [0])
+        over: dict[str, Any] = {"prefix": [max(4096, longest) - n_q + rng.randint(1, 63)]}
         if isinstance((params or {}).get("seqlens"), list):
             over["seqlens"] = [n_q]
         out.append(("structure_long", dict(base, batch=1, seqlen=n_q, h_q=1, h_kv=1), over))

@@ -298,13 +298,23 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
 
     groups = [{"kind": "correctness", "shapes": [s]} for s in correctness]
     try:
-        structure = family.structure_cases(correctness, dict(params or {}), rng) if hasattr(family, "structure_cases") else []
+        structure = family.structure_cases(correctness, dict(params or {}), rng, timed=list(timed)) \
+            if hasattr(family, "structure_cases") else []
     except Exception as exc:  # noqa: BLE001 - a family's own hook failing is said, not fatal
         structure = []
         groups.append({"kind": f"structure (not drawn: {type(exc).__name__}: {str(exc)[:80]})", "shapes": []})
     for kind, shape, over in structure:
         if ok(shape):
             groups.append({"kind": kind, "shapes": [shape], "params": dict(over)})
+    # past the timed reduction: the least-work checked shape with each reduction (K, cache length) longer than
+    # any timed one, so a kernel correct only up to the timed length (a loop capped at it) fails here
+    small = min(correctness, key=lambda s: sum(math.log(max(1, s[k])) for k in family.shape_keys))
+    for k in getattr(family, "reduction_keys", ()):
+        top = max([s[k] for s in list(timed) + list(correctness)])
+        tries = [{**small, k: top + d} for d in sorted({T, 16, 64, 128, 2 * T})]
+        tries = [t for t in tries if ok(t)]
+        if tries:
+            groups.append({"kind": f"past_{k}", "shapes": tries[:1]})
     groups += [
         {"kind": "odd", "shapes": variants(odd, tiled + [k for k in keys if k not in tiled])},
         {"kind": "ones", "shapes": variants(ones, keys)},

@@ -496,7 +496,7 @@ class GroupedGemmFp8Family(Fp8FamilyBase):
     def structure_inputs(self, params):
         return ("grp",)  # m_indices (contiguous) or masked_m (masked)
 
-    def structure_cases(self, shapes, params, rng):
+    def structure_cases(self, shapes, params, rng, timed=()):
         """Masked: ``masked_m`` per expert from 0 to full (shuffled); contiguous: ragged group sizes
         (0, below and above the 128-row alignment). Two draws each, on the largest checked shape with
         at least 4 groups."""

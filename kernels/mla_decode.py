@@ -379,15 +379,17 @@ class MlaDecodeFamily(TritonFamily):
     def structure_inputs(self, params):
         return ("block_table", "cache_seqlens")
 
-    def structure_cases(self, shapes, params, rng):
+    def structure_cases(self, shapes, params, rng, timed=()):
         """Ragged cache lengths (1, a page boundary and its neighbours, random) over a batch of at least
-        4, and one long sequence (>= 4096 keys) with few heads; page tables are shuffled by the seed."""
+        4, and one long sequence (>= 4096 keys, and longer than any timed cache) with few heads; page
+        tables are shuffled by the seed."""
         base = max(shapes, key=lambda s: s["batch"] * s["h_q"] * s["seqlen_k"])
         page = _page_size(params)
         batch = max(4, base["batch"])
         pick = [1, page, page + 1, rng.randint(2, 3 * page)] + [rng.randint(1, 2 * base["seqlen_k"]) for _ in range(batch)]
         lens = rng.sample(pick, batch)
-        long_n = 4096 + rng.randint(1, page - 1)
+        longest = max([max(cache_seqlens(s, params) + [0]) for s in timed] + [0])
+        long_n = max(4096, longest) + rng.randint(1, page - 1)
         few = min(s["h_q"] for s in shapes)
         return [("structure_seqlens", dict(base, batch=batch), {"seqlens": lens}),
                 ("structure_long", dict(base, batch=1, h_q=few, seqlen_k=long_n), {"seqlens": [long_n]})]

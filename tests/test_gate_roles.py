@@ -141,3 +141,17 @@ def test_compile_failures_carry_the_compilers_message():
     text = "at 12:8:\ndef k(x):\n    y = undefined_name + 1\n        ^\nNameError('undefined_name is not defined')"
     msg = compiler_message(text)
     assert msg.startswith("at 12:8:") and "undefined_name is not defined" in msg and "y = undefined_name + 1" in msg
+
+
+@pytest.mark.parametrize("family,correctness,timed,key,step", [
+    ("gemm", [{"M": 67, "N": 45, "K": 33}], [{"M": 1024, "N": 1024, "K": 1024}], "K", 1),
+    ("gemm_fp8", [{"M": 40, "N": 48, "K": 256}], [{"M": 512, "N": 512, "K": 1024}], "K", 128),
+    ("mla_decode", [{"batch": 2, "s_q": 1, "h_q": 16, "seqlen_k": 70}], [{"batch": 4, "s_q": 1, "h_q": 16, "seqlen_k": 1024}],
+     "seqlen_k", 1),
+])
+def test_a_case_goes_past_the_timed_reduction(family, correctness, timed, key, step):
+    fam = get_family(family)
+    groups = shape_groups(fam, correctness, timed, False, random.Random(5), [1, 2, 3], {})
+    past = [s for g in groups if g["kind"] == f"past_{key}" for s in g["shapes"]]
+    assert past and past[0][key] > max(t[key] for t in timed) and past[0][key] % step == 0
+    assert all(past[0][k] == min(c[k] for c in correctness) for k in fam.shape_keys if k != key)

@@ -289,11 +289,12 @@ class KernelFamily(Family):
         offsets); the gate reports their changes by name. Default: none."""
         return ()
 
-    def structure_cases(self, shapes: list[dict], params: dict, rng: Any) -> list[tuple[str, dict, dict]]:
+    def structure_cases(self, shapes: list[dict], params: dict, rng: Any,
+                        timed: list[dict] = ()) -> list[tuple[str, dict, dict]]:
         """Hidden cases that vary what indexing depends on, drawn from ``rng`` (fresh per judgement):
         (kind, shape, params overrides) each, e.g. ragged group sizes, ``masked_m`` from 0 to full,
-        another GQA ratio, a long sequence with few heads. ``shapes`` are the spec's correctness shapes.
-        Default: none."""
+        another GQA ratio, a long sequence with few heads. ``shapes`` are the spec's correctness shapes,
+        ``timed`` its timed shapes (a long case goes past them). Default: none."""
         return []
 
     def use_cudagraph(self) -> bool:
