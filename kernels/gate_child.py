@@ -30,8 +30,9 @@ from kernels.gate_compile import _job_compile
 # Fresh allocations a candidate may read before writing: what they hold in the second call (see _OpRecorder).
 # The tolerance's calibration (see _job_prepare): the baseline may use at most this fraction of it ...
 CALIBRATION_HEADROOM = 0.5
-# ... else it grows, at most this many times (a baseline further off fails the case).
-CALIBRATION_MAX = 8.0
+# ... else it grows, at most this many times (a baseline further off fails the case). An FP8-KV MLA baseline
+# on x8 queries, against exact dequantization, needs ~10x: its bf16 rounding of K moves the sharp softmax.
+CALIBRATION_MAX = 32.0
 EMPTY_OPS = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"})
 
 
