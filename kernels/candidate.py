@@ -321,7 +321,7 @@ class _Judgement:
         cases = self.cases
         rep.cases = sum(2 if "inputs2" in self.data[c["id"]] else 1 for c in cases)
         rep.cases_dropped = list(self.dropped)
-        rep.hidden_shapes = [c["label"] for c in cases if c["kind"] in ("odd", "ones", "aligned", "hidden_odd") or c["kind"].startswith("structure")
+        rep.hidden_shapes = [c["label"] for c in cases if c["kind"] in ("odd", "ones", "aligned", "hidden_odd") or c["kind"].startswith(("structure", "past_"))
                              or c["kind"].startswith("stretched")]
         rep.seeds = len({c["seed_index"] for c in cases})
         rep.distributions = sorted({c["dist"] for c in cases} | {c["dist2"] for c in cases if "dist2" in c})
