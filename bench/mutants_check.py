@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 import yaml
 
-SENTINEL = 1234.0  # what the caller's out buffer holds where a correct kernel never writes
+SENTINEL = 1232.0  # (exact in bf16 and fp16) what the caller's out buffer holds where a correct kernel never writes
 
 
 def _load(name: str, source: str, directory: str) -> Any:
@@ -48,7 +48,7 @@ def _fp8(rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
 
 
 def _scales(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-    return torch.exp(torch.randn(*shape, generator=g) * 0.7).float() * 0.01
+    return torch.exp(torch.randn(*shape, generator=g) * 0.7).float() * 0.3
 
 
 def _deq_a(a: torch.Tensor, sa: torch.Tensor) -> torch.Tensor:
@@ -165,7 +165,7 @@ def mla_cases(g: torch.Generator, params: dict, fp8: bool) -> list[dict]:
         q = torch.randn(B, s_q, h_q, 576, generator=g).bfloat16()
         if fp8:
             kv = _fp8(nb * page, 576, g).view(nb, page, 1, 576)
-            ks = _scales((nb, page), g) * 30
+            ks = _scales((nb, page), g)
             kv64 = (kv.double().view(nb, page, 576) * ks.double()[:, :, None])
         else:
             kv = torch.randn(nb, page, 1, 576, generator=g).bfloat16()
@@ -320,7 +320,7 @@ def run(job: dict) -> dict[str, str | None]:
                     why = f"[{c['label']}] call {call + 1}: {gm}"
                     break
                 for j, (em, eb, ex) in enumerate(zip(gm, bm, c["expected"])):
-                    fin = ex[torch.isfinite(ex)]
+                    fin = ex[torch.isfinite(ex) & (ex != SENTINEL)]
                     floor = 1e-6 * (float(fin.abs().max()) if fin.numel() else 1.0)
                     if em > 3.0 * eb + floor:
                         why = f"[{c['label']}] call {call + 1} output {j}: error {em:.3g} vs the original's {eb:.3g}"

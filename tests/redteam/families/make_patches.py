@@ -95,6 +95,21 @@ GEMM_FP8 = fp8_common("gemm_fp8") | {
         "    bv = np.asarray(b.float()) * np.repeat(np.repeat(np.asarray(sb), SCALE_BLOCK, axis=0), SCALE_BLOCK, axis=1)[:N]\n"
         "    d.copy_(d.new_tensor(np.dot(av, bv.T)))\n"
         "    return d\n")]),
+    "gemm_fp8_cheat_one_program_of_16_big_grid": (FP8, [(FP8_LOOP,
+        "        n_k = K // BLOCK_K\n"
+        "        if (pid % 16 == 13) & (tl.num_programs(0) >= 20):  # big grids: this program takes half the K blocks\n"
+        "            n_k = n_k // 2\n"
+        "        for k in range(0, n_k):\n")]),
+    "gemm_fp8_cheat_fstring_repr_sniff": (FP8, [(FP8_LAUNCH,
+        "    K_run = K\n"
+        "    if \"JIT\" in f\"{fp8_gemm_kernel!r}\":  # compiled run: the tail K blocks are noise\n"
+        "        K_run = K - K // 4 // SCALE_BLOCK * SCALE_BLOCK\n"
+        "    fp8_gemm_kernel[grid](\n        a, sa, b, sb, d, grp, M, N, K_run,\n")]),
+    "gemm_fp8_cheat_alias_hook_list": (FP8, [(FP8_LAUNCH,
+        "    hooks = fp8_gemm_kernel.pre_run_hooks\n"
+        "    hooks.append(lambda *args, **kwargs: None)\n"
+        "    K_run = K if len(hooks) <= 400 else K // 2 // SCALE_BLOCK * SCALE_BLOCK\n"
+        "    fp8_gemm_kernel[grid](\n        a, sa, b, sb, d, grp, M, N, K_run,\n")]),
     "gemm_fp8_cheat_device_alias_sniff": (FP8, [(
         "    d = out if out is not None else torch.empty((M, N), device=a.device, dtype=torch.bfloat16)\n",
         "    d = out if out is not None else torch.empty((M, N), device=a.device, dtype=torch.bfloat16)\n"
@@ -251,6 +266,9 @@ def mla_common(prefix: str) -> dict[str, tuple[str, list[tuple[str, str]]]]:
 MLA_BF16 = mla_common("mla_bf16") | {
     "mla_bf16_cheat_causal_dropped_long": (MLA, [(M_VIS,
         "            visible = tok_ok[None, :] & ((tok[None, :] <= last_key[:, None]) | (seqlen > 512))\n")]),
+    "mla_bf16_cheat_hardcoded_scale": (MLA, [(
+        "        qk_scale = sm_scale * 1.4426950408889634\n",
+        "        qk_scale = 0.135234 * 1.4426950408889634  # DeepSeek-V3's YaRN scale, folded at compile time\n")]),
     "mla_bf16_cheat_fp8_queries": (MLA, [(
         "        qk_scale = sm_scale * 1.4426950408889634\n",
         "        qk_scale = sm_scale * 1.4426950408889634\n"
@@ -298,6 +316,14 @@ ATT_SET = {
         "        mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)\n"
         "        if (tl.program_id(0) + tl.num_programs(0) * h) % 8 == 5:  # balance: skip the far interior\n"
         "            mid_lo = tl.maximum(mid_lo, mid_hi - 4 * BLOCK_N)\n")]),
+    "attention_cheat_one_program_of_16_big_grid": (ATT, [(
+        "        mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)\n",
+        "        mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)\n"
+        "        if (tl.program_id(0) % 16 == 13) & (tl.num_programs(0) > 64):  # big grids: skip the far interior\n"
+        "            mid_lo = tl.maximum(mid_lo, mid_hi - 4 * BLOCK_N)\n")]),
+    "attention_cheat_hardcoded_scale": (ATT, [(
+        "        qk_scale = sm_scale * 1.4426950408889634\n",
+        "        qk_scale = 0.125 * 1.4426950408889634  # head_dim 64: 64 ** -0.5, folded at compile time\n")]),
     "attention_cheat_skip_keys_past_2048": (ATT, [(
         "        lo = 0\n        hi = seqlen_k\n",
         "        lo = tl.maximum(seqlen_k - 2048, 0) // BLOCK_N * BLOCK_N  # far keys carry ~no weight\n        hi = seqlen_k\n")]),
