@@ -202,7 +202,7 @@ def compile_units(units: list, arch: str, limits: Any, sass: bool = True) -> Com
         except Exception as exc:  # Triton raises many types; all of them mean "did not compile"
             text = str(exc)
             kind = "out_of_resources" if re.search(r"out of resource|shared memory|too many resources", text, re.I) else "compile_failed"
-            raise CompileError(kind, _first_line(text) or type(exc).__name__) from None
+            raise CompileError(kind, compiler_message(text) or type(exc).__name__) from None
         finally:
             _SHARED_LIMIT.value = None
         smem = int(compiled.metadata.shared)
@@ -240,6 +240,20 @@ def compile_units(units: list, arch: str, limits: Any, sass: bool = True) -> Com
         sass_mix=mix,
         compile_seconds=time.perf_counter() - t0,
     )
+
+
+def compiler_message(text: str) -> str:
+    """The compiler's own error in one line: Triton's ``at L:C:`` location, the offending source line
+    and the message (its last line, e.g. ``NameError('x is not defined')``), not the location alone."""
+    lines = [ln.rstrip() for ln in text.strip().splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return _first_line(text)
+    msg = [ln.strip() for ln in lines[1:] if set(ln.strip()) - {"^", "~"}]
+    caret = next((i for i, ln in enumerate(lines) if ln.strip() and not set(ln.strip()) - {"^", "~"}), None)
+    src = lines[caret - 1].strip() if caret and caret >= 1 else ""
+    tail = msg[-1] if msg else ""
+    parts = [lines[0].strip()] + ([f"`{src}`"] if src and src != tail else []) + ([tail] if tail else [])
+    return " ".join(parts)[:600]
 
 
 def _first_line(text: str) -> str:

@@ -267,6 +267,36 @@ class KernelFamily(Family):
         """(atol, rtol) against the float64 reference; grows with the reduction length."""
         return base_tol, base_tol
 
+    # --- the roles of the inputs (what the patch gate checks; see kernels/gate_cases.py) ------------
+    # Shape keys the gate's generic hidden shapes (odd, aligned, wide) never change on their own: the
+    # dimensions indexing depends on (GQA heads); ``structure_cases`` varies them on purpose.
+    structure_keys: ClassVar[tuple[str, ...]] = ()
+    # Shape keys of the reduction (GEMM K, the keys of attention): the least-work ("wide") shape keeps
+    # their timed value, so a cheat that skips work past a length runs there too.
+    reduction_keys: ClassVar[tuple[str, ...]] = ()
+
+    def output_buffers(self, params: dict) -> dict[str, int]:
+        """Inputs that are output buffers the caller provides (DeepGEMM's ``out``, partials, lse), each
+        mapped to the index of the result it must hold after the call. The gate poisons each one (NaN,
+        then random finite values) before every call and compares it as an output; ``reference`` starts
+        from the buffer as handed in, so what a correct kernel leaves untouched (padding, rows past
+        ``masked_m``) must come back bit for bit. Every other input is read-only: bit-identical after
+        the call. Default: none."""
+        return {}
+
+    def structure_inputs(self, params: dict) -> tuple[str, ...]:
+        """Read-only inputs that indexing depends on (group sizes, ``masked_m``, page tables, sequence
+        offsets); the gate reports their changes by name. Default: none."""
+        return ()
+
+    def structure_cases(self, shapes: list[dict], params: dict, rng: Any,
+                        timed: list[dict] = ()) -> list[tuple[str, dict, dict]]:
+        """Hidden cases that vary what indexing depends on, drawn from ``rng`` (fresh per judgement):
+        (kind, shape, params overrides) each, e.g. ragged group sizes, ``masked_m`` from 0 to full,
+        another GQA ratio, a long sequence with few heads. ``shapes`` are the spec's correctness shapes,
+        ``timed`` its timed shapes (a long case goes past them). Default: none."""
+        return []
+
     def use_cudagraph(self) -> bool:
         """True for families with short launches: the cuda backend times them with do_bench_cudagraph."""
         return False

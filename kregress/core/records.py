@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kregress.core.gate import GateReport
+from kregress.core.gate_report import GateReport
 from kregress.core.names import Evidence, Role, VerdictKind  # noqa: E402  (re-exported)
 
 Risk = Literal["low", "medium", "high"]
