@@ -61,8 +61,8 @@ from kregress.core.patch import (
     materialize,
     parse_patch,
     read_sources,
-    source_snapshot_hash,
 )
+from kregress.core.records import base_row
 
 
 
@@ -79,18 +79,6 @@ class Candidate:
     new_texts: dict[str, str] = field(default_factory=dict)
     error: str | None = None
     detail: str = ""
-
-
-def _row(s: Any, backend: str) -> Any:
-    from kregress.core.records import VariantResult
-
-    return VariantResult(
-        variant_id=s.variant_id, round=s.round, source=s.source, config=s.config, config_hash=s.config_hash,
-        patch_summary=s.patch_summary, expected_effect=s.expected_effect, risk=s.risk, parent=s.parent,
-        backend=backend, patch=s.patch, patch_sha256=s.patch_sha256, expected_speedup=s.expected_speedup,
-        expected_speedup_low=s.expected_speedup_low, expected_speedup_high=s.expected_speedup_high,
-        bottleneck=s.bottleneck,
-    )
 
 
 @dataclass
@@ -172,7 +160,7 @@ def static_stage(family: Any, es: EditableSet, texts: dict[str, str], base_hash:
         return cand
     rep.round_trip_ok = applied.round_trip_ok
     new_texts = {**texts, **applied.new_texts}
-    rep.patched_hash = source_snapshot_hash(family.name, new_texts)
+    rep.patched_hash = family.source_hash({es.files[rel]: t for rel, t in new_texts.items()})
     findings = check_region(es, patch, texts, new_texts, opts.max_changed_lines)
     if opts.static:
         findings += static_gate(es.wrappers, [f for f in patch.files if f.path in es.files], texts, new_texts,
@@ -187,20 +175,23 @@ def static_stage(family: Any, es: EditableSet, texts: dict[str, str], base_hash:
 
 def judge_patches(spec: Any, family: Any, suggestions: list[Any], *, backend: str, cache_root: Path,
                   timeout_s: float, log: Callable[[str], None] = print, options: JudgeOptions | None = None,
-                  workers: int = 0) -> list[tuple[Any, GateReport]]:
+                  workers: int = 0, time_rows: Callable[[list, dict], None] | None = None) -> list[tuple[Any, GateReport]]:
     """Rows (``VariantResult``) and gate reports for patch suggestions, in order. ``backend`` is
     ``interpreter`` (CPU: correctness in the Triton interpreter, latency from the family's model) or
     ``cuda`` (correctness and timing on the GPU, the baseline re-timed in the same batch). ``workers``:
-    candidates judged at once (0: one per CPU core, at most 4, on the interpreter; always 1 on a GPU)."""
+    candidates judged at once (0: one per CPU core, at most 4, on the interpreter; always 1 on a GPU).
+    ``time_rows(rows, timers)``: on a GPU, times the patches that passed correctness (a ``PatchTimer`` per
+    row index), their children still alive: ``resources.gpu.CudaBackend`` times them with its config
+    variants on one plan; by default ``time_patch_rows`` (the same groups and looks, patches only)."""
     opts = options or JudgeOptions.for_spec(spec)
     t_all = time.perf_counter()
     es = editable_set(family)
     texts = read_sources(es)
-    base_hash = source_snapshot_hash(family.name, texts)
+    base_hash = family.source_hash({es.files[rel]: t for rel, t in texts.items()})
     out: list[tuple[Any, GateReport]] = []
     live: list[tuple[int, Candidate]] = []
     for i, s in enumerate(suggestions):
-        row = _row(s, backend)
+        row = base_row(s, backend)
         row.patch_base_hash = base_hash
         problem = family.space.check(s.config, spec.params, spec.hardware.limits)
         if problem:
@@ -216,7 +207,10 @@ def judge_patches(spec: Any, family: Any, suggestions: list[Any], *, backend: st
     if live:
         work = Path(tempfile.mkdtemp(prefix="kregress-judge-"))
         try:
-            _Judgement(spec, family, es, texts, backend, cache_root, timeout_s, log, opts, work).run(live, out, workers)
+            judgement = _Judgement(spec, family, es, texts, backend, cache_root, timeout_s, log, opts, work)
+            if time_rows is not None:
+                judgement.time_rows = time_rows
+            judgement.run(live, out, workers)
         finally:
             if not opts.keep_dirs:
                 shutil.rmtree(work, ignore_errors=True)
@@ -241,6 +235,8 @@ class _Judgement:
                        "fsize_bytes": 1 << 30}
         self.purge = sorted(set(es.packages()) | ({Path(es.module_file).stem} if len(Path(es.module_file).parts) == 1 else set()))
         self.tools = _sandbox.compiler_tools()
+        self.pending: list[PatchTimer] = []  # on a GPU: the patches that passed correctness, to be timed
+        self.time_rows: Callable[[list, dict], None] = lambda rows, timers: time_patch_rows(rows, timers, log)
 
     def child_spec(self, root: Path, name: str, interpret: bool) -> dict:
         d = self.work / name
@@ -275,6 +271,7 @@ class _Judgement:
                 lanes = 1 if self.on_gpu else max(1, min(len(live), workers or min(4, os.cpu_count() or 1)))
                 with ThreadPoolExecutor(max_workers=lanes) as pool:
                     list(pool.map(lambda ic: self._one(ic[0], ic[1], *out[ic[0]]), live))
+                self._time_pending()
                 self.ref.end()
         except _sandbox.ChildFailed as exc:
             for i, _ in live:
@@ -458,11 +455,27 @@ class _Judgement:
                                                       row.compile, spec.hardware)
                 row.evidence = "model"
                 return
-            _time_on_gpu(child, self.ref, row, rep, spec, self.family, self.cases, self.data, _sandbox.pack,
-                         self.timeout_s, self.log)
+            self.pending.append(PatchTimer(child, self.ref, row, rep, spec, self.family, self.cases, self.timeout_s))
+            child = None  # timed with the others (``_time_pending``), then ended
         finally:
             if child is not None:
                 child.end()
+
+    def _time_pending(self) -> None:
+        """The patches that passed correctness on a GPU: timed together (``time_rows``), then checked again
+        after the timing loop (``PatchTimer.finish``); then their children end."""
+        if not self.pending:
+            return
+        try:
+            self.time_rows([t.row for t in self.pending], dict(enumerate(self.pending)))
+        finally:
+            for t in self.pending:
+                try:
+                    t.finish(self.data)
+                except _sandbox.ChildFailed as exc:
+                    t.fail(exc.error, exc.detail)
+                finally:
+                    t.child.end()
 
     def _settle(self, settle: list[tuple[dict, list[str]]], tally: "_Tally", child: Any, config: dict) -> None:
         """A full (unsampled) run of each sampled case whose sampled run left something to settle, in the
@@ -553,53 +566,109 @@ class _Judgement:
         return crashes
 
 
-def _time_on_gpu(child, ref, row, rep, spec, family, cases, data, pack, timeout_s, log) -> None:
-    """The candidate and the baseline timed on each timed shape, slot by slot (baseline, candidate,
-    baseline, ...) in their own processes on the same GPU, then correctness again after the loop."""
-    import uuid
+CAND = "cand"  # the candidate's key in its timing batch (the baseline's is ``kregress.core.batching.BASELINE``)
 
-    from kernels.measure import measurement_from_samples, measurement_identity
-    from kernels.sandbox import unpack
 
-    rounds = 4
-    slot_ms = max(1, spec.benchmark.rep_ms // rounds)
-    warm = max(1, spec.benchmark.warmup_ms // rounds)
-    batch_id = f"{spec.task_id}/judge/{uuid.uuid4().hex[:8]}"
-    timed = [c for c in cases if c["kind"] == "timed"]
-    cand_ms, base_ms = [], []
-    for c in timed:
-        samples = {"base": [], "cand": []}
-        idents = []
-        for _ in range(rounds):
-            for who, proc, cfg in (("base", ref, spec.baseline), ("cand", child, row.config)):
-                head, _ = proc.call({"job": "bench", "case": c["id"], "config": cfg, "params": spec.params,
-                                     "rep_ms": slot_ms, "warmup_ms": warm}, timeout=timeout_s)
-                if head.get("error"):
-                    raise_from = f"{who}: {head.get('detail', '')}"
-                    row.error, row.error_detail = ErrorKind.RUNTIME_ERROR.value, f"timing failed ({raise_from})"[:600]
-                    return
-                if who == "cand" and head.get("violations"):
-                    rep.runtime_violations += head["violations"]
-                samples[who] += head["samples"]
-                idents.append(head["identity"])
-        ident = measurement_identity(idents[0], idents[-1])
-        shape = c["shape"]
-        cand_ms.append(measurement_from_samples(family, shape, samples["cand"], spec.dtype, spec.params, "cuda",
-                                                idents[0].get("gpu_name", ""), identity=ident, batch=batch_id))
-        base_ms.append(measurement_from_samples(family, shape, samples["base"], spec.dtype, spec.params, "cuda",
-                                                idents[0].get("gpu_name", ""), identity=ident, batch=batch_id))
-    if rep.runtime_violations:
-        row.error, row.error_detail = ErrorKind.PATCH_REJECTED.value, "sandbox: " + "; ".join(rep.runtime_violations)[:1200]
-        return
-    # correctness again after the timing loop, on the second values in the same buffers
-    blobs: list[bytes] = []
-    job_cases = [{"id": c["id"], "payload": pack({"inputs": data[c["id"]]["inputs2"]}, blobs)} for c in timed
-                 if "inputs2" in data[c["id"]]]
-    if job_cases:
-        head, rblobs = child.call({"job": "recheck", "cases": job_cases, "config": row.config, "params": spec.params,
-                                   "device": "cuda"}, blobs, timeout=timeout_s)
-        tally = _Tally(family, spec.dtype)
-        by_id = {c["id"]: c for c in timed}
+class PatchTimer:
+    """Times one judged patch on a GPU with the timing plan every variant gets (``TimingPlan``): its looks
+    (``kregress.core.batching.run_looks``), each look a batch (``kernels.measure.time_slots``: baseline,
+    candidate, baseline, ... ``rounds`` times in the plan's order) under the plan's clock lock
+    (``kernels.measure.clock_lock``); each slot is a ``bench`` job in the candidate's sandboxed child or
+    the baseline's, on the same GPU. Then ``finish`` checks correctness again after the timing loop."""
+
+    def __init__(self, child: Any, ref: Any, row: Any, rep: GateReport, spec: Any, family: Any, cases: list[dict],
+                 timeout_s: float):
+        self.child, self.ref, self.row, self.rep, self.spec, self.family = child, ref, row, rep, spec, family
+        self.timed = [c for c in cases if c["kind"] == "timed"]
+        self.timeout_s = timeout_s
+        self.error_kind = ErrorKind.RUNTIME_ERROR.value
+
+    def _identity(self) -> dict:
+        """The GPU's identity, read in the baseline's (pristine) child."""
+        head, _ = self.ref.call({"job": "identity"}, timeout=self.timeout_s)
+        return head.get("identity") or {}
+
+    def _slot(self, plan: Any, si: int, key: str) -> list[float]:
+        from kregress.core.batching import BASELINE
+
+        who, proc, cfg = (("baseline", self.ref, self.spec.baseline) if key == BASELINE
+                          else ("candidate", self.child, self.row.config))
+        head, _ = proc.call({"job": "bench", "case": self.timed[si]["id"], "config": cfg, "params": self.spec.params,
+                             "rep_ms": plan.slot_ms, "warmup_ms": plan.slot_warmup_ms}, timeout=self.timeout_s)
+        if head.get("error"):
+            raise _sandbox.ChildFailed(ErrorKind.RUNTIME_ERROR.value, f"{who}: {head.get('detail', '')}")
+        if key != BASELINE and head.get("violations"):
+            self.rep.runtime_violations += head["violations"]
+        return head["samples"]
+
+    def look(self, plan: Any, batch_id: str, look: int, rounds: int) -> dict | str:
+        """One look: ``rounds`` rounds of the batch on every timed shape, {BASELINE: [...], CAND: [...]}
+        Measurements per shape, or why it failed."""
+        from kernels.measure import clock_lock, time_slots
+
+        try:
+            with clock_lock(plan.lock_clocks) as locked:
+                return time_slots(self.family, [CAND], [c["shape"] for c in self.timed],
+                                  lambda si, key, slot: self._slot(plan, si, key), self.spec.dtype, self.spec.params,
+                                  rounds=rounds, order=plan.order, seed=look, batch_id=batch_id,
+                                  identity=self._identity, device_name=self._identity().get("gpu_name", ""),
+                                  clocks_locked=locked)
+        except _sandbox.ChildFailed as exc:
+            self.error_kind = exc.error
+            return exc.detail
+
+    def time(self, plan: Any, stats: Any = None, log: Callable[[str], None] = print) -> float:
+        """Time the patch with ``plan``; the row gets its measurements, the baseline samples of its batch
+        and the rounds and looks it took, or the error. Returns the seconds spent (also appended to
+        ``stats.measure_seconds`` when given: the per-round GPU-seconds cap counts them)."""
+        import uuid
+
+        from kregress.core.batching import run_looks
+
+        row, t_all = self.row, time.perf_counter()
+        batch_id = f"{self.spec.task_id}/judge/{uuid.uuid4().hex[:8]}"
+        log(f"timing {row.variant_id} on the GPU in batch {batch_id}, in its sandboxed child beside the baseline's: "
+            f"{plan.describe()}")
+
+        def measure(look: int, add: int, open_: list[str]) -> dict | str:
+            t0 = time.perf_counter()
+            try:
+                return self.look(plan, batch_id, look, add)
+            finally:
+                if stats is not None:
+                    stats.measure_seconds.append(time.perf_counter() - t0)
+
+        looks = run_looks(plan, self.spec, [CAND], measure, log, label=f"batch {batch_id}")
+        if looks.error is not None:
+            self.fail(self.error_kind, f"timing failed ({looks.error})")
+        else:
+            looks.apply([row], {0: CAND})
+        return time.perf_counter() - t_all
+
+    def fail(self, error: str, detail: str) -> None:
+        self.row.error, self.row.error_detail = error, detail[:600]
+        self.row.measurements, self.row.batch_baseline, self.row.evidence = [], [], None
+
+    def finish(self, data: dict) -> None:
+        """After the timing loop: the sandbox's refusals during it, then correctness again on the second
+        values in the same buffers."""
+        from kernels.sandbox import pack, unpack
+
+        row, rep, spec = self.row, self.rep, self.spec
+        if row.error or not row.measurements:
+            return
+        if rep.runtime_violations:
+            self.fail(ErrorKind.PATCH_REJECTED.value, "sandbox: " + "; ".join(rep.runtime_violations)[:1200])
+            return
+        blobs: list[bytes] = []
+        job_cases = [{"id": c["id"], "payload": pack({"inputs": data[c["id"]]["inputs2"]}, blobs)} for c in self.timed
+                     if "inputs2" in data[c["id"]]]
+        if not job_cases:
+            return
+        head, rblobs = self.child.call({"job": "recheck", "cases": job_cases, "config": row.config,
+                                        "params": spec.params, "device": "cuda"}, blobs, timeout=self.timeout_s)
+        tally = _Tally(self.family, spec.dtype)
+        by_id = {c["id"]: c for c in self.timed}
         for res in head.get("results", []):
             c = by_id[res["id"]]
             got = unpack(res["payload"], rblobs)
@@ -607,11 +676,20 @@ def _time_on_gpu(child, ref, row, rep, spec, family, cases, data, pack, timeout_
             for p in res.get("problems", []):
                 tally.problem(f"[{c['label']}] after timing: {p}")
         if not tally.correctness().ok:
-            row.error, row.error_detail = ErrorKind.NUMERIC_MISMATCH.value, ("after the timing loop: " + tally.correctness().mismatch_sample)[:600]
-            return
-    row.measurements = cand_ms
-    row.batch_baseline = base_ms
-    row.evidence = "cuda"
+            self.fail(ErrorKind.NUMERIC_MISMATCH.value, "after the timing loop: " + tally.correctness().mismatch_sample)
+
+
+def time_patch_rows(rows: list, timers: dict, log: Callable[[str], None] = print) -> None:
+    """The default ``time_rows`` of ``judge_patches`` on a GPU (no backend around it): the patches alone,
+    with the same plan, groups (forecast order, GPU-seconds cap) and looks as ``CudaBackend._time``."""
+    from kregress.core.batching import TimingPlan, run_groups
+
+    if not timers:
+        return
+    first = next(iter(timers.values()))
+    plan = TimingPlan.from_spec(first.spec)
+    run_groups(plan, rows, sorted(timers), lambda group: sum(timers[i].time(plan, log=log) for i in group), log,
+               together=lambda i: False)
 
 
 # Kept importable from here (tests, benches and older callers name them on this module).

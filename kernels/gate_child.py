@@ -319,7 +319,7 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
         return
     sandbox.write_frame(wfd, {"hello": info, "violations": load_violations})
     jobs = {"prepare": _job_prepare, "run": _job_run, "compile": _job_compile, "bench": _job_bench,
-            "recheck": _job_recheck, "full": _job_full}
+            "recheck": _job_recheck, "full": _job_full, "identity": _job_identity}
     while True:
         msg = sandbox.read_frame(rfd)
         if msg is None:
@@ -713,6 +713,13 @@ def _job_bench(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[b
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = True
     return {"samples": [float(s) for s in samples], "identity": ident, "threads": _THREADS["started"] - started}, []
+
+
+def _job_identity(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """GPU: which GPU this child times on (read at a timing batch's start and end)."""
+    from kernels.measure import device_identity
+
+    return {"identity": device_identity()}, []
 
 
 def _job_recheck(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:

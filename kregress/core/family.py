@@ -338,17 +338,20 @@ class TritonFamily(KernelFamily):
         """The family's module, then its ``helper_files``."""
         return super().source_files() + [Path(h).resolve() for h in self.helper_files]
 
-    def source_hash(self) -> str:
+    def source_hash(self, texts: dict[Path, str] | None = None) -> str:
         """Hash of what is compiled, read from disk: in each Python source file, the Triton jit
         functions (``@triton.jit``/``@jit``), the ``compile_units`` methods that choose signatures,
         constexprs and hints, and the module-level UPPER_CASE constants the kernels read; other files
         (.cu, .cubin, .so) whole. Comments, the module docstring, the latency model and the reference
-        change nothing, so editing them recompiles nothing."""
+        change nothing, so editing them recompiles nothing. ``texts``: the content of some of the files
+        (by resolved path) instead of what is on disk: the kernel hash of a patched copy (the patch gate's
+        ``base_hash`` and ``patched_hash`` are this hash)."""
         h = hashlib.sha256(self.name.encode())
+        over = {Path(p).resolve(): t for p, t in (texts or {}).items()}
         for f in self.source_files():
             h.update(str(f.name).encode())
             try:
-                data = f.read_bytes()
+                data = over[f].encode("utf-8") if f in over else f.read_bytes()
             except OSError:
                 h.update(b"missing")
                 continue

@@ -247,6 +247,18 @@ ERROR_CAUSES = {
 }
 
 
+def base_row(s: Suggestion, backend: str) -> VariantResult:
+    """The result row of a suggestion before any stage has run: the one row builder of every variant (a
+    config, a patch, or both) on every backend."""
+    return VariantResult(
+        variant_id=s.variant_id, round=s.round, source=s.source, config=s.config, config_hash=s.config_hash,
+        patch_summary=s.patch_summary, expected_effect=s.expected_effect, risk=s.risk, parent=s.parent,
+        backend=backend, patch=s.patch, patch_sha256=s.patch_sha256, expected_speedup=s.expected_speedup,
+        expected_speedup_low=s.expected_speedup_low, expected_speedup_high=s.expected_speedup_high,
+        bottleneck=s.bottleneck,
+    )
+
+
 class ShapeVerdict(BaseModel):
     """A variant's latency verdict on one shape (verdicts_by_shape.parquet)."""
 
