@@ -5,7 +5,9 @@ else is the real code: ``TimingPlan.from_spec``, ``CudaBackend._time`` (forecast
 cap, one ``measure_batch`` job per look, adaptive looks judged by ``kregress.core.stats.judge_look``),
 ``kernels.measure.time_slots`` (the worker's batch protocol: ``run_batch`` per shape, Measurements) and the
 sweep's verdict rule. The cuda worker process is replaced by a pool that runs the worker's own batch function
-in this process, with the fake device timer in place of ``do_bench``.
+in this process, with the fake device timer in place of ``do_bench``; a patch's sandboxed children (its own and
+the baseline's) by ``FakeChild``, which answers the gate's ``bench`` jobs with the same fake device timer, so
+the patch goes through the gate's real timer (``kernels.candidate.PatchTimer``) in the same ``CudaBackend._time``.
 """
 
 from __future__ import annotations

@@ -135,8 +135,9 @@ class TimingPlan:
     ``kregress.core.stats.SequentialDesign``), the baseline re-timed in the same batch between every two
     variants (always), the clock setting and the GPU-seconds cap per sweep round. Both timing paths read
     this value: ``resources.gpu.CudaBackend`` for configs (one ``measure_batch`` job per look, see
-    ``job_fields``) and the patch judge, which times its sandboxed children slot by slot with
-    ``run_batch(..., rounds=plan.rounds, order=plan.order)`` (``run_plan``).
+    ``job_fields``) and the patch gate (``kernels.candidate.PatchTimer``), which times a patch's sandboxed
+    child beside the baseline's slot by slot with the same ``kernels.measure.time_slots``; both go
+    through ``run_groups`` (forecast order, GPU-seconds cap) and ``run_looks`` (the adaptive looks).
     """
 
     order: str = DEFAULT_ORDER
@@ -200,13 +201,6 @@ class TimingPlan:
         lock = f", clocks locked {self.lock_clocks[0]},{self.lock_clocks[1]} MHz" if self.lock_clocks else ""
         cap = f", at most {self.gpu_seconds_cap:g} GPU-s per round" if self.gpu_seconds_cap else ""
         return f"{self.order}, baseline re-timed between every two variants, {how}{lock}{cap}"
-
-
-def run_plan(plan: TimingPlan, batch_id: str, variants: Sequence[str], timer: Callable[[str, Slot], Sequence[float]],
-             rounds: int | None = None, seed: int = 0, identity: Callable[[], dict] | None = None) -> Batch:
-    """``run_batch`` with the plan's order and rounds (``rounds``: a later look's added rounds)."""
-    return run_batch(batch_id, variants, timer, rounds=plan.rounds if rounds is None else rounds, order=plan.order,
-                     seed=seed, identity=identity)
 
 
 # --- the looks and the groups: one loop for every kind of variant ----------------------------------
