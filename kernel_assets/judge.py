@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kregress.core import paths
-from kregress.core.gate import gate_verdict
+from kregress.core.gate_verdict import gate_verdict
 from kregress.core.patch import NotAPatch, parse_patch
 from kregress.core.records import Suggestion, VariantResult, Verdict
 
@@ -137,12 +137,9 @@ def verdict_with_gate(row: VariantResult, baseline: VariantResult, spec: Any, fa
     the sweep's rule unchanged."""
     from kernel_assets.sweep import verdict_for
 
-    def usual() -> Verdict:
-        return verdict_for(row, baseline, spec)
-
     if row.gate is None:
-        return usual()
-    return gate_verdict(row, row.gate, usual, per_shape_sol(row, baseline, spec, family))
+        return verdict_for(row, baseline, spec)
+    return gate_verdict(row, row.gate, per_shape_sol(row, baseline, spec, family)) or verdict_for(row, baseline, spec)
 
 
 @dataclass

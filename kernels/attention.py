@@ -486,6 +486,30 @@ class AttentionFamily(TritonFamily):
         return reference_attention(inputs["q"], inputs["k"], inputs["v"], inputs["cu_seqlens_q"], inputs["cu_seqlens_k"],
                                    window_size(params), _scale(params, inputs["q"].shape[-1]))
 
+    # --- the gate's hidden structure ------------------------------------------------------------
+    structure_keys = ("h_q", "h_kv")  # the GQA ratio: hidden shapes keep it; structure_cases vary it
+    # no reduction_keys: seqlen is the queries too (a longer one is minutes on the interpreter); the long
+    # structure case goes past the timed keys with a cached prefix instead
+
+    def structure_inputs(self, params):
+        return ("cu_seqlens_q", "cu_seqlens_k")
+
+    def structure_cases(self, shapes, params, rng, timed=()):
+        """The spec's GQA ratio and another one, each with 2 KV heads (a wrong KV-head map shows), and
+        one long sequence (>= 4096 keys: ~128 queries after a cached prefix, so the interpreter can afford
+        it while the mask still hides 3% of the keys from the first query) with one head."""
+        base = max(shapes, key=lambda s: s["batch"] * s["seqlen"] * s["h_q"])
+        ratio = max(1, base["h_q"] // base["h_kv"])
+        other = rng.choice([r for r in (2, 3, 4, 8) if r != ratio])
+        out = [(f"structure_gqa{r}", dict(base, h_kv=2, h_q=2 * r), {}) for r in (ratio, other)]
+        n_q = 128 + rng.randint(1, 15)
+        longest = max([max(key_lengths(s, params) + [0]) for s in timed] + [0])
+        over: dict[str, Any] = {"prefix": [max(4096, longest) - n_q + rng.randint(1, 63)]}
+        if isinstance((params or {}).get("seqlens"), list):
+            over["seqlens"] = [n_q]
+        out.append(("structure_long", dict(base, batch=1, seqlen=n_q, h_q=1, h_kv=1), over))
+        return out
+
     # --- formulas ------------------------------------------------------------------------------
     def _pairs(self, shape, params) -> int:
         left, right = window_size(params)

@@ -1,4 +1,11 @@
-"""The correctness harness for candidate patches, and what the sandboxed children run.
+"""The judging parent of the patch gate: static stage, the sandboxed children's jobs, the comparison
+and the verdict's inputs, for a judgement's patches.
+
+The gate's home: pure decisions in ``kregress.core`` (``patch``: the patch format and region; ``gate``:
+the static policy, the gate report and the verdict; ``checks``: the named run-time checks and error
+kinds); process machinery in ``kernels`` (``sandbox``: confinement, zygote, wire protocol;
+``gate_child``: what a sandboxed child runs; ``gate_cases``: the secret cases; ``gate_compare``: the
+comparisons; ``gate_compile``: compile units of a patched kernel; this module: the judging parent).
 
 The judging process (``judge_patches``) never imports a candidate. It:
 
@@ -28,8 +35,6 @@ The judging process (``judge_patches``) never imports a candidate. It:
 
 from __future__ import annotations
 
-import copy
-import math
 import os
 import secrets
 import shutil
@@ -40,7 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from kernels import sandbox as _sandbox  # bound before a child drops its copy of the package
+from kernels import sandbox as _sandbox
+from kernels.gate_cases import DISTRIBUTIONS, shape_groups
+from kernels.gate_compare import _structure_problem, _Tally, _where, buffer_problems, input_problems, sampled_problems
+from kregress.core.checks import ErrorKind, RunSeen, run_problems
 from kregress.core.gate import GateReport, PrecisionMetrics, static_gate
 from kregress.core.patch import (
     EditableSet,
@@ -53,1011 +61,9 @@ from kregress.core.patch import (
     materialize,
     parse_patch,
     read_sources,
-    source_snapshot_hash,
 )
+from kregress.core.records import base_row
 
-DISTRIBUTIONS = ("normal", "uniform", "large", "outliers")
-STRETCH_BUDGET_S = 1.5  # interpreter seconds of the baseline a stretched shape may take
-LARGE_SCALE = 8.0  # "large magnitudes": x8 keeps an fp16 GEMM of K <= 1024 far from overflow
-OUTLIER_SCALE = 16.0
-OUTLIER_FRACTION = 0.01
-
-# aten ops that allocate, view, copy or fill: a wrapper may add them without computing anything. Any
-# other op the candidate runs that the baseline never ran means torch computed instead of the kernel.
-# Not in it: reading a value into Python (_local_scalar_dense: float(t), int(t), bool(t), t.item()) and
-# making a tensor from Python data (lift_fresh: torch.tensor, new_tensor), which host-side compute and
-# value sniffing need and a launch wrapper does not (unless the baseline's own wrapper does them).
-HARMLESS_OPS = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
-    "zero_", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "fill_", "fill", "set_", "copy_",
-    "_to_copy", "to", "clone", "contiguous", "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided",
-    "as_strided_", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "slice", "select", "narrow",
-    "unbind", "split", "split_with_sizes", "chunk", "alias", "resize_",
-    "cat", "stack", "constant_pad_nd", "arange", "view_as", "flatten", "unflatten",
-    "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "record_stream",
-})
-HOST_DATA_OPS = frozenset({"_local_scalar_dense", "lift_fresh", "lift_fresh_copy", "detach", "item"})
-# A call may run this many times the baseline's aten ops (plus a margin) before it counts as host-side work:
-# a Python loop over elements (float(a[i, k]), c[i, j].fill_(...)) runs thousands where a wrapper runs a few.
-OP_COUNT_FACTOR, OP_COUNT_MARGIN = 8, 64
-# Fresh allocations a candidate may read before writing: what they hold in the second call (see _OpRecorder).
-EMPTY_OPS = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"})
-
-
-# --- in the children -------------------------------------------------------------------------------------
-
-
-def preload() -> None:
-    """What the zygote imports once so every fork starts warm: torch (the heavy part), never Triton
-    (its standard library is decorated when imported, for the interpreter or the compiler: each child
-    imports it in its own mode), never a family, never a candidate."""
-    import sys
-
-    import numpy  # noqa: F401
-    import torch  # noqa: F401
-    import torch.utils._python_dispatch  # noqa: F401
-
-    import kregress.core.family  # noqa: F401
-    import kregress.core.records  # noqa: F401
-    import kregress.core.spec  # noqa: F401
-
-    if any(m == "triton" or m.startswith("triton.") for m in sys.modules):
-        raise RuntimeError("the zygote imported Triton while preloading; children could not choose the interpreter")
-
-
-_GUARDED = (
-    ("triton.testing", "do_bench"), ("triton.testing", "do_bench_cudagraph"), ("time", "perf_counter"),
-    ("time", "time"), ("torch.cuda", "Event"), ("torch.cuda", "synchronize"), ("torch.cuda", "Stream"),
-    ("torch", "empty"), ("torch", "empty_like"), ("torch.Tensor", "copy_"), ("torch.Tensor", "clone"),
-    ("torch.Tensor", "to"), ("triton.runtime.jit.JITFunction", "run"), ("builtins", "open"),
-)
-
-
-def _resolve(path: str):
-    import importlib
-
-    parts = path.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for p in parts[i:]:
-            obj = getattr(obj, p)
-        return obj
-    raise ImportError(path)
-
-
-def _snapshot_guarded() -> dict[str, Any]:
-    out = {}
-    for mod, attr in _GUARDED + tuple(_GUARDED_EXTRA):
-        try:
-            out[f"{mod}.{attr}"] = getattr(_resolve(mod), attr)
-        except (ImportError, AttributeError):
-            continue
-    return out
-
-
-def _changed_guarded(before: dict[str, Any]) -> list[str]:
-    out = []
-    for key, obj in before.items():
-        mod, _, attr = key.rpartition(".")
-        try:
-            now = getattr(_resolve(mod), attr)
-        except (ImportError, AttributeError):
-            now = None
-        if now is not obj:
-            out.append(f"{key} was replaced (monkeypatched timer or harness)")
-    return out
-
-
-class _OpRecorder:
-    """A TorchDispatchMode that counts the aten ops a call runs (name without overload) and, with
-    ``decoys``, fills what the call allocates uninitialised (``torch.empty`` and kin) with plausible finite
-    values instead of NaN: the previous call's outputs where the size matches (the memory a caching
-    allocator hands back in a timing loop), else random numbers. A kernel that reads its output before
-    writing it (reusing what the memory already holds, or testing whether the checker NaN-filled it)
-    then returns stale values, which the comparison sees."""
-
-    def __new__(cls, decoys: list | None = None, seed: int = 0):
-        import collections
-
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        class Recorder(TorchDispatchMode):
-            def __init__(self):
-                super().__init__()
-                self.ops: collections.Counter = collections.Counter()
-                self.decoys = decoys
-                self.gen = torch.Generator(device="cpu").manual_seed(seed & 0x7FFF_FFFF)
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                name = str(func)
-                short = name.split(".")[1] if name.startswith("aten.") else name
-                self.ops[short] += 1
-                out = func(*args, **(kwargs or {}))
-                if self.decoys is not None and short in EMPTY_OPS and torch.is_tensor(out) and out.numel():
-                    self._fill(out)
-                return out
-
-            def _fill(self, out):
-                for d in self.decoys:
-                    if torch.is_tensor(d) and d.dtype == out.dtype and d.numel() == out.numel():
-                        out.copy_(d.reshape(out.shape).to(out.device))
-                        return
-                if out.is_floating_point():
-                    out.copy_(torch.randn(out.shape, generator=self.gen).to(out.dtype).to(out.device))
-                elif out.dtype != torch.bool:
-                    out.copy_(torch.randint(-64, 64, out.shape, generator=self.gen).to(out.dtype).to(out.device))
-
-        return Recorder()
-
-
-def _to(value: Any, device: str) -> Any:
-    import torch
-
-    if torch.is_tensor(value):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to(v, device) for v in value)
-    return value
-
-
-def _clone_cpu(value: Any) -> Any:
-    import torch
-
-    if torch.is_tensor(value):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _clone_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_clone_cpu(v) for v in value)
-    return value
-
-
-def _poison(nbytes: int, device: str) -> None:
-    """Allocate, fill with NaN, free: the memory a candidate's ``torch.empty`` can be handed holds NaN.
-    (``fill_uninitialized_memory`` fills fresh allocations too; this covers recycled blocks.)"""
-    import torch
-
-    chunk = 1 << 16  # below malloc's mmap threshold, so freed chunks are reused on the CPU
-    n = max(1, min(nbytes, 1 << 30) // (chunk * 4))
-    bufs = [torch.full((chunk,), float("nan"), dtype=torch.float32, device=device) for _ in range(n)]
-    del bufs
-
-
-def _write_inplace(dst: Any, src: Any) -> None:
-    """Copy ``src``'s values into ``dst``'s buffers (same structure): the second call's inputs."""
-    import torch
-
-    if torch.is_tensor(dst):
-        dst.copy_(src.to(dst.device))
-    elif isinstance(dst, dict):
-        for k in dst:
-            _write_inplace(dst[k], src[k])
-    elif isinstance(dst, (list, tuple)):
-        for d, s in zip(dst, src):
-            _write_inplace(d, s)
-
-
-def _tensor_bytes(value: Any) -> int:
-    import torch
-
-    if torch.is_tensor(value):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(_tensor_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in value)
-    return 0
-
-
-def transform_inputs(inputs: dict, dist: str, dtype: Any, seed: int) -> dict:
-    """The family's inputs with their floating tensors of the spec's dtype redrawn from ``dist``:
-    normal (as made), uniform (unit variance), large (x8), outliers (1% of entries x16). Integer and
-    other tensors (lengths, tables, scales) are left as made."""
-    import torch
-
-    if dist == "normal":
-        return inputs
-    g = torch.Generator(device="cpu").manual_seed(seed & 0x7FFF_FFFF_FFFF)
-    out = {}
-    for k, v in inputs.items():
-        if not (torch.is_tensor(v) and v.dtype == dtype and v.is_floating_point()):
-            out[k] = v
-            continue
-        x = v.to("cpu", torch.float32)
-        if dist == "uniform":
-            x = (torch.rand(x.shape, generator=g) * 2 - 1) * math.sqrt(3.0)
-        elif dist == "large":
-            x = x * LARGE_SCALE
-        elif dist == "outliers":
-            mask = torch.rand(x.shape, generator=g) < OUTLIER_FRACTION
-            x = torch.where(mask, x * OUTLIER_SCALE, x)
-        out[k] = x.to(dtype).to(v.device)
-    return out
-
-
-def _outputs(value: Any) -> list:
-    return list(value) if isinstance(value, (tuple, list)) else [value]
-
-
-# --- the timed shape on a CPU host: a few programs of each launch --------------------------------------------
-
-SAMPLED_PROGRAMS = 4  # programs run per launch: the first, the last and two drawn from the secret
-SAMPLED_MAX_FLOPS = 2e10  # the float64 reference of a sampled shape must stay cheap on a CPU
-SAMPLED_MAX_BYTES = 256e6
-SAMPLED_FULL_BUDGET_S = 120.0  # a full interpreter run (what a suspicion escalates to) must be affordable
-
-
-class _ProgramProxy:
-    """Stands in for a kernel's Python function in the interpreter's grid loop: runs it only for the
-    sampled programs, and counts, per program, how many elements of each floating tensor argument it
-    turned from NaN into a value (what it wrote)."""
-
-    def __init__(self, fn: Any, launch: dict, builder: Any):
-        import inspect
-
-        self.fn, self.launch, self.builder = fn, launch, builder
-        self.__signature__ = inspect.signature(fn)
-        self.__name__ = fn.__name__
-        self.__globals__ = fn.__globals__
-
-    def __call__(self, **args: Any) -> None:
-        if tuple(self.builder.grid_idx) not in self.launch["sample"]:
-            return None
-        tensors = self.launch["tensors"]
-        before = [_nan_count(t) for t in tensors]
-        t0 = time.perf_counter()
-        self.fn(**args)
-        self.launch["seconds"] += time.perf_counter() - t0
-        self.launch["programs"].append([b - _nan_count(t) for b, t in zip(before, tensors)])
-        return None
-
-
-def _nan_count(t: Any) -> int:
-    import torch
-
-    with torch.utils._python_dispatch._disable_current_modes():
-        return int(torch.isnan(t).sum()) if t.is_floating_point() else 0
-
-
-class _ProgramSampler:
-    """While active, every interpreted launch runs only ``k`` of its programs (the first, the last and
-    ``k - 2`` drawn from ``seed``), NaN-poisoned outputs showing what they wrote. A timed shape costs the
-    interpreter seconds per program; a few programs of it still show a launch that skips programs past a
-    count, a wrapper that truncates work on large shapes, or a kernel that cheats on large program ids,
-    which the small checked shapes never reach. Relies on the interpreter's grid loop (``GridExecutor``,
-    ``interpreter_builder``); where those are not as expected it raises, and the case is not used."""
-
-    def __init__(self, k: int, seed: int):
-        import random
-
-        self.k, self.rng = k, random.Random(seed)
-        self.launches: list[dict] = []
-
-    def __enter__(self) -> "_ProgramSampler":
-        import torch
-        from triton.runtime import interpreter as interp
-
-        builder = interp.interpreter_builder
-        if not (hasattr(interp, "GridExecutor") and hasattr(builder, "set_grid_dim")):
-            raise RuntimeError("the Triton interpreter has no GridExecutor / interpreter_builder.set_grid_dim")
-        sampler, original_dim = self, builder.set_grid_dim
-
-        def set_grid_dim(nx: int, ny: int, nz: int) -> None:
-            original_dim(nx, ny, nz)
-            sampler._choose(nx, ny, nz)
-
-        class Sampled(interp.GridExecutor):  # type: ignore[misc, valid-type]
-            def __call__(ex, *args_dev: Any, **kwargs: Any) -> Any:  # noqa: N805
-                tensors = [t for t in list(args_dev) + list(kwargs.values()) if torch.is_tensor(t)]
-                launch = {"tensors": tensors, "programs": [], "grid": 0, "sample": set(), "seconds": 0.0}
-                sampler.launches.append(launch)
-                real = ex.fn
-                ex.fn = _ProgramProxy(real, launch, builder)
-                try:
-                    return super().__call__(*args_dev, **kwargs)
-                finally:
-                    ex.fn = real
-
-        self._restore = (interp, interp.GridExecutor, builder)
-        builder.set_grid_dim = set_grid_dim
-        interp.GridExecutor = Sampled
-        return self
-
-    def _choose(self, nx: int, ny: int, nz: int) -> None:
-        launch = self.launches[-1]
-        total = nx * ny * nz
-        picks = {0, total - 1} | set(self.rng.sample(range(1, max(1, total - 1)), max(0, min(self.k - 2, total - 2))))
-        launch["grid"] = total
-        launch["sample"] = {(i // (ny * nz), (i // nz) % ny, i % nz) for i in picks}
-
-    def __exit__(self, *exc: object) -> None:
-        interp, cls, builder = self._restore
-        interp.GridExecutor = cls
-        builder.__dict__.pop("set_grid_dim", None)
-
-    def stats(self, out: Any) -> dict:
-        """Per output tensor, the launches that wrote into it: grid size and per sampled program the
-        elements it wrote there; and the estimated seconds of a full run."""
-        import torch
-
-        per_out = []
-        for o in _outputs(out):
-            entry: dict[str, Any] = {"launches": []}
-            if torch.is_tensor(o):
-                ptr = o.untyped_storage().data_ptr()
-                for launch in self.launches:
-                    idx = [i for i, t in enumerate(launch["tensors"]) if t.untyped_storage().data_ptr() == ptr]
-                    if idx:
-                        entry["launches"].append({"grid": launch["grid"],
-                                                  "filled": [sum(p[i] for i in idx) for p in launch["programs"]]})
-            per_out.append(entry)
-        full = sum(la["seconds"] / max(1, len(la["programs"])) * la["grid"] for la in self.launches)
-        return {"outputs": per_out, "launches": len(self.launches), "full_seconds": full,
-                "programs": sum(len(la["programs"]) for la in self.launches), "grid": sum(la["grid"] for la in self.launches)}
-
-
-def _sampled_call(family: Any, inputs: dict, config: dict, params: dict, k: int, seed: int) -> tuple[Any, dict]:
-    """One call of the entry point on the CPU interpreter with only sampled programs running (see
-    ``_ProgramSampler``): (outputs, with NaN where no sampled program wrote; the sampling stats)."""
-    _poison(2 * _tensor_bytes(inputs) + (1 << 20), "cpu")
-    cfg, prm = copy.deepcopy(config), copy.deepcopy(params)
-    _THREADS["in_call"] = True
-    try:
-        with _ProgramSampler(k, seed) as sampler:
-            out = family.run(inputs, cfg, prm)
-    finally:
-        _THREADS["in_call"] = False
-    if cfg != config or prm != params:
-        _sandbox.record_violation("the call changed the config or params it was handed (state kept across calls)")
-    return _clone_cpu(out), sampler.stats(out)
-
-
-def _launch_grids(family: Any, shape: dict, config: dict, dtype: Any, params: dict) -> list[tuple]:
-    """The grids the entry point launches on ``shape`` (interpreter mode; nothing runs)."""
-    from triton.runtime import interpreter as interp
-
-    grids: list[tuple] = []
-    original = interp.InterpretedFunction.run
-
-    def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> None:
-        g = grid(dict(zip(self.arg_names, args)) | kwargs) if callable(grid) else grid
-        grids.append(tuple(int(x) for x in g))
-
-    interp.InterpretedFunction.run = run
-    try:
-        family.run(family.make_inputs(shape, dtype, "cpu", 0, params), dict(config), dict(params))
-    finally:
-        interp.InterpretedFunction.run = original
-    return grids
-
-
-def wide_shape(family: Any, timed: dict, correctness: list[dict], config: dict, dtype: Any, params: dict) -> dict | None:
-    """``timed`` with every dimension that does not change the baseline's launch grids cut to its smallest
-    (1, else the smallest checked value): every program of the timed launch, the least work per program
-    (for a GEMM, M and N as timed and K = 1). None when no dimension can be cut."""
-    target = _launch_grids(family, timed, config, dtype, params)
-    shape = dict(timed)
-    for k in family.shape_keys:
-        for v in sorted({1, min(s[k] for s in correctness)}):
-            trial = {**shape, k: v}
-            if v < shape[k] and family.check_shape(trial) is None and _launch_grids(family, trial, config, dtype, params) == target:
-                shape = trial
-                break
-    return None if shape == timed else shape
-
-
-def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float) -> list[str]:
-    """What a sampled run of a timed shape shows that a full run would have to settle: a written element
-    that differs from the reference, a launch whose programs cannot cover the output (the largest amount
-    a sampled program wrote, times the grid, is less than the output), a sampled program that wrote
-    nothing where others of its launch did, no launch writing an output at all. Empty: nothing to settle."""
-    import torch
-
-    from kernels.measure import compare
-
-    out_l, ref_l = _outputs(out), _outputs(ref)
-    if len(out_l) != len(ref_l):
-        return [f"{len(out_l)} output(s), the reference has {len(ref_l)}"]
-    why: list[str] = []
-    for i, (o, r) in enumerate(zip(out_l, ref_l)):
-        if not torch.is_tensor(r):
-            continue
-        if not torch.is_tensor(o) or tuple(o.shape) != tuple(r.shape) or not o.is_floating_point():
-            why.append(f"output {i} is not a floating tensor of the reference's shape")
-            continue
-        launches = stats["outputs"][i]["launches"] if i < len(stats["outputs"]) else []
-        if not launches:
-            why.append(f"no launch wrote output {i}")
-            continue
-        reach = sum(max(la["filled"], default=0) * la["grid"] for la in launches)
-        if reach < o.numel():
-            why.append(f"output {i}: the launches reach at most {reach} of its {o.numel()} elements "
-                       f"(largest write of a sampled program x grid)")
-        for la in launches:
-            if la["filled"] and max(la["filled"]) > 0 and min(la["filled"]) == 0:
-                why.append(f"output {i}: a sampled program of a {la['grid']}-program launch wrote nothing")
-                break
-        written = ~torch.isnan(o)
-        if written.any():
-            res = compare(o[written], r[written], atol, rtol)
-            if not res["ok"]:
-                why.append(f"output {i}: {res['mismatches']} of {int(written.sum())} written elements differ from the reference")
-    return why
-
-
-def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
-    """The job loop of a sandboxed child (reference or candidate); see ``judge_patches``."""
-    import torch
-
-    sandbox = _sandbox
-
-    guarded = _snapshot_guarded()
-    if spec.get("interpret"):
-        from kernels.interpreter import install as install_interpreter_fixes
-
-        install_interpreter_fixes()  # the same fixes every interpreter process gets (bf16 dot and rounding, ...)
-        guarded = _snapshot_guarded()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    _guard_threads()
-    _guard_host_reads(sandbox.watched_files(spec.get("watch", []), spec.get("watch_wrappers")))
-    guarded = _snapshot_guarded()
-    from kregress.core.family import get_family
-
-    state: dict[str, Any] = {"guarded": guarded, "kept": {}}
-    try:
-        family = get_family(spec["family"]).for_params(spec.get("params") or {})
-        mod_file = os.path.realpath(getattr(family.module, "__file__", "") or "")
-        if not mod_file.startswith(os.path.realpath(spec["root"]) + os.sep):
-            raise RuntimeError(f"the family module was imported from {mod_file}, not from the copy {spec['root']}")
-        state["family"] = family
-        load_violations = sandbox.violations() + _changed_guarded(guarded)
-    except Exception as exc:  # noqa: BLE001 - a candidate that does not import is a value
-        sandbox.write_frame(wfd, {"hello": info, "error": "compile_failed",
-                                  "detail": f"importing the family failed: {type(exc).__name__}: {str(exc)[:400]}",
-                                  "violations": sandbox.violations()})
-        return
-    sandbox.write_frame(wfd, {"hello": info, "violations": load_violations})
-    jobs = {"prepare": _job_prepare, "run": _job_run, "compile": _job_compile, "bench": _job_bench,
-            "recheck": _job_recheck, "full": _job_full}
-    while True:
-        msg = sandbox.read_frame(rfd)
-        if msg is None:
-            return
-        header, blobs = msg
-        op = header.get("job")
-        if op == "exit":
-            return
-        try:
-            reply, out_blobs = jobs[op](state, header, blobs)
-        except Exception as exc:  # noqa: BLE001 - a failure is a value in the reply
-            import traceback
-
-            reply, out_blobs = {"error": "runtime_error", "detail": f"{type(exc).__name__}: {str(exc)[:400]}",
-                                "traceback": traceback.format_exc(limit=4)[-1500:]}, []
-        reply["violations"] = sandbox.violations() + _changed_guarded(state["guarded"])
-        sandbox.write_frame(wfd, reply, out_blobs)
-
-
-_THREADS = {"in_call": False, "started": 0}
-
-# Calls candidate code never needs and the aten audit cannot see: tensor values handed to Python without
-# an aten op, and the switches that hide ops from the audit's dispatch mode.
-_HOST_READS = (("torch.Tensor", "tolist"), ("torch.Tensor", "numpy"), ("torch.Tensor", "__array__"),
-               ("torch.Tensor", "__dlpack__"), ("torch._tensor_str", "_str"))
-_AUDIT_SWITCHES = (("torch.utils._python_dispatch", "_disable_current_modes"),
-                   ("torch.utils._python_dispatch", "_pop_mode_temporarily"), ("torch.utils._python_dispatch", "_pop_mode"),
-                   ("torch._C", "_pop_torch_dispatch_stack"), ("torch._C", "_unset_dispatch_mode"))
-
-
-def _guard_host_reads(watch: dict) -> None:
-    """Record a violation when candidate code (a watched file, directly or through torch or the standard
-    library: ``str(t)``, ``print(t)``, ``np.asarray(t)``) reads tensor values into Python (host-side
-    compute or value sniffing), or switches off the dispatch mode the aten audit records with. The
-    harness's and Triton's own calls are not the candidate's."""
-    import torch
-
-    skip = _sandbox._stdlib_prefixes() + (os.path.dirname(torch.__file__) + os.sep,)
-    for owner_path, attr in _HOST_READS + _AUDIT_SWITCHES:
-        try:
-            owner = _resolve(owner_path)
-        except ImportError:
-            continue
-        original = getattr(owner, attr, None)
-        if original is None:
-            continue
-        why = ("read tensor values into Python ({}): host-side compute or value sniffing" if (owner_path, attr) in _HOST_READS
-               else "switched off the aten audit ({})").format(attr)
-
-        def guarded(*args: Any, _original: Any = original, _why: str = why, **kwargs: Any) -> Any:
-            if _sandbox.initiated_by(watch, skip):
-                _sandbox.record_violation(f"the candidate {_why}")
-            return _original(*args, **kwargs)
-
-        setattr(owner, attr, guarded)
-        _GUARDED_EXTRA.append((owner_path, attr))
-
-
-_GUARDED_EXTRA: list[tuple[str, str]] = []
-
-
-def _guard_threads() -> None:
-    """Count the Python threads started while the entry point runs (3.11 has no audit event for it)."""
-    import _thread
-
-    original = threading._start_new_thread  # type: ignore[attr-defined]
-
-    def start(function, args, kwargs=None):
-        if _THREADS["in_call"]:
-            _THREADS["started"] += 1
-        return original(function, args, kwargs or {})
-
-    threading._start_new_thread = start  # type: ignore[attr-defined]
-    _thread.start_new_thread = start
-
-
-def _call(family: Any, inputs: dict, config: dict, params: dict, device: str, record: bool = True,
-          decoys: list | None = None, seed: int = 0) -> tuple[Any, dict]:
-    """One call of the family's entry point: (outputs on the CPU, what was seen: the aten ops run and
-    how many, the Python threads started, problems with the outputs). ``decoys``: fill fresh
-    allocations with finite stale values (see ``_OpRecorder``) instead of NaN."""
-    import torch
-
-    _poison(2 * _tensor_bytes(inputs) + (1 << 20), device)
-    rec = _OpRecorder(decoys, seed) if record else None
-    problems: list[str] = []
-    started = _THREADS["started"]
-    cfg, prm = copy.deepcopy(config), copy.deepcopy(params)
-    _THREADS["in_call"] = True
-    try:
-        if rec is not None:
-            with rec:
-                out = family.run(inputs, cfg, prm)
-        else:
-            out = family.run(inputs, cfg, prm)
-        # read the results on the current stream first (work left on a side stream is not waited for),
-        # then synchronise and read again: the two must agree
-        first = _clone_cpu(out)
-    finally:
-        _THREADS["in_call"] = False
-    if device == "cuda":
-        torch.cuda.synchronize()
-        second = _clone_cpu(out)
-        for a, b in zip(_outputs(first), _outputs(second)):
-            if torch.is_tensor(a) and not torch.equal(a.nan_to_num(0.123), b.nan_to_num(0.123)):
-                problems.append("outputs changed after the call returned (work left running on another stream)")
-                break
-    if cfg != config or prm != params:
-        # state kept in the dicts it is handed survives a timing loop that passes the same dict every call
-        _sandbox.record_violation("the call changed the config or params it was handed (state kept across calls)")
-    ops = rec.ops if rec is not None else {}
-    seen = {"ops": set(ops), "op_count": sum(ops.values()), "threads": _THREADS["started"] - started, "problems": problems}
-    return first, seen
-
-
-def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
-    """Reference child: pick each group's first valid shape, make the inputs of every case (secret
-    seeds, distributions), the float64 reference and the baseline's outputs; record the baseline's ops."""
-    import torch
-
-    from kernels.dtypes import TORCH_DTYPES
-    from kernels.measure import compare
-
-    family = state["family"]
-    dtype = TORCH_DTYPES[job["dtype"]]
-    params, config, device = job["params"], job["config"], job["device"]
-    base_tol = job["tolerance"]
-    out_blobs: list[bytes] = []
-    cases_out, dropped, ops = [], [], set()
-    keep = job.get("keep", False)
-
-    def make(shape: dict, seed: int, dist: str) -> dict:
-        inputs = family.make_inputs(shape, dtype, "cpu", seed, params)
-        return transform_inputs(inputs, dist, dtype, seed + 7919)
-
-    def reference(inputs: dict) -> Any:
-        ref_dev = job.get("reference_device", "cpu")
-        try:
-            return _clone_cpu(family.reference(_to(_clone_cpu(inputs), ref_dev), params))
-        except Exception:  # noqa: BLE001 - a reference that only runs on the CPU
-            if ref_dev == "cpu":
-                raise
-            return family.reference(_clone_cpu(inputs), params)
-
-    threads = 0
-
-    op_count = 0
-
-    def one(shape: dict, seed: int, dist: str) -> tuple[dict, Any, Any, set[str], str | None]:
-        nonlocal threads, op_count
-        inputs = make(shape, seed, dist)
-        ref = reference(inputs)
-        dev_inputs = _to(inputs, device)
-        out, seen = _call(family, dev_inputs, config, params, device)
-        run_ops = seen["ops"]
-        op_count = max(op_count, seen["op_count"])
-        threads += seen["threads"]
-        atol, rtol = family.tolerance(shape, job["dtype"], base_tol, params)
-        outs, refs = _outputs(out), _outputs(ref)
-        if len(outs) != len(refs):
-            return inputs, ref, out, run_ops, f"{len(outs)} outputs, reference has {len(refs)}"
-        for o, r in zip(outs, refs):
-            if torch.is_tensor(o) and torch.is_tensor(r):
-                res = compare(o, r, atol, rtol)
-                if not res["ok"] or res["nan_inf"]:
-                    return inputs, ref, out, run_ops, res["sample"][:200] or "NaN/Inf"
-        return inputs, ref, out, run_ops, None
-
-    for group in job["groups"]:
-        if group.get("wide_of"):
-            try:
-                wide = wide_shape(family, group["wide_of"], job["correctness"], config, dtype, params)
-            except Exception as exc:  # noqa: BLE001 - a wrapper that needs real inputs to launch: not derived
-                wide = None
-                dropped.append(f"wide: no shape derived ({type(exc).__name__}: {str(exc)[:120]})")
-            if wide is None:
-                continue
-            group = dict(group, shapes=[wide])
-        if group.get("sample"):
-            case = _prepare_sampled(family, group, job, make, reference, dropped)
-            if case is not None:
-                case["payload"] = _sandbox.pack(case.pop("data"), out_blobs)
-                cases_out.append(case)
-            continue
-        chosen = None
-        tried = []
-        for shape in group["shapes"]:
-            seed, dist = group["seed"], group["dist"]
-            t0 = time.perf_counter()
-            try:
-                inputs, ref, out, run_ops, bad = one(shape, seed, dist)
-            except Exception as exc:  # noqa: BLE001 - a shape the family refuses: try the next one
-                tried.append(f"{shape}: {type(exc).__name__}: {str(exc)[:120]}")
-                continue
-            if bad:
-                tried.append(f"{shape}: the baseline fails it ({bad})")
-                continue
-            chosen = (shape, inputs, ref, out, run_ops)
-            # ascending groups keep growing while the run stays within half the budget (the next is ~2x)
-            if not group.get("ascending") or time.perf_counter() - t0 > group.get("budget_s", 1.0) / 2:
-                break
-        if chosen is None:
-            dropped.append(f"{group['kind']}: no usable shape ({'; '.join(tried)[:400]})")
-            continue
-        shape, inputs, ref, out, run_ops = chosen
-        ops |= run_ops
-        case = {"id": group["id"], "kind": group["kind"], "shape": shape, "seed_index": group["seed_index"],
-                "dist": group["dist"], "tol": list(family.tolerance(shape, job["dtype"], base_tol, params)),
-                "label": family.shape_label(shape)}
-        payload = {"inputs": inputs, "ref": ref, "base": out}
-        if group.get("second"):
-            s2 = group["second"]
-            inputs2 = make(shape, s2["seed"], s2["dist"])
-            ref2 = reference(inputs2)
-            dev2 = _to(inputs2, device)
-            out2, seen2 = _call(family, dev2, config, params, device, decoys=_outputs(out), seed=s2["seed"])
-            ops |= seen2["ops"]
-            op_count = max(op_count, seen2["op_count"])
-            threads += seen2["threads"]
-            payload.update({"inputs2": inputs2, "ref2": ref2, "base2": out2})
-            case["dist2"] = s2["dist"]
-        if keep and group["kind"] == "timed":
-            state["kept"][group["id"]] = _to(inputs, device)
-        case["payload"] = _sandbox.pack(payload, out_blobs)
-        cases_out.append(case)
-    return {"cases": cases_out, "dropped": dropped, "ops": sorted(ops), "op_count": op_count, "threads": threads}, out_blobs
-
-
-def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, reference: Callable, dropped: list) -> dict | None:
-    """Reference child: a timed shape for the sampled check, used only where it is cheap to make and the
-    baseline passes it (a family whose programs share their outputs, a split-K reduction, say, cannot be
-    checked by sampling) and a full run, what a suspicion escalates to, is affordable."""
-    from kernels.dtypes import DTYPE_BYTES
-
-    params, config = job["params"], job["config"]
-    shape = group["shapes"][0]
-    label = f"{group['kind']} {family.shape_label(shape)}"
-    if family.flops(shape, params) > SAMPLED_MAX_FLOPS or family.bytes_moved(shape, DTYPE_BYTES[job["dtype"]], params) > SAMPLED_MAX_BYTES:
-        dropped.append(f"{label}: too large for a float64 reference on the CPU (not sampled)")
-        return None
-    try:
-        inputs = make(shape, group["seed"], group["dist"])
-        ref = reference(inputs)
-        out, stats = _sampled_call(family, _to(inputs, "cpu"), config, params, SAMPLED_PROGRAMS, group["sample_seed"])
-    except Exception as exc:  # noqa: BLE001 - a family the sampler cannot run: the check is not used
-        dropped.append(f"{label}: the sampled run failed ({type(exc).__name__}: {str(exc)[:120]})")
-        return None
-    atol, rtol = family.tolerance(shape, job["dtype"], job["tolerance"], params)
-    why = sampled_problems(out, ref, stats, atol, rtol)
-    if why:
-        dropped.append(f"{label}: the baseline itself does not pass a sampled run ({'; '.join(why)[:200]})")
-        return None
-    if stats["full_seconds"] > SAMPLED_FULL_BUDGET_S:
-        dropped.append(f"{label}: a full run would take ~{stats['full_seconds']:.0f}s on the interpreter (not sampled)")
-        return None
-    return {"id": group["id"], "kind": group["kind"], "shape": shape, "seed_index": group["seed_index"], "dist": group["dist"],
-            "tol": [atol, rtol], "label": family.shape_label(shape), "sampled": True,
-            "full_seconds": stats["full_seconds"], "sample_seed": group["sample_seed"], "data": {"inputs": inputs, "ref": ref}}
-
-
-def _job_full(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
-    """Candidate child: a full (unsampled) call on a sampled case's inputs, where the sampled run left
-    something to settle."""
-    sandbox = _sandbox
-    out_blobs: list[bytes] = []
-    results = []
-    for case in job["cases"]:
-        data = sandbox.unpack(case["payload"], blobs)
-        try:
-            out, seen = _call(state["family"], _to(data["inputs"], job["device"]), job["config"], job["params"], job["device"])
-            results.append({"id": case["id"], "problems": seen["problems"], "payload": sandbox.pack({"out": out}, out_blobs)})
-        except Exception as exc:  # noqa: BLE001 - a crashing candidate is a value
-            results.append({"id": case["id"], "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-    return {"results": results}, out_blobs
-
-
-def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
-    """Candidate child: run every case (and its second call in the same buffers); send back the outputs,
-    the inputs as they are after each call, the ops run and what was seen."""
-    sandbox = _sandbox
-    family = state["family"]
-    params, config, device = job["params"], job["config"], job["device"]
-    out_blobs: list[bytes] = []
-    results = []
-    ops: set[str] = set()
-    op_count = 0
-    threads = 0
-    for case in job["cases"]:
-        data = sandbox.unpack(case["payload"], blobs)
-        res: dict[str, Any] = {"id": case["id"]}
-        try:
-            inputs = _to(data["inputs"], device)
-            if case.get("sample"):
-                out, stats = _sampled_call(family, inputs, config, params, SAMPLED_PROGRAMS, int(case["sample"]))
-                res.update({"sampled": stats, "problems": [],
-                            "payload": sandbox.pack({"out": out, "after": _clone_cpu(inputs)}, out_blobs)})
-                results.append(res)
-                continue
-            out, seen = _call(family, inputs, config, params, device)
-            ops |= seen["ops"]
-            op_count = max(op_count, seen["op_count"])
-            threads += seen["threads"]
-            problems = list(seen["problems"])
-            payload = {"out": out, "after": _clone_cpu(inputs)}
-            if "inputs2" in data:
-                _write_inplace(inputs, data["inputs2"])
-                # the second call finds the first call's outputs (or random numbers) in what it allocates,
-                # not NaN: reading the output before writing it shows
-                out2, seen2 = _call(family, inputs, config, params, device, decoys=_outputs(out),
-                                    seed=int(case.get("decoy_seed", 0)))
-                ops |= seen2["ops"]
-                op_count = max(op_count, seen2["op_count"])
-                threads += seen2["threads"]
-                problems += seen2["problems"]
-                payload.update({"out2": out2, "after2": _clone_cpu(inputs)})
-            if case.get("keep"):
-                state["kept"][case["id"]] = inputs
-            res["problems"] = problems
-            res["payload"] = sandbox.pack(payload, out_blobs)
-        except Exception as exc:  # noqa: BLE001 - a crashing candidate is a value
-            res["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        results.append(res)
-    return {"results": results, "ops": sorted(ops), "op_count": op_count, "threads": threads}, out_blobs
-
-
-def _job_bench(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
-    """GPU: time the entry point on a kept case's inputs for one slot of the interleaved batch."""
-    from kernels.measure import device_identity
-
-    # the timer as it was before the candidate was imported (a replaced one is also reported)
-    do_bench = state["guarded"]["triton.testing.do_bench"]
-    do_bench_cudagraph = state["guarded"]["triton.testing.do_bench_cudagraph"]
-    family = state["family"]
-    inputs = state["kept"][job["case"]]
-    config, params = job["config"], job["params"]
-    # fresh (shallow) copies each call, on both sides: state kept in the dicts does not survive the loop
-    fn = lambda: family.run(inputs, dict(config), dict(params))  # noqa: E731
-    ident = device_identity()
-    import torch
-
-    # no NaN fill of fresh allocations while timing (both sides alike): it would add a kernel per call
-    torch.utils.deterministic.fill_uninitialized_memory = False
-    torch.use_deterministic_algorithms(False)
-    _THREADS["in_call"] = True
-    started = _THREADS["started"]
-    try:
-        if family.use_cudagraph():
-            samples = do_bench_cudagraph(fn, rep=job["rep_ms"], return_mode="all")
-        else:
-            samples = do_bench(fn, warmup=job["warmup_ms"], rep=job["rep_ms"], return_mode="all")
-    finally:
-        _THREADS["in_call"] = False
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.utils.deterministic.fill_uninitialized_memory = True
-    return {"samples": [float(s) for s in samples], "identity": ident, "threads": _THREADS["started"] - started}, []
-
-
-def _job_recheck(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
-    """GPU, after the timing loop: new values into the kept buffers, one more call, outputs back."""
-    sandbox = _sandbox
-    family = state["family"]
-    out_blobs: list[bytes] = []
-    results = []
-    for case in job["cases"]:
-        data = sandbox.unpack(case["payload"], blobs)
-        inputs = state["kept"][case["id"]]
-        _write_inplace(inputs, data["inputs"])
-        out, seen = _call(family, inputs, job["config"], job["params"], job["device"], record=False)
-        results.append({"id": case["id"], "problems": seen["problems"], "payload": sandbox.pack({"out": out}, out_blobs)})
-    return {"results": results}, out_blobs
-
-
-# --- compile units that follow the patched kernel's signature ---------------------------------------------
-
-
-def _unwrap(fn: Any) -> Any:
-    """The JITFunction under decorators such as triton.heuristics."""
-    from triton.runtime.jit import JITFunction
-
-    seen = 0
-    while not isinstance(fn, JITFunction) and hasattr(fn, "fn") and seen < 8:
-        fn = fn.fn
-        seen += 1
-    return fn
-
-
-@dataclass
-class Capture:
-    fn: Any
-    signature: dict[str, str]
-    constexprs: dict[str, Any]
-    divisible: tuple[str, ...]
-    num_warps: int
-    num_stages: int
-
-
-def capture_launches(family: Any, config: dict, dtype: str, params: dict, shapes: list[dict], arch: str) -> list[Capture]:
-    """Run the entry point on CPU tensors with every jit launch intercepted (nothing runs): what the
-    GPU JIT would compile for ``arch`` on each launch (signature, constexprs, divisibility, options),
-    computed with Triton's own binder. Used for what ``compile_units`` does not say (a new parameter)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime.jit import JITFunction, create_function_from_signature
-
-    from kernels.dtypes import TORCH_DTYPES
-    from kregress.core.names import arch_capability
-
-    backend = make_backend(GPUTarget("cuda", arch_capability(arch), 32))
-    caps: list[Capture] = []
-    original = JITFunction.run
-
-    def run(self, *args, grid, warmup, **kwargs):
-        binder = create_function_from_signature(self.signature, self.params, backend)
-        bound_args, specialization, options = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound_args, specialization, options)
-        names = list(self.arg_names)
-        consts = {names[p[0]]: v for p, v in constexprs.items() if len(p) == 1}
-        div = tuple(names[p[0]] for p, a in attrs.items() if len(p) == 1 and any(x[0] == "tt.divisibility" for x in a))
-        caps.append(Capture(self, dict(signature), consts, div, options.num_warps, options.num_stages))
-        return None
-
-    JITFunction.run = run
-    try:
-        for shape in shapes:
-            inputs = family.make_inputs(shape, TORCH_DTYPES[dtype], "cpu", 0, params)
-            family.run(inputs, dict(config), dict(params))
-    finally:
-        JITFunction.run = original
-    return caps
-
-
-def derive_units(family: Any, config: dict, dtype: str, params: dict, captures: list[Capture]) -> tuple[list, list[str]]:
-    """The family's compile units for the patched kernels: each unit keeps what ``compile_units`` says
-    for the parameters it knows; a parameter the patch added takes its value (and type and
-    divisibility) from the captured launches of that kernel, else its default; a kernel the wrapper
-    launches that ``compile_units`` does not list is compiled as captured. Returns (units, notes)."""
-    from kregress.core.family import CompileUnit
-
-    units = family.compile_units(config, dtype, params)
-    out, notes = [], []
-    known = set()
-    for u in units:
-        fn = _unwrap(u.fn)
-        known.add(id(fn))
-        names = list(fn.arg_names)
-        missing = [n for n in names if n not in u.signature]
-        # what the wrapper really launches (its tile sizes, warps, stages) is compiled too where it differs
-        # from what compile_units declares for the judged config: the stats are of the heaviest unit, so a
-        # wrapper that launches other tiles than the config says cannot hide their spills or shared memory
-        for cap in captures:
-            if cap.fn is fn and not _launch_matches(cap, u):
-                differs = {k: cap.constexprs[k] for k, v in u.constexprs.items() if k in cap.constexprs and cap.constexprs[k] != v}
-                differs.update({k: getattr(cap, k) for k in ("num_warps", "num_stages") if getattr(cap, k) != getattr(u, k)})
-                out.append(CompileUnit(cap.fn, dict(cap.signature), dict(cap.constexprs), cap.num_warps, cap.num_stages,
-                                       tuple(cap.divisible)))
-                notes.append(f"{fn.__name__}: launched with {differs}, not the judged config's values: compiled as launched too")
-        if not missing and all(n in names for n in u.signature):
-            out.append(CompileUnit(fn, dict(u.signature), dict(u.constexprs), u.num_warps, u.num_stages, tuple(u.divisible)))
-            continue
-        mine = [c for c in captures if c.fn is fn]
-        variants: list[tuple] = []
-        for cap in mine or [None]:
-            sig = {n: u.signature[n] for n in names if n in u.signature}
-            consts = {k: v for k, v in u.constexprs.items() if k in names}
-            div = [d for d in u.divisible if d in names]
-            for n in missing:
-                p = fn.params[names.index(n)]
-                if cap is not None and n in cap.signature:
-                    sig[n] = cap.signature[n]
-                    if n in cap.constexprs:
-                        consts[n] = cap.constexprs[n]
-                    if n in cap.divisible:
-                        div.append(n)
-                elif p.is_constexpr and p.has_default:
-                    sig[n] = "constexpr"
-                    consts[n] = p.default
-                else:
-                    raise ValueError(f"{fn.__name__}: the new parameter {n} has no default and the launch could not be "
-                                     "captured; give it a default or pass it from the launch wrapper")
-            sig = {n: sig[n] for n in names}
-            key = (tuple(sig.items()), tuple(sorted((k, repr(v)) for k, v in consts.items())))
-            if key not in [v[0] for v in variants]:
-                variants.append((key, CompileUnit(fn, sig, consts, u.num_warps, u.num_stages, tuple(dict.fromkeys(div)))))
-        out += [v[1] for v in variants]
-        added = ", ".join(f"{n}={variants[0][1].constexprs.get(n, variants[0][1].signature[n])}" for n in missing)
-        notes.append(f"{fn.__name__}: new parameter(s) {added} taken from "
-                     f"{'the wrapper launch' if mine else 'their defaults'} ({len(variants)} compile unit(s))")
-    for cap in captures:
-        if id(cap.fn) not in known:
-            known.add(id(cap.fn))
-            out.append(CompileUnit(cap.fn, cap.signature, cap.constexprs, cap.num_warps, cap.num_stages, cap.divisible))
-            notes.append(f"{cap.fn.__name__}: launched by the wrapper, not listed by compile_units: compiled as launched")
-    return out, notes
-
-
-def _launch_matches(cap: Capture, unit: Any) -> bool:
-    """A captured launch runs the unit's code: the same values for the constexprs the unit fixes, and the
-    same warps and stages."""
-    same = all(cap.constexprs[k] == v for k, v in unit.constexprs.items() if k in cap.constexprs)
-    return same and cap.num_warps == unit.num_warps and cap.num_stages == unit.num_stages
-
-
-def _capture_shapes(family: Any, spec_shapes: list[dict], fallback: list[dict], dtype_bytes: int, params: dict,
-                    max_bytes: float = 512e6) -> list[dict]:
-    shapes = [s for s in spec_shapes if family.bytes_moved(s, dtype_bytes, params) <= max_bytes]
-    return shapes or fallback[-1:]
-
-
-def _job_compile(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
-    """Candidate child (no interpreter): AOT-compile the patched kernels for the spec's arch."""
-    from kernels.compile import CompileError, compile_units
-    from kernels.dtypes import DTYPE_BYTES
-    from kregress.core.spec import HardwareLimits
-
-    family = state["family"]
-    config, params, dtype = job["config"], job["params"], job["dtype"]
-    try:
-        shapes = _capture_shapes(family, job["shapes"], job["fallback_shapes"], DTYPE_BYTES[dtype], params)
-        try:
-            caps = capture_launches(family, config, dtype, params, shapes, job["arch"])
-        except Exception as exc:  # noqa: BLE001 - fall back to the defaults, and say so
-            caps = []
-            note = f"the launch could not be captured ({type(exc).__name__}: {str(exc)[:160]})"
-        else:
-            note = ""
-        units, notes = derive_units(family, config, dtype, params, caps)
-        stats = compile_units(units, job["arch"], HardwareLimits(**job["limits"]))
-    except CompileError as exc:
-        return {"error": exc.error, "detail": exc.detail}, []
-    except ValueError as exc:
-        return {"error": "compile_failed", "detail": str(exc)[:400]}, []
-    return {"stats": stats.model_dump(), "notes": ([note] if note else []) + notes}, []
 
 
 # --- the judging process ----------------------------------------------------------------------------------
@@ -1073,269 +79,6 @@ class Candidate:
     new_texts: dict[str, str] = field(default_factory=dict)
     error: str | None = None
     detail: str = ""
-
-
-def _primes_upto(n: int) -> list[int]:
-    sieve = [True] * (n + 1)
-    out = []
-    for i in range(2, n + 1):
-        if sieve[i]:
-            out.append(i)
-            for j in range(i * i, n + 1, i):
-                sieve[j] = False
-    return out
-
-
-_PRIMES = _primes_upto(4096)
-
-
-def tile_size(family: Any) -> int:
-    """The largest tile of the family's space (its BLOCK_* values): a size that is a multiple of it is a
-    multiple of every tile."""
-    blocks = [v for k, vals in family.space.params.items() if k.upper().startswith("BLOCK") for v in vals]
-    return max(blocks) if blocks else 16
-
-
-def _odd_near(v: int, avoid: set[int], below: bool, rng: Any = None) -> int:
-    """An odd prime (a multiple of no tile) below or above ``v``, not one of ``avoid``: the nearest, or with
-    ``rng`` one of the few nearest, so the hidden shapes differ from judgement to judgement."""
-    cands = [p for p in _PRIMES if p > 2 and p not in avoid and ((p < v) if below else (p > v))]
-    if not cands:
-        return 1 if below else v + 1 + (v % 2)
-    near = cands[-4:] if below else cands[:4]
-    return rng.choice(near) if rng is not None else (near[-1] if below else near[0])
-
-
-def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu: bool, rng: Any,
-                 seeds: list[int]) -> list[dict]:
-    """The case groups: each has a kind, candidate shapes in order of preference (the reference child
-    keeps the first the family accepts and the baseline passes), a seed and a distribution for the
-    first call and another for the second call in the same buffers."""
-    keys = list(family.shape_keys)
-    base = max(correctness, key=lambda s: sum(math.log(max(1, s[k])) for k in keys))
-    tiled = [k for k in keys if max(s[k] for s in correctness) >= 16] or keys
-    seen = {k: {s[k] for s in correctness} for k in keys}
-    T = tile_size(family)
-    limit_work = max(sum(math.log(max(1, s[k])) for k in keys) for s in correctness) + math.log(512.0)
-
-    def ok(shape: dict) -> bool:
-        try:
-            return family.check_shape(shape) is None
-        except Exception:  # noqa: BLE001
-            return False
-
-    def variants(target: dict[str, int], order: list[str]) -> list[dict]:
-        """The target mutations, then with fewer keys mutated (each shape once, valid ones only)."""
-        import itertools
-
-        out: list[dict] = []
-        for r in range(len(order), 0, -1):
-            for subset in itertools.combinations(order, r):
-                s = dict(base)
-                s.update({k: target[k] for k in subset})
-                if ok(s) and s not in out and s not in correctness:
-                    out.append(s)
-        return out[:24]
-
-    # drawn from the secret: which odd and aligned sizes are checked differs from judgement to judgement
-    odd = {k: _odd_near(max(s[k] for s in correctness), seen[k], below=True, rng=rng) for k in keys}
-    ones = {k: 1 for k in keys}
-    aligned = {k: (T * (max(1, math.ceil(max(s[k] for s in correctness) / T)) + rng.choice((0, 0, 1)))
-                   if k in tiled else base[k]) for k in keys}
-    hidden_odd = {k: (_odd_near(rng.choice((3, 4)) * max(s[k] for s in correctness), seen[k], below=False, rng=rng)
-                      if k in tiled else _odd_near(max(s[k] for s in correctness) + 1, seen[k], below=False, rng=rng))
-                  for k in keys}
-
-    def shrink(target: dict[str, int]) -> dict[str, int]:
-        """Scale the tiled keys down until the work (sum of log sizes) is within 512x the largest check."""
-        t = dict(target)
-        for _ in range(16):
-            work = sum(math.log(max(1, t[k])) for k in keys)
-            if work <= limit_work:
-                break
-            k = max(tiled, key=lambda k: t[k])
-            t[k] = max(max(s[k] for s in correctness) + 1, t[k] * 2 // 3)
-        return t
-
-    groups = [{"kind": "correctness", "shapes": [s]} for s in correctness]
-    groups += [
-        {"kind": "odd", "shapes": variants(odd, tiled + [k for k in keys if k not in tiled])},
-        {"kind": "ones", "shapes": variants(ones, keys)},
-        {"kind": "aligned", "shapes": variants(shrink(aligned), tiled)},
-        {"kind": "hidden_odd", "shapes": variants(shrink(hidden_odd), tiled + [k for k in keys if k not in tiled])},
-    ]
-    if on_gpu:
-        groups += [{"kind": "timed", "shapes": [s]} for s in timed]
-    else:
-        # one dimension stretched towards the timed size, the others as checked: a cheat that skips work
-        # past a size threshold shows on the CPU too. Tried smallest first; the reference child keeps the
-        # largest whose baseline run stays within the interpreter's budget.
-        for k in tiled:
-            top = max((s[k] for s in timed), default=0)
-            lo = max(s[k] for s in correctness)
-            if top <= 2 * lo:
-                continue
-            vals, v = [], 2 * lo
-            while v < top:
-                vals.append(_odd_near(v, seen[k], below=False, rng=rng))
-                v *= 2
-            vals.append(top)
-            shapes = [s for s in ({**base, k: x} for x in dict.fromkeys(vals)) if ok(s)]
-            if shapes:
-                groups.append({"kind": f"stretched_{k}", "shapes": shapes, "ascending": True, "budget_s": STRETCH_BUDGET_S})
-    if not on_gpu:
-        # each timed shape itself, a few programs of each launch (see _ProgramSampler): what only the
-        # timed size reaches (every dimension large at once, the program count) is checked on a CPU too
-        groups += [{"kind": "sampled", "shapes": [s], "sample": True, "sample_seed": rng.randrange(1, 2**31)} for s in timed]
-        # and every program of each timed launch with the least work each (see wide_shape): a launch that
-        # skips programs past a count, or maps them onto the same tiles, leaves part of the output unwritten
-        groups += [{"kind": "wide", "shapes": [], "wide_of": s} for s in timed]
-    out = []
-    for i, g in enumerate(groups):
-        if not g["shapes"] and not g.get("wide_of"):
-            continue
-        d1, d2 = DISTRIBUTIONS[i % len(DISTRIBUTIONS)], DISTRIBUTIONS[(i + 1) % len(DISTRIBUTIONS)]
-        s1, s2 = i % len(seeds), (i + 1) % len(seeds)
-        # on the CPU the largest hidden shapes are called once (their cost is the interpreter's)
-        second = on_gpu or g["kind"] not in ("aligned", "hidden_odd", "sampled", "wide") and not g["kind"].startswith("stretched")
-        out.append({"id": f"g{i}", **g, "seed": seeds[s1], "seed_index": s1, "dist": d1,
-                    "second": {"seed": seeds[s2], "dist": d2} if second else None})
-    return out
-
-
-def _error_fractions(out: Any, ref: Any, atol: float, rtol: float) -> tuple[float, float, int]:
-    """(max, sum of squares, count) of |out - ref| / (atol + rtol |ref|) over the reference's finite
-    elements; a non-finite output there counts as infinite error."""
-    import torch
-
-    o = out.detach().to("cpu", torch.float64)
-    r = ref.detach().to("cpu", torch.float64)
-    if o.shape != r.shape:
-        return math.inf, math.inf, 1
-    finite = torch.isfinite(r)
-    frac = (o - r).abs() / (atol + rtol * r.abs())
-    frac = torch.where(torch.isfinite(o), frac, torch.full_like(frac, math.inf))
-    frac = frac[finite]
-    if frac.numel() == 0:
-        return 0.0, 0.0, 0
-    return float(frac.max()), float((frac * frac).sum()), int(frac.numel())
-
-
-def _structure_problem(out: Any, base: Any) -> str | None:
-    """Why the candidate's outputs are not shaped like the baseline's (count, tensor or not, shape, dtype),
-    or None. A non-tensor where the baseline returns a tensor (None, a list) has nothing to compare."""
-    import torch
-
-    outs, bases = _outputs(out), _outputs(base)
-    if len(outs) != len(bases):
-        return f"{len(outs)} output(s), the baseline returns {len(bases)}"
-    for i, (o, b) in enumerate(zip(outs, bases)):
-        if not torch.is_tensor(b):
-            continue
-        if not torch.is_tensor(o):
-            return f"output {i} is {type(o).__name__}, not a tensor like the baseline's"
-        if tuple(o.shape) != tuple(b.shape) or o.dtype != b.dtype:
-            return f"output {i} is {o.dtype} {tuple(o.shape)}, the baseline's {b.dtype} {tuple(b.shape)}"
-    return None
-
-
-def _same(a: Any, b: Any) -> bool:
-    import torch
-
-    if torch.is_tensor(a) and torch.is_tensor(b):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.view(torch.uint8) if a.numel() else a,
-                                                                              b.view(torch.uint8) if b.numel() else b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-class _Tally:
-    """Correctness and precision over every case of one candidate (or of the baseline)."""
-
-    def __init__(self, family: Any, dtype: str):
-        self.family, self.dtype = family, dtype
-        self.max_abs = self.max_rel = 0.0
-        self.nan_inf = False
-        self.mismatches = 0
-        self.samples: list[str] = []
-        self.atols: list[float] = []
-        self.rtols: list[float] = []
-        self.frac_max = 0.0
-        self.frac_sq = 0.0
-        self.frac_n = 0
-        self.worst = ""
-        self.worst_frac = -1.0
-        self.shapes: list[str] = []
-
-    def add(self, label: str, out: Any, ref: Any, tol: list[float]) -> None:
-        import torch
-
-        from kernels.measure import compare
-
-        atol, rtol = tol
-        self.atols.append(atol)
-        self.rtols.append(rtol)
-        if label.split(" ")[0] not in self.shapes:
-            self.shapes.append(label.split(" ")[0])
-        outs, refs = _outputs(out), _outputs(ref)
-        if len(outs) != len(refs):
-            self.mismatches += 1
-            self.samples.append(f"[{label}] {len(outs)} output(s), reference has {len(refs)}")
-            return
-        for i, (o, r) in enumerate(zip(outs, refs)):
-            if torch.is_tensor(r) and not torch.is_tensor(o):
-                self.mismatches += 1
-                self.samples.append(f"[{label}] output {i} is {type(o).__name__}, not a tensor")
-                continue
-            if not (torch.is_tensor(o) and torch.is_tensor(r)):
-                continue
-            res = compare(o, r, atol, rtol)
-            self.max_abs = max(self.max_abs, res["max_abs"])
-            self.max_rel = max(self.max_rel, res["max_rel"])
-            self.nan_inf |= res["nan_inf"]
-            if res["mismatches"]:
-                self.mismatches += max(res["mismatches"], 1)
-                which = f" output {i}" if len(outs) > 1 else ""
-                self.samples.append(f"[{label}{which}] {res['sample']}")
-            mx, sq, n = _error_fractions(o, r, atol, rtol)
-            self.frac_max = max(self.frac_max, mx)
-            self.frac_sq += sq
-            self.frac_n += n
-            if mx > self.worst_frac:
-                self.worst_frac, self.worst = mx, label
-
-    def problem(self, text: str) -> None:
-        self.mismatches += 1
-        self.samples.append(text)
-
-    @property
-    def rms(self) -> float:
-        return math.sqrt(self.frac_sq / self.frac_n) if self.frac_n else 0.0
-
-    def correctness(self) -> Any:
-        from kregress.core.records import Correctness
-
-        return Correctness(ok=self.mismatches == 0 and not self.nan_inf, max_abs_err=self.max_abs, max_rel_err=self.max_rel,
-                           nan_inf=self.nan_inf, mismatches=self.mismatches,
-                           tolerance=max(self.atols + self.rtols) if self.atols else 0.0,
-                           shapes_checked=self.shapes, mismatch_sample=" | ".join(self.samples)[:1200],
-                           atol=max(self.atols) if self.atols else None, rtol=max(self.rtols) if self.rtols else None,
-                           dtype=self.dtype)
-
-
-def _row(s: Any, backend: str) -> Any:
-    from kregress.core.records import VariantResult
-
-    return VariantResult(
-        variant_id=s.variant_id, round=s.round, source=s.source, config=s.config, config_hash=s.config_hash,
-        patch_summary=s.patch_summary, expected_effect=s.expected_effect, risk=s.risk, parent=s.parent,
-        backend=backend, patch=s.patch, patch_sha256=s.patch_sha256, expected_speedup=s.expected_speedup,
-        expected_speedup_low=s.expected_speedup_low, expected_speedup_high=s.expected_speedup_high,
-        bottleneck=s.bottleneck,
-    )
 
 
 @dataclass
@@ -1402,29 +145,29 @@ def static_stage(family: Any, es: EditableSet, texts: dict[str, str], base_hash:
     try:
         patch = parse_patch(s.patch)
     except (NotAPatch, PatchFormatError) as exc:
-        cand.error, cand.detail = "patch_failed", f"not a usable diff: {exc}"
+        cand.error, cand.detail = ErrorKind.PATCH_FAILED.value, f"not a usable diff: {exc}"
         return cand
     rep.changed_lines = patch.changed_lines
     region = check_region(es, patch, texts, {}, opts.max_changed_lines)  # files, statuses and size, before applying
     if region:
         rep.findings = region
-        cand.error, cand.detail = "patch_rejected", "; ".join(f.text() for f in region)[:1500]
+        cand.error, cand.detail = ErrorKind.PATCH_REJECTED.value, "; ".join(f.text() for f in region)[:1500]
         return cand
     try:
         applied = apply_and_check(patch, texts)
     except PatchApplyError as exc:
-        cand.error, cand.detail = "patch_failed", f"does not apply to the kernel source {base_hash}: {exc}"
+        cand.error, cand.detail = ErrorKind.PATCH_FAILED.value, f"does not apply to the kernel source {base_hash}: {exc}"
         return cand
     rep.round_trip_ok = applied.round_trip_ok
     new_texts = {**texts, **applied.new_texts}
-    rep.patched_hash = source_snapshot_hash(family.name, new_texts)
+    rep.patched_hash = family.source_hash({es.files[rel]: t for rel, t in new_texts.items()})
     findings = check_region(es, patch, texts, new_texts, opts.max_changed_lines)
     if opts.static:
         findings += static_gate(es.wrappers, [f for f in patch.files if f.path in es.files], texts, new_texts,
                                 module_resolver())
     rep.findings = findings
     if findings:
-        cand.error, cand.detail = "patch_rejected", "; ".join(f.text() for f in findings)[:1500]
+        cand.error, cand.detail = ErrorKind.PATCH_REJECTED.value, "; ".join(f.text() for f in findings)[:1500]
         return cand
     cand.new_texts = new_texts
     return cand
@@ -1432,20 +175,23 @@ def static_stage(family: Any, es: EditableSet, texts: dict[str, str], base_hash:
 
 def judge_patches(spec: Any, family: Any, suggestions: list[Any], *, backend: str, cache_root: Path,
                   timeout_s: float, log: Callable[[str], None] = print, options: JudgeOptions | None = None,
-                  workers: int = 0) -> list[tuple[Any, GateReport]]:
+                  workers: int = 0, time_rows: Callable[[list, dict], None] | None = None) -> list[tuple[Any, GateReport]]:
     """Rows (``VariantResult``) and gate reports for patch suggestions, in order. ``backend`` is
     ``interpreter`` (CPU: correctness in the Triton interpreter, latency from the family's model) or
     ``cuda`` (correctness and timing on the GPU, the baseline re-timed in the same batch). ``workers``:
-    candidates judged at once (0: one per CPU core, at most 4, on the interpreter; always 1 on a GPU)."""
+    candidates judged at once (0: one per CPU core, at most 4, on the interpreter; always 1 on a GPU).
+    ``time_rows(rows, timers)``: on a GPU, times the patches that passed correctness (a ``PatchTimer`` per
+    row index), their children still alive: ``resources.gpu.CudaBackend`` times them with its config
+    variants on one plan; by default ``time_patch_rows`` (the same groups and looks, patches only)."""
     opts = options or JudgeOptions.for_spec(spec)
     t_all = time.perf_counter()
     es = editable_set(family)
     texts = read_sources(es)
-    base_hash = source_snapshot_hash(family.name, texts)
+    base_hash = family.source_hash({es.files[rel]: t for rel, t in texts.items()})
     out: list[tuple[Any, GateReport]] = []
     live: list[tuple[int, Candidate]] = []
     for i, s in enumerate(suggestions):
-        row = _row(s, backend)
+        row = base_row(s, backend)
         row.patch_base_hash = base_hash
         problem = family.space.check(s.config, spec.params, spec.hardware.limits)
         if problem:
@@ -1461,7 +207,10 @@ def judge_patches(spec: Any, family: Any, suggestions: list[Any], *, backend: st
     if live:
         work = Path(tempfile.mkdtemp(prefix="kregress-judge-"))
         try:
-            _Judgement(spec, family, es, texts, backend, cache_root, timeout_s, log, opts, work).run(live, out, workers)
+            judgement = _Judgement(spec, family, es, texts, backend, cache_root, timeout_s, log, opts, work)
+            if time_rows is not None:
+                judgement.time_rows = time_rows
+            judgement.run(live, out, workers)
         finally:
             if not opts.keep_dirs:
                 shutil.rmtree(work, ignore_errors=True)
@@ -1486,6 +235,8 @@ class _Judgement:
                        "fsize_bytes": 1 << 30}
         self.purge = sorted(set(es.packages()) | ({Path(es.module_file).stem} if len(Path(es.module_file).parts) == 1 else set()))
         self.tools = _sandbox.compiler_tools()
+        self.pending: list[PatchTimer] = []  # on a GPU: the patches that passed correctness, to be timed
+        self.time_rows: Callable[[list, dict], None] = lambda rows, timers: time_patch_rows(rows, timers, log)
 
     def child_spec(self, root: Path, name: str, interpret: bool) -> dict:
         d = self.work / name
@@ -1503,25 +254,30 @@ class _Judgement:
 
         spec, opts = self.spec, self.opts
         secret = opts.seed if opts.seed is not None else secrets.randbits(62)
+        self.secret = secret
         rng = random.Random(secret)
         seeds = [rng.randrange(1, 2**62) for _ in range(max(3, opts.seeds))]
         self.decoy_seed = rng.randrange(1, 2**31)
-        groups = shape_groups(self.family, spec.correctness_shapes, spec.shape_matrix, self.on_gpu, rng, seeds)
+        groups = shape_groups(self.family, spec.correctness_shapes, spec.shape_matrix, self.on_gpu, rng, seeds, spec.params)
         self.log(f"judging {len(live)} patch(es) in sandboxed children ({'cuda' if self.on_gpu else 'interpreter'}); "
                  f"{len(groups)} case group(s), {len(seeds)} secret seeds, distributions {', '.join(DISTRIBUTIONS)}")
         try:
             with _sandbox.Zygote(self.env, cwd=self.work) as zyg:
                 self.zyg = zyg
+                for g in groups:  # the baseline runs every program any candidate's sampled run will run
+                    if g.get("sample"):
+                        g["candidate_seeds"] = [self._sample_seed(g, f"cand{i}") for i, _ in live]
                 self._prepare(groups)
                 lanes = 1 if self.on_gpu else max(1, min(len(live), workers or min(4, os.cpu_count() or 1)))
                 with ThreadPoolExecutor(max_workers=lanes) as pool:
                     list(pool.map(lambda ic: self._one(ic[0], ic[1], *out[ic[0]]), live))
+                self._time_pending()
                 self.ref.end()
         except _sandbox.ChildFailed as exc:
             for i, _ in live:
                 row, _rep = out[i]
                 if row.error is None and row.correctness is None:
-                    row.error = exc.error if exc.error in ("timeout", "crashed") else "runtime_error"
+                    row.error = exc.error if exc.error in (ErrorKind.TIMEOUT.value, ErrorKind.CRASHED.value) else ErrorKind.RUNTIME_ERROR.value
                     row.error_detail = exc.detail
 
     def _prepare(self, groups: list[dict]) -> None:
@@ -1562,7 +318,7 @@ class _Judgement:
         cases = self.cases
         rep.cases = sum(2 if "inputs2" in self.data[c["id"]] else 1 for c in cases)
         rep.cases_dropped = list(self.dropped)
-        rep.hidden_shapes = [c["label"] for c in cases if c["kind"] in ("odd", "ones", "aligned", "hidden_odd")
+        rep.hidden_shapes = [c["label"] for c in cases if c["kind"] in ("odd", "ones", "aligned", "hidden_odd") or c["kind"].startswith(("structure", "past_"))
                              or c["kind"].startswith("stretched")]
         rep.seeds = len({c["seed_index"] for c in cases})
         rep.distributions = sorted({c["dist"] for c in cases} | {c["dist2"] for c in cases if "dist2" in c})
@@ -1634,7 +390,8 @@ class _Judgement:
                 payload["inputs2"] = d["inputs2"]
             job_cases.append({"id": c["id"], "payload": _sandbox.pack(payload, blobs), "keep": c["kind"] == "timed",
                               "decoy_seed": self.decoy_seed + len(job_cases),
-                              **({"sample": c["sample_seed"]} if c.get("sampled") else {})})
+                              "params": c.get("params", {}),
+                              **({"sample": self._sample_seed(c, name)} if c.get("sampled") else {})})
         t0 = time.perf_counter()
         try:
             child = self.zyg.fork(self.child_spec(root, name, interpret=not self.on_gpu))
@@ -1667,39 +424,30 @@ class _Judgement:
         rep.runtime_violations += head.get("violations", []) + ran.get("violations", [])
         child = head.pop("child", None)
         try:
-            if head.get("threads") and self.base_threads == 0:
-                rep.runtime_violations.append(f"the call started {head['threads']} Python thread(s); the baseline starts none")
-            extra = sorted(set(head.get("ops", [])) - self.base_ops - HARMLESS_OPS)
-            host = [op for op in extra if op in HOST_DATA_OPS]
-            if host:
-                rep.runtime_violations.append(f"the call ran aten.{', aten.'.join(host)}, which the baseline never runs: "
-                                              "it reads tensor values into Python (float(t), bool(t), .item()) or builds "
-                                              "tensors from Python data (host-side compute or value sniffing)")
-            extra = [op for op in extra if op not in HOST_DATA_OPS]
-            if extra:
-                rep.runtime_violations.append(f"the call ran aten.{', aten.'.join(extra[:8])}, which the baseline never "
-                                              "runs: torch computes instead of the kernel")
-            limit = OP_COUNT_FACTOR * self.base_op_count + OP_COUNT_MARGIN
-            if int(head.get("op_count", 0)) > limit:
-                rep.runtime_violations.append(f"a call ran {head['op_count']} aten ops, the baseline's at most "
-                                              f"{self.base_op_count} (limit {limit}): host-side work per element")
+            seen = RunSeen(ops=frozenset(head.get("ops", [])), op_count=int(head.get("op_count", 0)),
+                           threads=int(head.get("threads", 0)), base_ops=frozenset(self.base_ops),
+                           base_op_count=self.base_op_count, base_threads=self.base_threads)
+            rep.runtime_violations += run_problems(seen, self.family.name, "cuda" if self.on_gpu else "interpreter")
             if rep.runtime_violations:
-                row.error, row.error_detail = "patch_rejected", "sandbox: " + "; ".join(rep.runtime_violations)[:1200]
+                row.error, row.error_detail = ErrorKind.PATCH_REJECTED.value, "sandbox: " + "; ".join(rep.runtime_violations)[:1200]
                 return
             if "stats" not in compiled:
-                row.error, row.error_detail = compiled.get("error", "compile_failed"), compiled.get("detail", "")
+                row.error, row.error_detail = compiled.get("error", ErrorKind.COMPILE_FAILED.value), compiled.get("detail", "")
                 return
             row.compile = CompileStats(**compiled["stats"])
             if "head" not in ran:
-                row.error, row.error_detail = ran.get("error", "crashed"), ran.get("detail", "")
+                row.error, row.error_detail = ran.get("error", ErrorKind.CRASHED.value), ran.get("detail", "")
                 return
             if head.get("error"):
-                row.error, row.error_detail = "runtime_error", head.get("detail", "")
+                row.error, row.error_detail = ErrorKind.RUNTIME_ERROR.value, head.get("detail", "")
                 return
-            self._compare(row, rep, head, ran["blobs"], child)
+            crashes = self._compare(row, rep, head, ran["blobs"], child)
             rep.notes.append(f"cases {head.get('seconds', 0.0):.1f}s")
+            if crashes:  # the candidate raised where the baseline ran: a crash, said as one
+                row.error, row.error_detail = ErrorKind.CRASHED.value, "; ".join(crashes)[:600]
+                return
             if not row.correctness.ok:
-                row.error = "nan_inf" if row.correctness.nan_inf else "numeric_mismatch"
+                row.error = ErrorKind.NAN_INF.value if row.correctness.nan_inf else ErrorKind.NUMERIC_MISMATCH.value
                 row.error_detail = row.correctness.mismatch_sample[:600]
                 return
             if not self.on_gpu:
@@ -1707,11 +455,27 @@ class _Judgement:
                                                       row.compile, spec.hardware)
                 row.evidence = "model"
                 return
-            _time_on_gpu(child, self.ref, row, rep, spec, self.family, self.cases, self.data, _sandbox.pack,
-                         self.timeout_s, self.log)
+            self.pending.append(PatchTimer(child, self.ref, row, rep, spec, self.family, self.cases, self.timeout_s))
+            child = None  # timed with the others (``_time_pending``), then ended
         finally:
             if child is not None:
                 child.end()
+
+    def _time_pending(self) -> None:
+        """The patches that passed correctness on a GPU: timed together (``time_rows``), then checked again
+        after the timing loop (``PatchTimer.finish``); then their children end."""
+        if not self.pending:
+            return
+        try:
+            self.time_rows([t.row for t in self.pending], dict(enumerate(self.pending)))
+        finally:
+            for t in self.pending:
+                try:
+                    t.finish(self.data)
+                except _sandbox.ChildFailed as exc:
+                    t.fail(exc.error, exc.detail)
+                finally:
+                    t.child.end()
 
     def _settle(self, settle: list[tuple[dict, list[str]]], tally: "_Tally", child: Any, config: dict) -> None:
         """A full (unsampled) run of each sampled case whose sampled run left something to settle, in the
@@ -1741,25 +505,36 @@ class _Judgement:
         if vio:
             tally.problem("sandbox: " + "; ".join(vio)[:300])
 
-    def _compare(self, row: Any, rep: GateReport, head: dict, blobs: list[bytes], child: Any = None) -> None:
+    def _sample_seed(self, case: dict, name: str) -> int:
+        """The programs a candidate's sampled run executes: drawn from the secret per candidate and case,
+        so two patches of one judgement are not sampled alike."""
+        import random
+
+        return random.Random(f"{self.secret}:{name}:{case['id']}").randrange(1, 2**31)
+
+    def _compare(self, row: Any, rep: GateReport, head: dict, blobs: list[bytes], child: Any = None) -> list[str]:
         tally = _Tally(self.family, self.spec.dtype)
         prec = _Tally(self.family, self.spec.dtype)
         by_id = {c["id"]: c for c in self.cases}
         settle: list[tuple[dict, list[str]]] = []
+        crashes: list[str] = []
         for res in head["results"]:
             c = by_id[res["id"]]
             d = self.data[c["id"]]
             if res.get("error"):
                 tally.problem(f"[{c['label']}] the call raised {res['error']}")
+                crashes.append(f"[{c['label']}] the call raised {res['error']}{_where(res.get('traceback', ''))}")
                 continue
             got = _sandbox.unpack(res["payload"], blobs)
             for p in res.get("problems", []):
                 tally.problem(f"[{c['label']}] {p}")
+            buffers = c.get("buffers") or {}
             if c.get("sampled"):
-                if not _same(got["after"], d["inputs"]):
-                    tally.problem(f"[{c['label']}] the inputs changed during the call (they must be left as they were)")
+                for why in input_problems(got["after"], d["inputs"], buffers):
+                    tally.problem(f"[{c['label']}] {why}")
                 st = res.get("sampled") or {}
-                why = sampled_problems(got["out"], d["ref"], st, *c["tol"]) if st else ["no sampling statistics"]
+                why = (sampled_problems(got["out"], d["ref"], st, *c["tol"], base=c.get("base_writes"))
+                       if st else ["no sampling statistics"])
                 rep.notes.append(f"sampled {c['label']}: {st.get('programs', 0)} of {st.get('grid', 0)} programs"
                                  + (f"; to settle: {'; '.join(why)[:300]}" if why else ""))
                 if why:
@@ -1769,69 +544,131 @@ class _Judgement:
                 why = _structure_problem(got.get(key), d.get(base_key)) if key in got else None
                 if why:
                     tally.problem(f"[{c['label']}] {why}")
+            for why in input_problems(got["after"], d["inputs"], buffers):  # first: the telling reason
+                tally.problem(f"[{c['label']}] {why}")
             tally.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
             prec.add(f"{c['label']} {c['dist']}", got["out"], d["ref"], c["tol"])
-            if not _same(got["after"], d["inputs"]):
-                tally.problem(f"[{c['label']}] the inputs changed during the call (they must be left as they were)")
+            for why in buffer_problems(got["out"], got["after"], d["inputs"], d["ref"], buffers, c["tol"], "NaN"):
+                tally.problem(f"[{c['label']}] {why}")
             if "out2" in got:
                 tally.add(f"{c['label']} {c['dist2']} (2nd call, same buffers)", got["out2"], d["ref2"], c["tol"])
                 prec.add(f"{c['label']} {c['dist2']}", got["out2"], d["ref2"], c["tol"])
-                if not _same(got["after2"], d["inputs2"]):
-                    tally.problem(f"[{c['label']}] the inputs changed during the second call")
+                for why in input_problems(got["after2"], d["inputs2"], buffers):
+                    tally.problem(f"[{c['label']}] second call: {why}")
+                for why in buffer_problems(got["out2"], got["after2"], d["inputs2"], d["ref2"], buffers, c["tol"],
+                                           "random values"):
+                    tally.problem(f"[{c['label']}] second call: {why}")
         if settle:
             self._settle(settle, tally, child, row.config)
         row.correctness = tally.correctness()
         rep.precision = PrecisionMetrics(candidate_max=prec.frac_max, baseline_max=self.base_tally.frac_max,
                                          candidate_rms=prec.rms, baseline_rms=self.base_tally.rms, worst_case=prec.worst)
+        return crashes
 
 
-def _time_on_gpu(child, ref, row, rep, spec, family, cases, data, pack, timeout_s, log) -> None:
-    """The candidate and the baseline timed on each timed shape, slot by slot (baseline, candidate,
-    baseline, ...) in their own processes on the same GPU, then correctness again after the loop."""
-    import uuid
+CAND = "cand"  # the candidate's key in its timing batch (the baseline's is ``kregress.core.batching.BASELINE``)
 
-    from kernels.measure import measurement_from_samples, measurement_identity
-    from kernels.sandbox import unpack
 
-    rounds = 4
-    slot_ms = max(1, spec.benchmark.rep_ms // rounds)
-    warm = max(1, spec.benchmark.warmup_ms // rounds)
-    batch_id = f"{spec.task_id}/judge/{uuid.uuid4().hex[:8]}"
-    timed = [c for c in cases if c["kind"] == "timed"]
-    cand_ms, base_ms = [], []
-    for c in timed:
-        samples = {"base": [], "cand": []}
-        idents = []
-        for _ in range(rounds):
-            for who, proc, cfg in (("base", ref, spec.baseline), ("cand", child, row.config)):
-                head, _ = proc.call({"job": "bench", "case": c["id"], "config": cfg, "params": spec.params,
-                                     "rep_ms": slot_ms, "warmup_ms": warm}, timeout=timeout_s)
-                if head.get("error"):
-                    raise_from = f"{who}: {head.get('detail', '')}"
-                    row.error, row.error_detail = "runtime_error", f"timing failed ({raise_from})"[:600]
-                    return
-                if who == "cand" and head.get("violations"):
-                    rep.runtime_violations += head["violations"]
-                samples[who] += head["samples"]
-                idents.append(head["identity"])
-        ident = measurement_identity(idents[0], idents[-1])
-        shape = c["shape"]
-        cand_ms.append(measurement_from_samples(family, shape, samples["cand"], spec.dtype, spec.params, "cuda",
-                                                idents[0].get("gpu_name", ""), identity=ident, batch=batch_id))
-        base_ms.append(measurement_from_samples(family, shape, samples["base"], spec.dtype, spec.params, "cuda",
-                                                idents[0].get("gpu_name", ""), identity=ident, batch=batch_id))
-    if rep.runtime_violations:
-        row.error, row.error_detail = "patch_rejected", "sandbox: " + "; ".join(rep.runtime_violations)[:1200]
-        return
-    # correctness again after the timing loop, on the second values in the same buffers
-    blobs: list[bytes] = []
-    job_cases = [{"id": c["id"], "payload": pack({"inputs": data[c["id"]]["inputs2"]}, blobs)} for c in timed
-                 if "inputs2" in data[c["id"]]]
-    if job_cases:
-        head, rblobs = child.call({"job": "recheck", "cases": job_cases, "config": row.config, "params": spec.params,
-                                   "device": "cuda"}, blobs, timeout=timeout_s)
-        tally = _Tally(family, spec.dtype)
-        by_id = {c["id"]: c for c in timed}
+class PatchTimer:
+    """Times one judged patch on a GPU with the timing plan every variant gets (``TimingPlan``): its looks
+    (``kregress.core.batching.run_looks``), each look a batch (``kernels.measure.time_slots``: baseline,
+    candidate, baseline, ... ``rounds`` times in the plan's order) under the plan's clock lock
+    (``kernels.measure.clock_lock``); each slot is a ``bench`` job in the candidate's sandboxed child or
+    the baseline's, on the same GPU. Then ``finish`` checks correctness again after the timing loop."""
+
+    def __init__(self, child: Any, ref: Any, row: Any, rep: GateReport, spec: Any, family: Any, cases: list[dict],
+                 timeout_s: float):
+        self.child, self.ref, self.row, self.rep, self.spec, self.family = child, ref, row, rep, spec, family
+        self.timed = [c for c in cases if c["kind"] == "timed"]
+        self.timeout_s = timeout_s
+        self.error_kind = ErrorKind.RUNTIME_ERROR.value
+
+    def _identity(self) -> dict:
+        """The GPU's identity, read in the baseline's (pristine) child."""
+        head, _ = self.ref.call({"job": "identity"}, timeout=self.timeout_s)
+        return head.get("identity") or {}
+
+    def _slot(self, plan: Any, si: int, key: str) -> list[float]:
+        from kregress.core.batching import BASELINE
+
+        who, proc, cfg = (("baseline", self.ref, self.spec.baseline) if key == BASELINE
+                          else ("candidate", self.child, self.row.config))
+        head, _ = proc.call({"job": "bench", "case": self.timed[si]["id"], "config": cfg, "params": self.spec.params,
+                             "rep_ms": plan.slot_ms, "warmup_ms": plan.slot_warmup_ms}, timeout=self.timeout_s)
+        if head.get("error"):
+            raise _sandbox.ChildFailed(ErrorKind.RUNTIME_ERROR.value, f"{who}: {head.get('detail', '')}")
+        if key != BASELINE and head.get("violations"):
+            self.rep.runtime_violations += head["violations"]
+        return head["samples"]
+
+    def look(self, plan: Any, batch_id: str, look: int, rounds: int) -> dict | str:
+        """One look: ``rounds`` rounds of the batch on every timed shape, {BASELINE: [...], CAND: [...]}
+        Measurements per shape, or why it failed."""
+        from kernels.measure import clock_lock, time_slots
+
+        try:
+            with clock_lock(plan.lock_clocks) as locked:
+                return time_slots(self.family, [CAND], [c["shape"] for c in self.timed],
+                                  lambda si, key, slot: self._slot(plan, si, key), self.spec.dtype, self.spec.params,
+                                  rounds=rounds, order=plan.order, seed=look, batch_id=batch_id,
+                                  identity=self._identity, device_name=self._identity().get("gpu_name", ""),
+                                  clocks_locked=locked)
+        except _sandbox.ChildFailed as exc:
+            self.error_kind = exc.error
+            return exc.detail
+
+    def time(self, plan: Any, stats: Any = None, log: Callable[[str], None] = print) -> float:
+        """Time the patch with ``plan``; the row gets its measurements, the baseline samples of its batch
+        and the rounds and looks it took, or the error. Returns the seconds spent (also appended to
+        ``stats.measure_seconds`` when given: the per-round GPU-seconds cap counts them)."""
+        import uuid
+
+        from kregress.core.batching import run_looks
+
+        row, t_all = self.row, time.perf_counter()
+        batch_id = f"{self.spec.task_id}/judge/{uuid.uuid4().hex[:8]}"
+        log(f"timing {row.variant_id} on the GPU in batch {batch_id}, in its sandboxed child beside the baseline's: "
+            f"{plan.describe()}")
+
+        def measure(look: int, add: int, open_: list[str]) -> dict | str:
+            t0 = time.perf_counter()
+            try:
+                return self.look(plan, batch_id, look, add)
+            finally:
+                if stats is not None:
+                    stats.measure_seconds.append(time.perf_counter() - t0)
+
+        looks = run_looks(plan, self.spec, [CAND], measure, log, label=f"batch {batch_id}")
+        if looks.error is not None:
+            self.fail(self.error_kind, f"timing failed ({looks.error})")
+        else:
+            looks.apply([row], {0: CAND})
+        return time.perf_counter() - t_all
+
+    def fail(self, error: str, detail: str) -> None:
+        self.row.error, self.row.error_detail = error, detail[:600]
+        self.row.measurements, self.row.batch_baseline, self.row.evidence = [], [], None
+
+    def finish(self, data: dict) -> None:
+        """After the timing loop: the sandbox's refusals during it, then correctness again on the second
+        values in the same buffers."""
+        from kernels.sandbox import pack, unpack
+
+        row, rep, spec = self.row, self.rep, self.spec
+        if row.error or not row.measurements:
+            return
+        if rep.runtime_violations:
+            self.fail(ErrorKind.PATCH_REJECTED.value, "sandbox: " + "; ".join(rep.runtime_violations)[:1200])
+            return
+        blobs: list[bytes] = []
+        job_cases = [{"id": c["id"], "payload": pack({"inputs": data[c["id"]]["inputs2"]}, blobs)} for c in self.timed
+                     if "inputs2" in data[c["id"]]]
+        if not job_cases:
+            return
+        head, rblobs = self.child.call({"job": "recheck", "cases": job_cases, "config": row.config,
+                                        "params": spec.params, "device": "cuda"}, blobs, timeout=self.timeout_s)
+        tally = _Tally(self.family, spec.dtype)
+        by_id = {c["id"]: c for c in self.timed}
         for res in head.get("results", []):
             c = by_id[res["id"]]
             got = unpack(res["payload"], rblobs)
@@ -1839,8 +676,24 @@ def _time_on_gpu(child, ref, row, rep, spec, family, cases, data, pack, timeout_
             for p in res.get("problems", []):
                 tally.problem(f"[{c['label']}] after timing: {p}")
         if not tally.correctness().ok:
-            row.error, row.error_detail = "numeric_mismatch", ("after the timing loop: " + tally.correctness().mismatch_sample)[:600]
-            return
-    row.measurements = cand_ms
-    row.batch_baseline = base_ms
-    row.evidence = "cuda"
+            self.fail(ErrorKind.NUMERIC_MISMATCH.value, "after the timing loop: " + tally.correctness().mismatch_sample)
+
+
+def time_patch_rows(rows: list, timers: dict, log: Callable[[str], None] = print) -> None:
+    """The default ``time_rows`` of ``judge_patches`` on a GPU (no backend around it): the patches alone,
+    with the same plan, groups (forecast order, GPU-seconds cap) and looks as ``CudaBackend._time``."""
+    from kregress.core.batching import TimingPlan, run_groups
+
+    if not timers:
+        return
+    first = next(iter(timers.values()))
+    plan = TimingPlan.from_spec(first.spec)
+    run_groups(plan, rows, sorted(timers), lambda group: sum(timers[i].time(plan, log=log) for i in group), log,
+               together=lambda i: False)
+
+
+# Kept importable from here (tests, benches and older callers name them on this module).
+from kernels.gate_cases import _fresh, poison_buffers, sample_programs, transform_inputs, wide_shape  # noqa: E402,F401
+from kernels.gate_cases import _launch_grids  # noqa: E402,F401
+from kernels.gate_child import child_main, preload  # noqa: E402,F401
+from kregress.core.checks import HARMLESS_OPS, HOST_DATA_OPS  # noqa: E402,F401

@@ -93,6 +93,7 @@ class GemmFamily(TritonFamily):
     helper_files = (TILES_FILE,)  # gemm_kernel calls tiles.grouped_pid
     launch_wrappers = ("matmul",)  # the entry point run() calls
     interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
+    reduction_keys = ("K",)  # the gate's least-work shape keeps the timed K
 
     def make_inputs(self, shape, dtype, device, seed, params):
         g = torch.Generator(device="cpu").manual_seed(seed)

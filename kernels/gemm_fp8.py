@@ -323,6 +323,7 @@ class GemmFp8Family(Fp8FamilyBase):
     param_keys = ("fp8_peak_tflops",)
     launch_wrappers = ("fp8_gemm_nt", "_launch", "_check_operands")  # the entry point run() calls
     interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
+    reduction_keys = ("K",)  # the gate's least-work shape keeps the timed K
 
     def make_inputs(self, shape, dtype, device, seed, params):
         g = torch.Generator(device="cpu").manual_seed(seed)
@@ -472,19 +473,45 @@ class GroupedGemmFp8Family(Fp8FamilyBase):
         return fn(inputs["a"], inputs["sa"], inputs["b"], inputs["sb"], inputs["grp"], config, inputs["out"])
 
     def reference(self, inputs, params):
+        """Float64, exact dequantization; starts from ``out`` as handed in: padding rows and rows past
+        ``masked_m`` keep what the caller put there (a correct kernel never writes them)."""
         a, b, grp = dequantize_a(inputs["a"], inputs["sa"]), dequantize_b(inputs["b"], inputs["sb"]), inputs["grp"]
-        N = b.shape[1]
+        out = inputs["out"].detach().to("cpu", torch.float64, copy=True)
         if _layout(params) == "masked":
-            out = torch.zeros((a.shape[0], a.shape[1], N), dtype=torch.float64)
             for gi in range(a.shape[0]):
                 n = int(grp[gi])
                 out[gi, :n] = a[gi, :n] @ b[gi].T
             return out
-        out = torch.zeros((a.shape[0], N), dtype=torch.float64)
         for gi in range(b.shape[0]):
             rows = (grp == gi).nonzero().flatten()
             if rows.numel():
                 out[rows] = a[rows] @ b[gi].T
+        return out
+
+    reduction_keys = ("K",)
+
+    def output_buffers(self, params):
+        return {"out": 0}  # DeepGEMM's callers pass D; rows past masked_m and padding rows stay as passed
+
+    def structure_inputs(self, params):
+        return ("grp",)  # m_indices (contiguous) or masked_m (masked)
+
+    def structure_cases(self, shapes, params, rng, timed=()):
+        """Masked: ``masked_m`` per expert from 0 to full (shuffled); contiguous: ragged group sizes
+        (0, below and above the 128-row alignment). Two draws each, on the largest checked shape with
+        at least 4 groups."""
+        base = max(shapes, key=lambda s: s["groups"] * s["m"] * s["N"] * s["K"])
+        shape = dict(base, groups=max(4, base["groups"]))
+        G, m = shape["groups"], shape["m"]
+        out = []
+        for i in range(2):
+            if _layout(params) == "masked":
+                sizes = [0, m] + [rng.randint(1, max(1, m - 1)) for _ in range(G - 2)]
+            else:
+                sizes = [0, rng.randint(1, ALIGN_M - 1), ALIGN_M + rng.randint(1, ALIGN_M - 1)]
+                sizes += [rng.randint(0, 2 * max(m, ALIGN_M)) for _ in range(G - 3)]
+            rng.shuffle(sizes)
+            out.append((f"structure_groups{i}", shape, {"group_sizes": sizes}))
         return out
 
     def flops(self, shape, params):

@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import platform
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import torch
 import triton
@@ -256,20 +257,10 @@ def batch_measurements(family: Family, baseline: dict, configs: dict[str, dict],
     (needs root and nvidia-smi; it locks GPU 0 and resets the clocks afterwards) for the batch, and the
     Measurements say so in ``clocks_locked``.
     """
-    import contextlib
-
     from triton.testing import do_bench, do_bench_cudagraph
 
     device_name = torch.cuda.get_device_name()
     all_cfgs = {"baseline": baseline, **configs}
-    locked = ""
-    lock_ctx = contextlib.nullcontext()
-    if lock_clocks:
-        from triton.testing import set_gpu_clock
-
-        sm, mem = (int(x) for x in lock_clocks)
-        lock_ctx = set_gpu_clock(sm, mem)
-        locked = f"sm {sm} MHz, mem {mem} MHz (triton.testing.set_gpu_clock)"
     slot_ms = max(1, int(round(rep_ms / rounds)))
     fns_by_shape: dict[int, dict] = {}
 
@@ -286,10 +277,26 @@ def batch_measurements(family: Family, baseline: dict, configs: dict[str, dict],
             return do_bench_cudagraph(fn, rep=slot_ms, return_mode="all")
         return do_bench(fn, warmup=max(1, warmup_ms // rounds), rep=slot_ms, return_mode="all")
 
-    with lock_ctx:
+    with clock_lock(lock_clocks) as locked:
         return time_slots(family, list(configs), shapes, slot_timer, dtype, params, rounds=rounds, order=order,
                           seed=seed, batch_id=batch_id, identity=device_identity, device_name=device_name,
                           clocks_locked=locked)
+
+
+@contextlib.contextmanager
+def clock_lock(lock_clocks: Sequence[int] | None) -> Iterator[str]:
+    """The GPU clocks locked at ``(sm_mhz, mem_mhz)`` for the block with ``triton.testing.set_gpu_clock``
+    (needs root and nvidia-smi; it locks GPU 0 and resets the clocks afterwards), or nothing when None.
+    Yields what the Measurements say in ``clocks_locked`` ("" when not locked). Every timing batch, a
+    config's or a patch's, locks through here."""
+    if not lock_clocks:
+        yield ""
+        return
+    from triton.testing import set_gpu_clock
+
+    sm, mem = (int(x) for x in lock_clocks)
+    with set_gpu_clock(sm, mem):
+        yield f"sm {sm} MHz, mem {mem} MHz (triton.testing.set_gpu_clock)"
 
 
 def time_slots(family: Family, keys: list[str], shapes: list[dict], slot_timer, dtype: str, params: dict,

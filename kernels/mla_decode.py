@@ -467,6 +467,27 @@ class MlaDecodeFamily(TritonFamily):
                                         causal=_causal(params))
         return (out, lse) if _check_lse(params) else out
 
+    # --- the gate's hidden structure ------------------------------------------------------------
+    reduction_keys = ("seqlen_k",)
+
+    def structure_inputs(self, params):
+        return ("block_table", "cache_seqlens")
+
+    def structure_cases(self, shapes, params, rng, timed=()):
+        """Ragged cache lengths (1, a page boundary and its neighbours, random) over a batch of at least
+        4, and one long sequence (>= 4096 keys, and longer than any timed cache) with few heads; page
+        tables are shuffled by the seed."""
+        base = max(shapes, key=lambda s: s["batch"] * s["h_q"] * s["seqlen_k"])
+        page = _page_size(params)
+        batch = max(4, base["batch"])
+        pick = [1, page, page + 1, rng.randint(2, 3 * page)] + [rng.randint(1, 2 * base["seqlen_k"]) for _ in range(batch)]
+        lens = rng.sample(pick, batch)
+        longest = max([max(cache_seqlens(s, params) + [0]) for s in timed] + [0])
+        long_n = max(4096, longest) + rng.randint(1, page - 1)
+        few = min(s["h_q"] for s in shapes)
+        return [("structure_seqlens", dict(base, batch=batch), {"seqlens": lens}),
+                ("structure_long", dict(base, batch=1, h_q=few, seqlen_k=long_n), {"seqlens": [long_n]})]
+
     # --- formulas ------------------------------------------------------------------------------
     def flops(self, shape, params):
         # Per visible (row, key) pair: a 576-long dot for the score and a 512-long one for P @ V.
@@ -690,8 +711,8 @@ def reference_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
             kv = unpack_kv_flashmla(kv_cache[pages].reshape(-1, FLASHMLA_TOKEN_BYTES)[:n])  # [n, 576] exact
         else:
             kv = kv_cache[pages].reshape(-1, D_QK)[:n].double()  # [n, 576]
-        if kv_scale is not None:  # FP8 cache: fp8 value times its token's scale, rounded to q's dtype as the kernel does
-            kv = (kv.float() * kv_scale[pages].reshape(-1)[:n, None]).to(q.dtype).double()
+        if kv_scale is not None:  # FP8 cache: the exact value, fp8 times its token's scale (no rounding)
+            kv = kv * kv_scale[pages].reshape(-1)[:n, None].double()
         scores = torch.einsum("shd,nd->shn", q[b].double(), kv) * softmax_scale
         keys = torch.arange(n)
         if causal:

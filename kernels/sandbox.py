@@ -26,7 +26,9 @@ forks a child, which before loading anything:
 Messages are frames (``KRG1``, a JSON header, raw tensor bytes): nothing crossing the boundary is
 unpickled, so a hostile child cannot execute code in the judge by what it sends back.
 
-Only ``kernels.candidate`` knows what the child does (its jobs); this module is the process machinery.
+Only the child module knows what the child does (its jobs): the zygote takes it by name (``Zygote(child=...)``,
+default ``kernels.gate_child``, whose ``preload()`` and ``child_main()`` it calls), so this module, the
+process machinery, imports no gate code.
 """
 
 from __future__ import annotations
@@ -465,15 +467,20 @@ def enter_child(spec: dict, fds: tuple[int, int]) -> dict:
 # --- the zygote ---------------------------------------------------------------------------------------
 
 
-def zygote_main() -> None:
-    """Preload, then fork a child per request; relay frames between the parent and the children.
+DEFAULT_CHILD = "kernels.gate_child"
+
+
+def zygote_main(child: str = DEFAULT_CHILD) -> None:
+    """Preload, then fork a child per request; relay frames between the parent and the children. ``child``
+    names the module whose ``preload()`` runs once here and whose ``child_main()`` each child runs.
 
     Parent -> zygote frames: {"op": "fork", "id", "spec"} | {"op": "to", "id", ...job} | {"op": "end", "id"}
     | {"op": "quit"}; zygote -> parent: {"id", "event": "forked"|"reply"|"exit", ...}.
     """
-    from kernels import candidate
+    import importlib
 
-    candidate.preload()
+    gate_child = importlib.import_module(child)
+    gate_child.preload()
     out_fd = os.dup(1)
     os.dup2(2, 1)
     children: dict[str, dict] = {}  # id -> {"pid", "rfd", "wfd"}
@@ -519,7 +526,7 @@ def zygote_main() -> None:
                             for fd in (ch["rfd"], ch["wfd"]):
                                 os.close(fd)
                         info = enter_child(header["spec"], (p2c_r, c2p_w))
-                        candidate.child_main(p2c_r, c2p_w, header["spec"], info)
+                        gate_child.child_main(p2c_r, c2p_w, header["spec"], info)
                     except BaseException as exc:  # noqa: BLE001 - report and leave
                         try:
                             write_frame(c2p_w, {"error": "crashed", "detail": f"{type(exc).__name__}: {str(exc)[:300]}"})
@@ -614,8 +621,11 @@ class Child:
 class Zygote:
     """The clean, preloaded process that forks sandboxed children; one per judgement."""
 
-    def __init__(self, env: dict[str, str], cwd: Path, startup_timeout: float = 300.0, stderr: Any = None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "kernels.sandbox"], stdin=subprocess.PIPE,
+    def __init__(self, env: dict[str, str], cwd: Path, startup_timeout: float = 300.0, stderr: Any = None,
+                 child: str = DEFAULT_CHILD):
+        if not all(p.isidentifier() for p in child.split(".")):
+            raise ValueError(f"Zygote(child={child!r}): a dotted module name")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kernels.sandbox", child], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=stderr if stderr is not None else subprocess.DEVNULL,
                                      cwd=str(cwd), env=env, start_new_session=True)
         self._lock = threading.Lock()
@@ -746,6 +756,7 @@ def compiler_tools() -> list[str]:
 if __name__ == "__main__":
     # run the importable module's zygote (not this __main__ copy), so the audit hook and the children's
     # harness share one record of refusals
+    from kernels.sandbox import DEFAULT_CHILD as _DEFAULT
     from kernels.sandbox import zygote_main as _main
 
-    _main()
+    _main(sys.argv[1] if len(sys.argv) > 1 else _DEFAULT)

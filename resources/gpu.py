@@ -34,16 +34,15 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import dagster as dg
-import numpy as np
 from pydantic import Field, PrivateAttr
 
 from kernels.compile import cache_key
 from kernels.measure import model_measurements
 from kregress.core import paths
-from kregress.core.batching import TimingPlan
+from kregress.core.batching import TimingPlan, forecast_order, merge_looks, run_groups, run_looks  # noqa: F401 (re-exported)
 from kregress.core.bind import BoundSpec
 from kregress.core.family import CudaFamily, ExternalFamily, Family, KernelFamily, RecordedFamily, TritonFamily
-from kregress.core.records import CompileStats, Correctness, Measurement, Suggestion, VariantResult, variant_hash
+from kregress.core.records import CompileStats, Correctness, Measurement, Suggestion, VariantResult, base_row, variant_hash  # noqa: F401
 from kregress.core.spec import TaskSpec
 from resources.workers import WorkerPool, worker_env
 
@@ -106,16 +105,6 @@ def gpu_visible() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:
         return False
-
-
-def base_row(s: Suggestion, backend: str) -> VariantResult:
-    return VariantResult(
-        variant_id=s.variant_id, round=s.round, source=s.source, config=s.config, config_hash=s.config_hash,
-        patch_summary=s.patch_summary, expected_effect=s.expected_effect, risk=s.risk, parent=s.parent,
-        backend=backend, patch=s.patch, patch_sha256=s.patch_sha256, expected_speedup=s.expected_speedup,
-        expected_speedup_low=s.expected_speedup_low, expected_speedup_high=s.expected_speedup_high,
-        bottleneck=s.bottleneck,
-    )
 
 
 class BenchmarkError(RuntimeError):
@@ -271,6 +260,15 @@ class CompiledBackend(BenchmarkBackend):
 
                 return evaluate_cuda_patches(self, bound, suggestions, log, stats)
             return self._evaluate_patches(bound, suggestions, log, stats)
+        rows, compiled, timed = self._checked(bound, suggestions, log, stats)
+        if timed:
+            self._time(bound.spec, bound.family, rows, compiled, timed, self.timeout_s or bound.spec.benchmark.timeout_s,
+                       stats, log)
+        return rows
+
+    def _checked(self, bound, suggestions, log, stats):
+        """Validity, compile and correctness of config variants: (rows, compile stats, the indices to time,
+        best forecast first)."""
         spec, family = bound.spec, bound.family
         timeout = self.timeout_s or spec.benchmark.timeout_s
         root = self.cache_root()
@@ -345,34 +343,44 @@ class CompiledBackend(BenchmarkBackend):
                 rows[i].error = "nan_inf" if c.nan_inf else "numeric_mismatch"
                 rows[i].error_detail = c.mismatch_sample[:600]
 
-        # 3. latency on the shape matrix, best forecast first
-        timed = forecast_order(rows, [i for i in ok if rows[i].error is None])
-        if timed:
-            self._time(spec, family, rows, compiled, timed, timeout, stats, log)
-        return rows
+        # 3. latency on the shape matrix, best forecast first (``_time``, by the caller)
+        return rows, compiled, forecast_order(rows, [i for i in ok if rows[i].error is None])
 
     def _evaluate_patches(self, bound, suggestions, log, stats):
         """Config-only variants as usual; patch variants through the gate (kernels/candidate.py): static
-        policy, sandboxed compile and correctness on secret inputs, precision, timing beside the baseline."""
+        policy, sandboxed compile and correctness on secret inputs, precision. On a GPU both kinds are then
+        timed together by ``_time`` (one plan, one forecast order, one GPU-seconds cap): the gate hands its
+        live patches over (``time_rows``), each timed in its sandboxed child beside the baseline's."""
         from kernels.candidate import JudgeOptions, judge_patches
 
         spec, family = bound.spec, bound.family
+        timeout = self.timeout_s or spec.benchmark.timeout_s
         rows: list = [None] * len(suggestions)
         plain = [i for i, s in enumerate(suggestions) if not s.patch]
-        if plain:
-            for i, row in zip(plain, self._evaluate(bound, [suggestions[i] for i in plain], log, stats)):
-                rows[i] = row
+        prow, compiled, ptimed = self._checked(bound, [suggestions[i] for i in plain], log, stats) if plain else ([], {}, [])
+        for i, row in zip(plain, prow):
+            rows[i] = row
+        timed_once: list[bool] = []
+
+        def time_rows(patch_rows: list, timers: dict) -> None:
+            both = prow + patch_rows
+            self._time(spec, family, both, compiled, ptimed + [len(prow) + k for k in range(len(patch_rows))],
+                       timeout, stats, log, patch_timers={len(prow) + k: t for k, t in timers.items()})
+            timed_once.append(True)
+
         patched = [i for i, s in enumerate(suggestions) if s.patch]
         opts = JudgeOptions.for_spec(spec, seed=self.patch_seed or None)
         judged = judge_patches(spec, family, [suggestions[i] for i in patched], backend=self.kind,
-                               cache_root=self.cache_root(), timeout_s=self.timeout_s or spec.benchmark.timeout_s,
-                               log=log, options=opts)
+                               cache_root=self.cache_root(), timeout_s=timeout, log=log, options=opts,
+                               time_rows=time_rows if self.kind == "cuda" else None)
+        if ptimed and not timed_once:  # no patch reached the timing: the configs alone
+            self._time(spec, family, prow, compiled, ptimed, timeout, stats, log)
         for i, (row, report) in zip(patched, judged):
             row.gate = report
             rows[i] = row
         return rows
 
-    def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
+    def _time(self, spec, family, rows, compiled, timed, timeout, stats, log, patch_timers=None) -> None:
         raise NotImplementedError
 
 
@@ -483,7 +491,7 @@ class InterpreterBackend(CompiledBackend):
                     "(kregress replay import); its reference and shapes are checked by `kregress family check`")
         return super().check_spec(spec, family)
 
-    def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
+    def _time(self, spec, family, rows, compiled, timed, timeout, stats, log, patch_timers=None) -> None:
         if isinstance(family, CudaFamily):  # nothing runs the kernel on a CPU host: never PASS, never timed
             from resources.cuda_judge import COMPILE_FACTS_ONLY
 
@@ -512,86 +520,54 @@ class CudaBackend(CompiledBackend):
 
     kind: ClassVar[str] = "cuda"
 
-    def _time(self, spec, family, rows, compiled, timed, timeout, stats, log) -> None:
-        """Time the round's variants best-forecast first. With ``benchmark.max_gpu_seconds_per_round`` each variant is
-        its own batch (the baseline re-timed beside it) and the round stops once the cap is spent: the variants
-        left get no timing and say why."""
+    def _time(self, spec, family, rows, compiled, timed, timeout, stats, log, patch_timers=None) -> None:
+        """Time the round's variants best-forecast first (``kregress.core.batching.run_groups``), configs and
+        patches on one plan. ``patch_timers``: row index -> the gate's timer of a judged patch
+        (``kernels.candidate.PatchTimer``), which times it slot by slot in its sandboxed child beside the
+        baseline's, a batch of its own. With ``benchmark.max_gpu_seconds_per_round`` each variant is its own
+        batch and the round stops once the cap is spent: the variants left get no timing and say why."""
         plan = TimingPlan.from_spec(spec)
-        order = forecast_order(rows, timed)
-        cap = plan.gpu_seconds_cap
-        groups = [order] if not cap else [[i] for i in order]
-        spent = 0.0
-        for g, group in enumerate(groups):
-            if cap and spent >= cap:
-                left = [i for grp in groups[g:] for i in grp]
-                for i in left:
-                    rows[i].error_detail = (f"not timed: the round's GPU time cap (benchmark.max_gpu_seconds_per_round={cap:g}) "
-                                            f"was spent ({spent:.1f} s) on variants with a better forecast")
-                log(f"round stopped early: {spent:.1f} s of GPU timing reached benchmark.max_gpu_seconds_per_round={cap:g}; "
-                    f"{len(left)} variant(s) not timed: {', '.join(rows[i].variant_id for i in left)}")
-                return
+        patch_timers = patch_timers or {}
+
+        def time_group(group: list[int]) -> float:
             before = sum(stats.measure_seconds)
-            self._time_group(spec, family, plan, rows, group, timeout, stats, log)
-            spent += sum(stats.measure_seconds) - before
+            if group[0] in patch_timers:
+                patch_timers[group[0]].time(plan, stats, log)
+            else:
+                self._time_group(spec, family, plan, rows, group, timeout, stats, log)
+            return sum(stats.measure_seconds) - before
+
+        run_groups(plan, rows, timed, time_group, log, together=lambda i: i not in patch_timers)
 
     def _time_group(self, spec, family, plan: TimingPlan, rows, timed, timeout, stats, log) -> None:
         import uuid
 
-        from kregress.core import stats as vstats
-        from kregress.core.names import NEEDS_REVIEW
-
         name = family.lookup or family.name
         batch_id = f"{spec.task_id}/r{rows[timed[0]].round}/{uuid.uuid4().hex[:8]}"
         keys = {i: f"v{i}" for i in timed if rows[i].config != spec.baseline}  # the baseline config: timed once, as the baseline
-        looks = plan.looks()
-        open_ = list(keys)
-        got: dict[int, list[Measurement]] = {}
-        base_of: dict[int, list[Measurement]] = {}
-        base_all: list[Measurement] = []
-        done_rounds = 0
         log(f"timing {len(timed)} variant(s) on the GPU in batch {batch_id}: {plan.describe()}")
-        for look, total in enumerate(looks):
-            add = total - done_rounds
-            job = {"op": "measure_batch", "family": name, "baseline": spec.baseline,
-                   "configs": {keys[i]: rows[i].config for i in open_}, "dtype": spec.dtype, "shapes": spec.shape_matrix,
-                   "params": spec.params, "batch_id": batch_id, "seed": look, **plan.job_fields(add)}
-            (res,) = self._run_cuda([job], timeout * (len(open_) + 1))
+
+        def measure(look: int, add: int, open_: list[str]) -> dict | str:
+            cfgs = {k: rows[i].config for i, k in keys.items() if k in open_}
+            job = {"op": "measure_batch", "family": name, "baseline": spec.baseline, "configs": cfgs,
+                   "dtype": spec.dtype, "shapes": spec.shape_matrix, "params": spec.params, "batch_id": batch_id,
+                   "seed": look, **plan.job_fields(add)}
+            (res,) = self._run_cuda([job], timeout * (len(cfgs) + 1))
             stats.measure_seconds.append(res.get("wall_s", 0.0))
             if "batch" not in res:
-                if look == 0:
-                    log(f"batch {batch_id} failed ({res.get('error')}: {res.get('detail', '')[:160]}); timing one at a time")
-                    return self._time_alone(spec, name, rows, timed, timeout, stats, log)
-                log(f"batch {batch_id} look {look + 1} failed ({res.get('error')}); the verdicts use the looks before it")
-                break
-            done_rounds = total
-            base = [Measurement(**m) for m in res["batch"]["baseline"]]
-            base_all = merge_looks(base_all, base)
-            for i in open_:
-                got[i] = merge_looks(got.get(i, []), [Measurement(**m) for m in res["batch"][keys[i]]])
-                base_of[i] = merge_looks(base_of.get(i, []), base)
-                rows[i].timing_rounds, rows[i].timing_looks = total, look + 1
-            if look == len(looks) - 1:
-                break
-            rg = spec.regression_guard
-            still = []
-            for i in open_:
-                res_k = vstats.judge_look(plan.design(), look, [m.samples_ms for m in got[i]],
-                                          [m.samples_ms for m in base_of[i]], guard=rg.not_worse_than_baseline_ratio,
-                                          min_samples=rg.min_samples, seed=spec.search.seed)
-                if res_k.verdict == NEEDS_REVIEW:
-                    still.append(i)
-            if not still:
-                break
-            log(f"look {look + 1} of batch {batch_id}: {len(open_) - len(still)} verdict(s) settled at {total} rounds, "
-                f"{len(still)} still open: {looks[look + 1]} rounds for those")
-            open_ = still
+                return f"{res.get('error')}: {res.get('detail', '')[:160]}"
+            return {k: [Measurement(**m) for m in ms] for k, ms in res["batch"].items()}
+
+        looks = run_looks(plan, spec, list(keys.values()), measure, log, label=f"batch {batch_id}")
+        if looks.error is not None:
+            log(f"batch {batch_id} failed ({looks.error}); timing one at a time")
+            return self._time_alone(spec, name, rows, timed, timeout, stats, log)
+        looks.apply(rows, keys)
         for i in timed:
-            if i in keys:
-                rows[i].measurements, rows[i].batch_baseline = got.get(i, []), base_of.get(i, [])
-            else:
-                rows[i].measurements = rows[i].batch_baseline = base_all
-                rows[i].timing_rounds, rows[i].timing_looks = done_rounds, 1
-            rows[i].evidence = "cuda" if rows[i].measurements else rows[i].evidence
+            if i not in keys:
+                rows[i].measurements = rows[i].batch_baseline = looks.base_all
+                rows[i].timing_rounds, rows[i].timing_looks = looks.done_rounds, 1
+                rows[i].evidence = "cuda" if rows[i].measurements else rows[i].evidence
 
     def _time_alone(self, spec, name, rows, timed, timeout, stats, log) -> None:
         mjobs = [{"op": "measure_cuda", "family": name, "config": rows[i].config, "dtype": spec.dtype,
@@ -609,28 +585,6 @@ class CudaBackend(CompiledBackend):
     def _run_cuda(self, jobs: list[dict], timeout: float) -> list[dict]:
         """Run timing jobs in the step's one GPU worker process (in order; one GPU is measured by one job at a time)."""
         return self.pool("cuda", 1, interpret=False).run(jobs, timeout)
-
-
-def merge_looks(before: list[Measurement], new: list[Measurement]) -> list[Measurement]:
-    """Per shape, the samples of the looks so far: ``new``'s samples appended to ``before``'s (same shape order),
-    p20/p50/p80 and throughput recomputed, the identity read at the first look's start and the last look's end."""
-    if not before:
-        return list(new)
-    out = []
-    for a, b in zip(before, new):
-        samples = list(a.samples_ms) + list(b.samples_ms)
-        q20, q50, q80 = (float(x) for x in np.quantile(samples, [0.2, 0.5, 0.8]))
-        scale = a.p50_ms / q50 if q50 > 0 else 0.0
-        out.append(a.model_copy(update={
-            "samples_ms": samples, "p20_ms": q20, "p50_ms": q50, "p80_ms": q80,
-            "tflops": a.tflops * scale, "gbps": a.gbps * scale,
-            "sm_clock_mhz_end": b.sm_clock_mhz_end, "mem_clock_mhz_end": b.mem_clock_mhz_end}))
-    return out
-
-
-def forecast_order(rows: list[VariantResult], idx: list[int]) -> list[int]:
-    """``idx`` best forecast first (highest expected_speedup; no forecast last), proposal order among equals."""
-    return sorted(idx, key=lambda i: (rows[i].expected_speedup is None, -(rows[i].expected_speedup or 0.0), i))
 
 
 class ReplayBackend(BenchmarkBackend):

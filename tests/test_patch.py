@@ -23,7 +23,6 @@ from kregress.core.patch import (
     parse_patch,
     read_sources,
     search_replace_to_diff,
-    source_snapshot_hash,
     unified_diff,
 )
 
@@ -120,7 +119,13 @@ def test_editable_set_of_a_builtin_family():
     assert set(es.files) == {"kernels/gemm.py", "kernels/tiles.py"}
     assert es.wrappers == {"kernels/gemm.py": ("matmul",), "kernels/tiles.py": ()}
     assert es.packages() == ["kernels"]
-    assert source_snapshot_hash(fam.name, texts) == fam.source_hash()
+    # the gate's kernel hash is the family's (one implementation), over the texts a patch applies to:
+    # the texts as on disk give the family's hash; a comment changes nothing, a changed kernel line does
+    over = lambda t: fam.source_hash({es.files[rel]: v for rel, v in t.items()})  # noqa: E731
+    assert over(texts) == fam.source_hash()
+    gemm = texts["kernels/gemm.py"]
+    assert over({**texts, "kernels/gemm.py": gemm.replace("def gemm_kernel(", "# a comment\ndef gemm_kernel(", 1)}) == fam.source_hash()
+    assert over({**texts, "kernels/gemm.py": gemm.replace("acc = tl.dot(a, b, acc)", "acc = tl.dot(b, a, acc)", 1)}) != fam.source_hash()
     shown = editable_source_text(es, texts, max_chars=100_000)
     assert "def gemm_kernel(" in shown and "def matmul(" in shown and "def grouped_pid(" in shown
     assert "def reference(" not in shown and "def tolerance(" not in shown

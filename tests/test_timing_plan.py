@@ -5,7 +5,9 @@ else is the real code: ``TimingPlan.from_spec``, ``CudaBackend._time`` (forecast
 cap, one ``measure_batch`` job per look, adaptive looks judged by ``kregress.core.stats.judge_look``),
 ``kernels.measure.time_slots`` (the worker's batch protocol: ``run_batch`` per shape, Measurements) and the
 sweep's verdict rule. The cuda worker process is replaced by a pool that runs the worker's own batch function
-in this process, with the fake device timer in place of ``do_bench``.
+in this process, with the fake device timer in place of ``do_bench``; a patch's sandboxed children (its own and
+the baseline's) by ``FakeChild``, which answers the gate's ``bench`` jobs with the same fake device timer, so
+the patch goes through the gate's real timer (``kernels.candidate.PatchTimer``) in the same ``CudaBackend._time``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class FakeDevice:
 
     def __call__(self, si: int, key: str, slot: batching.Slot) -> list[float]:
         self.slots.append((self.job, key, slot.round, slot.position))
+        return self.sample(key)
+
+    def sample(self, key: str) -> list[float]:
         t = self.true_ms[key]
         sigma = 0.15 if key in self.noisy else 0.01
         return list(t * np.exp(self.rng.normal(0.0, sigma, 6)))
@@ -53,7 +58,7 @@ class WorkerInProcess:
         self.device, self.jobs, self.config_ms = device, [], config_ms
 
     def run(self, jobs, timeout):
-        from kernels.measure import time_slots
+        from kernels.measure import clock_lock, time_slots
         from kregress.core.family import get_family
 
         out = []
@@ -61,10 +66,11 @@ class WorkerInProcess:
             self.jobs.append(job)
             self.device.true_ms = {BASELINE: self.config_ms(job["baseline"]),
                                    **{k: self.config_ms(c) for k, c in job["configs"].items()}}
-            res = time_slots(get_family("gemm"), list(job["configs"]), job["shapes"], self.device, job["dtype"],
-                             job["params"], rounds=job["rounds"], order=job["order"], seed=job["seed"],
-                             batch_id=job["batch_id"], identity=lambda: {"host": "h", "gpu_uuid": "GPU-fake"},
-                             device_name="Fake GPU")
+            with clock_lock(job["lock_clocks"]) as locked:  # as kernels.measure.batch_measurements does
+                res = time_slots(get_family("gemm"), list(job["configs"]), job["shapes"], self.device, job["dtype"],
+                                 job["params"], rounds=job["rounds"], order=job["order"], seed=job["seed"],
+                                 batch_id=job["batch_id"], identity=lambda: {"host": "h", "gpu_uuid": "GPU-fake"},
+                                 device_name="Fake GPU", clocks_locked=locked)
             out.append({"batch": {k: [m.model_dump() for m in ms] for k, ms in res.items()}, "wall_s": 0.01})
             self.device.job += 1
         return out
@@ -103,13 +109,14 @@ def test_plan_comes_from_the_spec_alone():
     assert sum(1 - adaptive.look_confidence(k) for k in range(4)) == pytest.approx(0.10)  # the error budget, spent
 
 
-def test_batch_rounds_7_gives_7_interleaved_rounds_through_the_cuda_backend():
+def test_batch_rounds_7_gives_7_interleaved_rounds_through_the_cuda_backend(clocks):
     spec = _spec(batch_rounds=7, lock_clocks="1755,2619")
     base = dict(spec.baseline)
     configs = [base, {**base, "BLOCK_N": 128}, {**base, "BLOCK_K": 64}]
     rows, pool, device = _time(spec, configs, lambda c: 1.0)
     (job,) = pool.jobs  # fixed plan: one look, one job
     assert job["rounds"] == 7 and job["order"] == "interleaved" and job["lock_clocks"] == [1755, 2619]
+    assert clocks == [(1755, 2619)]
     assert set(job["configs"]) == {"v1", "v2"}  # the baseline config is timed once, as the baseline
     per_shape = len(spec.shape_matrix)
     keys = [k for _, k, _, _ in device.slots]
@@ -120,13 +127,123 @@ def test_batch_rounds_7_gives_7_interleaved_rounds_through_the_cuda_backend():
     assert all(r.batch_baseline and r.batch_baseline[0].batch == job["batch_id"] for r in rows)
 
 
-def test_a_patch_variant_of_the_same_spec_gets_the_same_slots():
-    """The patch side times its sandboxed children slot by slot; with the plan it lays out the same slots."""
-    spec = _spec(batch_rounds=7)
+class FakeChild:
+    """A judged patch's sandboxed child (or the baseline's), answering the gate's ``identity`` and ``bench``
+    jobs (``kernels/gate_child.py``) with the fake device timer in place of ``do_bench`` on the case's inputs."""
+
+    IDENTITY = {"host": "h", "gpu_uuid": "GPU-fake", "gpu_name": "Fake GPU"}
+
+    def __init__(self, device: FakeDevice, key: str, ms: float, noisy: bool = False):
+        self.device, self.key, self.ms = device, key, ms
+        if noisy:
+            device.noisy = set(device.noisy) | {key}
+        self.benches: list[dict] = []
+
+    def call(self, job, blobs=None, timeout=None):
+        if job["job"] == "identity":
+            return {"identity": dict(self.IDENTITY)}, []
+        assert job["job"] == "bench", job
+        self.benches.append(job)
+        self.device.slots.append((-1, self.key, -1, -1))
+        self.device.true_ms[self.key] = self.ms
+        return {"samples": self.device.sample(self.key), "identity": dict(self.IDENTITY)}, []
+
+
+@pytest.fixture(autouse=True)
+def clocks(monkeypatch):
+    """The GPU's clock control, faked with the device: every ``set_gpu_clock`` a timing batch asks for."""
+    import contextlib
+
+    import triton.testing
+
+    calls: list[tuple[int, int]] = []
+
+    @contextlib.contextmanager
+    def set_gpu_clock(sm, mem):
+        calls.append((sm, mem))
+        yield
+
+    monkeypatch.setattr(triton.testing, "set_gpu_clock", set_gpu_clock)
+    return calls
+
+
+def _mixed(spec, patch_ms=1.0, noisy_patch=False, speedups=(None, None)):
+    """A config variant and a patch variant of ``spec`` (the patch's config is the baseline's: only the
+    patch differs) through ``CudaBackend._time``: the config by a measure_batch job in the (in-process) cuda
+    worker, the patch by the gate's ``PatchTimer`` in its (fake-device) sandboxed child beside the baseline's."""
+    _needs_dagster()
+    from kernels.candidate import PatchTimer
+    from kregress.core.family import get_family
+    from kregress.core.gate import GateReport
+    from resources.gpu import CudaBackend, EvaluationStats
+
+    fam = get_family("gemm")
+    device = FakeDevice({})
+    backend = CudaBackend()
+    pool = WorkerInProcess(device, lambda c: 1.0)
+    backend._pools["cuda"] = pool
+    config = {**spec.baseline, "BLOCK_N": 128}
+    rows = _rows(spec, [config, dict(spec.baseline)])
+    rows[1].patch = "--- a/kernels/gemm.py\n+++ b/kernels/gemm.py\n"
+    rows[0].expected_speedup, rows[1].expected_speedup = speedups
+    cases = [{"id": f"t{k}", "kind": "timed", "shape": shape, "label": fam.shape_label(shape)}
+             for k, shape in enumerate(spec.shape_matrix)]
+    ref, cand = FakeChild(device, BASELINE, 1.0), FakeChild(device, "cand", patch_ms, noisy=noisy_patch)
+    timer = PatchTimer(cand, ref, rows[1], GateReport(), spec, fam, cases, 10.0)
+    backend._time(spec, fam, rows, {}, [0, 1], 10.0, EvaluationStats(), lambda m: None, patch_timers={1: timer})
+    config_slots = [k for j, k, _, _ in device.slots if j >= 0]
+    patch_slots = [k for j, k, _, _ in device.slots if j < 0]
+    return rows, pool, cand, ref, config_slots, patch_slots
+
+
+def test_a_config_and_a_patch_of_one_spec_get_the_same_plan(clocks):
+    """batch_rounds: 7 -> 7 rounds for both kinds: the same interleaving (B x B, 7 times, per shape), the same
+    slot time, the same clock lock, the baseline re-timed in each one's own batch."""
+    spec = _spec(batch_rounds=7, lock_clocks="1755,2619", rep_ms=140, warmup_ms=28)
     plan = TimingPlan.from_spec(spec)
-    seen: list[tuple[str, int]] = []
-    batch = batching.run_plan(plan, "judge", ["cand"], lambda key, slot: seen.append((key, slot.round)) or [1.0])
-    assert [k for k, _ in seen] == [BASELINE, "cand", BASELINE] * 7 and len(batch.samples["cand"]) == 7
+    rows, pool, cand, ref, config_slots, patch_slots = _mixed(spec)
+    (job,) = pool.jobs
+    per_shape = [BASELINE, "x", BASELINE] * 7
+    assert [k if k == BASELINE else "x" for k in config_slots] == per_shape * len(spec.shape_matrix)
+    assert [k if k == BASELINE else "x" for k in patch_slots] == per_shape * len(spec.shape_matrix)
+    assert job["rounds"] == 7 and job["order"] == plan.order == "interleaved"
+    # each slot's do_bench time: the worker spreads the job's rep_ms over its rounds; the child gets it per slot
+    assert job["rep_ms"] // job["rounds"] == plan.slot_ms == 20 and job["warmup_ms"] // job["rounds"] == plan.slot_warmup_ms
+    assert {(b["rep_ms"], b["warmup_ms"]) for b in cand.benches + ref.benches} == {(plan.slot_ms, plan.slot_warmup_ms)}
+    assert clocks == [(1755, 2619), (1755, 2619)]  # the config's batch, then the patch's: locked alike
+    for row in rows:
+        assert row.timing_rounds == 7 and row.timing_looks == 1 and row.evidence == "cuda"
+        assert {m.batch for m in row.measurements} == {m.batch for m in row.batch_baseline}
+        assert all(len(m.samples_ms) == 6 * 7 for m in row.measurements)
+        assert all(len(m.samples_ms) == 6 * 2 * 7 for m in row.batch_baseline)  # B x B: two baseline slots a round
+        assert {m.clocks_locked for m in row.measurements} == {"sm 1755 MHz, mem 2619 MHz (triton.testing.set_gpu_clock)"}
+    assert rows[0].measurements[0].batch != rows[1].measurements[0].batch  # each its own batch
+    assert rows[1].measurements[0].gpu_uuid == "GPU-fake" and rows[1].measurements[0].device == "Fake GPU"
+
+
+def test_batch_order_and_the_cap_and_forecast_apply_to_patches_too(clocks):
+    spec = _spec(batch_rounds=3, batch_order="random-blocks", max_gpu_seconds_per_round=1e-9)
+    # the patch forecast better: timed first; the cap is then spent, the config is not timed and says why
+    rows, pool, cand, ref, config_slots, patch_slots = _mixed(spec, speedups=(1.1, 1.4))
+    assert not pool.jobs and not config_slots
+    assert rows[1].timing_rounds == 3 and len(patch_slots) == 3 * 3 * len(spec.shape_matrix)
+    assert not rows[0].measurements and "max_gpu_seconds_per_round" in rows[0].error_detail
+    # the config forecast better: the patch waits, and is the one left untimed
+    rows, pool, cand, ref, config_slots, patch_slots = _mixed(spec, speedups=(1.4, 1.1))
+    assert [j["order"] for j in pool.jobs] == ["random-blocks"] and not patch_slots
+    assert not rows[1].measurements and "max_gpu_seconds_per_round" in rows[1].error_detail
+
+
+def test_a_patch_gets_adaptive_looks_like_a_config():
+    """batch_rounds 4, max_batch_rounds 16: the noisy patch's verdict stays open, so it gets more looks (the
+    baseline re-timed beside it each time), judged by the same rule as a config's."""
+    spec = _spec(batch_rounds=4, max_batch_rounds=16)
+    plan = TimingPlan.from_spec(spec)
+    rows, pool, cand, ref, config_slots, patch_slots = _mixed(spec, noisy_patch=True)
+    assert rows[0].timing_rounds == 4 and rows[0].timing_looks == 1
+    assert rows[1].timing_looks > 1 and rows[1].timing_rounds == plan.looks()[rows[1].timing_looks - 1]
+    assert patch_slots.count("cand") == rows[1].timing_rounds * len(spec.shape_matrix)
+    assert sum(len(m.samples_ms) for m in rows[1].batch_baseline) == 6 * 2 * rows[1].timing_rounds * len(spec.shape_matrix)
 
 
 def test_adaptive_sampling_adds_rounds_only_where_the_verdict_is_open():

@@ -135,8 +135,9 @@ class TimingPlan:
     ``kregress.core.stats.SequentialDesign``), the baseline re-timed in the same batch between every two
     variants (always), the clock setting and the GPU-seconds cap per sweep round. Both timing paths read
     this value: ``resources.gpu.CudaBackend`` for configs (one ``measure_batch`` job per look, see
-    ``job_fields``) and the patch judge, which times its sandboxed children slot by slot with
-    ``run_batch(..., rounds=plan.rounds, order=plan.order)`` (``run_plan``).
+    ``job_fields``) and the patch gate (``kernels.candidate.PatchTimer``), which times a patch's sandboxed
+    child beside the baseline's slot by slot with the same ``kernels.measure.time_slots``; both go
+    through ``run_groups`` (forecast order, GPU-seconds cap) and ``run_looks`` (the adaptive looks).
     """
 
     order: str = DEFAULT_ORDER
@@ -202,8 +203,125 @@ class TimingPlan:
         return f"{self.order}, baseline re-timed between every two variants, {how}{lock}{cap}"
 
 
-def run_plan(plan: TimingPlan, batch_id: str, variants: Sequence[str], timer: Callable[[str, Slot], Sequence[float]],
-             rounds: int | None = None, seed: int = 0, identity: Callable[[], dict] | None = None) -> Batch:
-    """``run_batch`` with the plan's order and rounds (``rounds``: a later look's added rounds)."""
-    return run_batch(batch_id, variants, timer, rounds=plan.rounds if rounds is None else rounds, order=plan.order,
-                     seed=seed, identity=identity)
+# --- the looks and the groups: one loop for every kind of variant ----------------------------------
+
+
+def merge_looks(before: list, new: list) -> list:
+    """Per shape, the samples of the looks so far (``Measurement`` lists): ``new``'s samples appended to
+    ``before``'s (same shape order), p20/p50/p80 and throughput recomputed, the identity read at the first
+    look's start and the last look's end."""
+    import numpy as np
+
+    if not before:
+        return list(new)
+    out = []
+    for a, b in zip(before, new):
+        samples = list(a.samples_ms) + list(b.samples_ms)
+        q20, q50, q80 = (float(x) for x in np.quantile(samples, [0.2, 0.5, 0.8]))
+        scale = a.p50_ms / q50 if q50 > 0 else 0.0
+        out.append(a.model_copy(update={
+            "samples_ms": samples, "p20_ms": q20, "p50_ms": q50, "p80_ms": q80,
+            "tflops": a.tflops * scale, "gbps": a.gbps * scale,
+            "sm_clock_mhz_end": b.sm_clock_mhz_end, "mem_clock_mhz_end": b.mem_clock_mhz_end}))
+    return out
+
+
+def verdict_open(plan: TimingPlan, spec, look: int, variant: list, baseline: list) -> bool:
+    """Whether a variant's verdict is still open after ``look`` (its interval straddles the guard):
+    ``kregress.core.stats.judge_look`` with the plan's sequential design and the spec's guard."""
+    from kregress.core import stats
+    from kregress.core.names import NEEDS_REVIEW
+
+    rg = spec.regression_guard
+    return stats.judge_look(plan.design(), look, [m.samples_ms for m in variant], [m.samples_ms for m in baseline],
+                            guard=rg.not_worse_than_baseline_ratio, min_samples=rg.min_samples,
+                            seed=spec.search.seed).verdict == NEEDS_REVIEW
+
+
+@dataclass
+class Looks:
+    """What ``run_looks`` timed: per variant key its merged Measurements, the baseline samples of the looks
+    it took part in, and (rounds, looks) it took; ``error``: why the first look failed (nothing timed)."""
+
+    got: dict = field(default_factory=dict)
+    base_of: dict = field(default_factory=dict)
+    base_all: list = field(default_factory=list)
+    taken: dict = field(default_factory=dict)  # key -> (timing_rounds, timing_looks)
+    done_rounds: int = 0
+    error: str | None = None
+
+    def apply(self, rows: list, keys: dict) -> None:
+        """Set measurements, batch_baseline, timing_rounds/looks and evidence of ``rows[i]`` for ``i -> key``."""
+        for i, k in keys.items():
+            row = rows[i]
+            row.measurements, row.batch_baseline = self.got.get(k, []), self.base_of.get(k, [])
+            if k in self.taken:
+                row.timing_rounds, row.timing_looks = self.taken[k]
+            row.evidence = "cuda" if row.measurements else row.evidence
+
+
+def run_looks(plan: TimingPlan, spec, keys: Sequence[str], measure: Callable[[int, int, list[str]], "dict | str"],
+              log: Callable[[str], None] = print, label: str = "") -> Looks:
+    """The plan's looks over one batch's variants: ``measure(look, rounds to add, open keys)`` times one look
+    (``{BASELINE: [...], key: [...]}`` Measurements per shape, or an error text) and after each look only
+    the variants whose verdict is still open (``verdict_open``) get the next look's rounds, the baseline
+    re-timed beside them. The same loop for a config batch (a worker's ``measure_batch`` job per look) and
+    a patch (its sandboxed children, slot by slot)."""
+    looks = plan.looks()
+    out = Looks()
+    open_ = list(keys)
+    for look, total in enumerate(looks):
+        res = measure(look, total - out.done_rounds, open_)
+        if isinstance(res, str):
+            if look == 0:
+                out.error = res
+            else:
+                log(f"{label} look {look + 1} failed ({res[:160]}); the verdicts use the looks before it")
+            break
+        out.done_rounds = total
+        base = res[BASELINE]
+        out.base_all = merge_looks(out.base_all, base)
+        for k in open_:
+            out.got[k] = merge_looks(out.got.get(k, []), res[k])
+            out.base_of[k] = merge_looks(out.base_of.get(k, []), base)
+            out.taken[k] = (total, look + 1)
+        if look == len(looks) - 1:
+            break
+        still = [k for k in open_ if verdict_open(plan, spec, look, out.got[k], out.base_of[k])]
+        if not still:
+            break
+        log(f"look {look + 1} of {label}: {len(open_) - len(still)} verdict(s) settled at {total} rounds, "
+            f"{len(still)} still open: {looks[look + 1]} rounds for those")
+        open_ = still
+    return out
+
+
+def forecast_order(rows: list, idx: list[int]) -> list[int]:
+    """``idx`` best forecast first (highest expected_speedup; no forecast last), proposal order among equals."""
+    return sorted(idx, key=lambda i: (rows[i].expected_speedup is None, -(rows[i].expected_speedup or 0.0), i))
+
+
+def run_groups(plan: TimingPlan, rows: list, timed: list[int], time_group: Callable[[list[int]], float],
+               log: Callable[[str], None] = print, together: Callable[[int], bool] = lambda i: True) -> None:
+    """Time a round's variants best forecast first, ``time_group(indices) -> GPU seconds spent`` per batch.
+    Variants for which ``together`` holds share one batch; the others (a patch: its own sandboxed child)
+    are a batch each. With the plan's GPU-seconds cap every variant is its own batch (the baseline re-timed
+    beside it) and the round stops once the cap is spent: the variants left get no timing and say why."""
+    order = forecast_order(rows, timed)
+    cap = plan.gpu_seconds_cap
+    if cap:
+        groups = [[i] for i in order]
+    else:
+        shared = [i for i in order if together(i)]
+        groups = ([shared] if shared else []) + [[i] for i in order if not together(i)]
+    spent = 0.0
+    for g, group in enumerate(groups):
+        if cap and spent >= cap:
+            left = [i for grp in groups[g:] for i in grp]
+            for i in left:
+                rows[i].error_detail = (f"not timed: the round's GPU time cap (benchmark.max_gpu_seconds_per_round={cap:g}) "
+                                        f"was spent ({spent:.1f} s) on variants with a better forecast")
+            log(f"round stopped early: {spent:.1f} s of GPU timing reached benchmark.max_gpu_seconds_per_round={cap:g}; "
+                f"{len(left)} variant(s) not timed: {', '.join(rows[i].variant_id for i in left)}")
+            return
+        spent += time_group(group)

@@ -272,6 +272,36 @@ class KernelFamily(Family):
         """(atol, rtol) against the float64 reference; grows with the reduction length."""
         return base_tol, base_tol
 
+    # --- the roles of the inputs (what the patch gate checks; see kernels/gate_cases.py) ------------
+    # Shape keys the gate's generic hidden shapes (odd, aligned, wide) never change on their own: the
+    # dimensions indexing depends on (GQA heads); ``structure_cases`` varies them on purpose.
+    structure_keys: ClassVar[tuple[str, ...]] = ()
+    # Shape keys of the reduction (GEMM K, the keys of attention): the least-work ("wide") shape keeps
+    # their timed value, so a cheat that skips work past a length runs there too.
+    reduction_keys: ClassVar[tuple[str, ...]] = ()
+
+    def output_buffers(self, params: dict) -> dict[str, int]:
+        """Inputs that are output buffers the caller provides (DeepGEMM's ``out``, partials, lse), each
+        mapped to the index of the result it must hold after the call. The gate poisons each one (NaN,
+        then random finite values) before every call and compares it as an output; ``reference`` starts
+        from the buffer as handed in, so what a correct kernel leaves untouched (padding, rows past
+        ``masked_m``) must come back bit for bit. Every other input is read-only: bit-identical after
+        the call. Default: none."""
+        return {}
+
+    def structure_inputs(self, params: dict) -> tuple[str, ...]:
+        """Read-only inputs that indexing depends on (group sizes, ``masked_m``, page tables, sequence
+        offsets); the gate reports their changes by name. Default: none."""
+        return ()
+
+    def structure_cases(self, shapes: list[dict], params: dict, rng: Any,
+                        timed: list[dict] = ()) -> list[tuple[str, dict, dict]]:
+        """Hidden cases that vary what indexing depends on, drawn from ``rng`` (fresh per judgement):
+        (kind, shape, params overrides) each, e.g. ragged group sizes, ``masked_m`` from 0 to full,
+        another GQA ratio, a long sequence with few heads. ``shapes`` are the spec's correctness shapes,
+        ``timed`` its timed shapes (a long case goes past them). Default: none."""
+        return []
+
     def use_cudagraph(self) -> bool:
         """True for families with short launches: the cuda backend times them with do_bench_cudagraph."""
         return False
@@ -313,17 +343,20 @@ class TritonFamily(KernelFamily):
         """The family's module, then its ``helper_files``."""
         return super().source_files() + [Path(h).resolve() for h in self.helper_files]
 
-    def source_hash(self) -> str:
+    def source_hash(self, texts: dict[Path, str] | None = None) -> str:
         """Hash of what is compiled, read from disk: in each Python source file, the Triton jit
         functions (``@triton.jit``/``@jit``), the ``compile_units`` methods that choose signatures,
         constexprs and hints, and the module-level UPPER_CASE constants the kernels read; other files
         (.cu, .cubin, .so) whole. Comments, the module docstring, the latency model and the reference
-        change nothing, so editing them recompiles nothing."""
+        change nothing, so editing them recompiles nothing. ``texts``: the content of some of the files
+        (by resolved path) instead of what is on disk: the kernel hash of a patched copy (the patch gate's
+        ``base_hash`` and ``patched_hash`` are this hash)."""
         h = hashlib.sha256(self.name.encode())
+        over = {Path(p).resolve(): t for p, t in (texts or {}).items()}
         for f in self.source_files():
             h.update(str(f.name).encode())
             try:
-                data = f.read_bytes()
+                data = over[f].encode("utf-8") if f in over else f.read_bytes()
             except OSError:
                 h.update(b"missing")
                 continue

@@ -26,275 +26,52 @@ Order (each stage puts its cause on the verdict):
 5. plausibility (NEEDS_REVIEW ``implausible``, never PASS): ``plausibility_findings``: faster than
    the family's speed of light (its FLOPs and bytes at the spec's peaks) or more than a factor faster
    than the baseline.
-6. then the usual verdict (slower, infeasible, PASS): ``gate_verdict`` hands over to the caller's rule.
+6. then the usual verdict (slower, infeasible, PASS): ``gate_verdict`` returns None and the caller's rule decides.
 """
 
 from __future__ import annotations
 
 import ast
-import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any, Callable
 
 from kregress.core.family import is_jit_decorator, is_jit_def
+from kregress.core.gate_facts import FileFacts, _is_literal, _locals_of, _own_lines, _params_of, dotted, file_facts, region_usage  # noqa: F401
+from kregress.core.gate_policy import (  # noqa: F401 - the tables, re-exported for the walker's readers
+    ALLOWED_BUILTINS,
+    ALLOWED_ROOTS,
+    BANNED_BUILTINS,
+    BANNED_MODULES,
+    COMPUTE_METHODS,
+    DEVICE_SNIFF_ATTRS,
+    DEVICE_STRINGS,
+    FIXED_ATTRS,
+    FRAME_ATTRS,
+    HOST_DATA_ATTRS,
+    IDENTITY_ATTRS,
+    JIT_BUILTINS,
+    JIT_DECORATOR_KWARGS,
+    JIT_INTERNAL_ATTRS,
+    MUTATORS,
+    REEXPORTED,
+    RULES,
+    SNIFF_STRINGS,
+    TEXT_BUILTINS,
+    TL_BANNED,
+    TORCH_ALLOWED,
+    TORCH_CUDA_ALLOWED,
+    TORCH_ENVIRONMENT,
+    TRITON_ALLOWED,
+    TRITON_BANNED,
+)
+from kregress.core.gate_report import (  # noqa: F401 - re-exported: the record lives in gate_report
+    PRECISION_FLOOR_MAX,
+    PRECISION_FLOOR_RMS,
+    GateReport,
+    PrecisionMetrics,
+    plausibility_findings,
+    precision_finding,
+)
 from kregress.core.patch import Finding, regions_of
-
-# --- what added code may reference ------------------------------------------------------------------
-
-# Builtins kernel code and launch wrappers use. Anything else (getattr, eval, open, id, type, vars, ...) is refused.
-ALLOWED_BUILTINS = frozenset({
-    "range", "min", "max", "abs", "int", "float", "bool", "len", "tuple", "list", "dict", "set", "isinstance",
-    "round", "enumerate", "zip", "any", "all", "sum", "map", "filter", "sorted", "reversed", "str", "print",
-    "divmod", "pow", "ValueError", "TypeError", "RuntimeError", "AssertionError", "NotImplementedError",
-    "KeyError", "IndexError", "None", "True", "False", "slice",
-})
-BANNED_BUILTINS = {
-    "getattr": "dynamic_code", "setattr": "dynamic_code", "delattr": "dynamic_code", "hasattr": "dynamic_code",
-    "eval": "dynamic_code", "exec": "dynamic_code", "compile": "dynamic_code", "__import__": "dynamic_code",
-    "globals": "introspection", "locals": "introspection", "vars": "introspection", "dir": "introspection",
-    "open": "file_io", "input": "file_io", "breakpoint": "introspection", "id": "cache_by_identity",
-    "hash": "cache_by_identity", "type": "introspection", "object": "introspection", "super": "introspection",
-    "memoryview": "introspection", "callable": "introspection", "issubclass": "introspection",
-    "classmethod": "tensor_subclass", "staticmethod": "tensor_subclass", "property": "tensor_subclass",
-    "exit": "process", "quit": "process", "help": "introspection", "iter": "introspection", "next": "introspection",
-}
-
-# Module roots added code may not touch at all, and the rule that says why.
-BANNED_MODULES = {
-    "os": "environment", "sys": "environment", "platform": "environment", "sysconfig": "environment",
-    "site": "environment", "inspect": "introspection", "gc": "introspection", "traceback": "introspection",
-    "dis": "introspection", "types": "introspection", "weakref": "introspection", "code": "dynamic_code",
-    "threading": "concurrency", "_thread": "concurrency", "multiprocessing": "concurrency",
-    "concurrent": "concurrency", "asyncio": "concurrency", "sched": "concurrency",
-    "subprocess": "process", "pty": "process", "signal": "process", "atexit": "process", "resource": "process",
-    "ctypes": "native", "cffi": "native", "_ctypes": "native", "mmap": "native",
-    "socket": "network", "ssl": "network", "http": "network", "urllib": "network", "requests": "network",
-    "select": "network", "selectors": "network",
-    "importlib": "dynamic_code", "builtins": "dynamic_code", "pickle": "dynamic_code", "marshal": "dynamic_code",
-    "io": "file_io", "pathlib": "file_io", "shutil": "file_io", "tempfile": "file_io", "glob": "file_io",
-    "time": "timer", "timeit": "timer", "datetime": "timer",
-    "numpy": "torch_compute", "scipy": "torch_compute", "operator": "torch_compute", "functools": "module_state",
-    "random": "environment", "warnings": "environment", "logging": "file_io",
-}
-
-# torch.<name> that allocate or describe (no arithmetic): everything else under torch computes or
-# reaches for machinery kernel code never needs.
-TORCH_ALLOWED = frozenset({
-    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "full_like", "ones", "ones_like",
-    "arange", "Size", "device", "dtype", "Tensor", "is_tensor", "finfo", "iinfo", "float16", "bfloat16", "float32",
-    "float64", "half", "float", "double", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "bool", "long", "int", "short", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-    "float8_e8m0fnu", "contiguous_format", "strided",
-})
-TORCH_ENVIRONMENT = frozenset({"version", "get_num_threads", "are_deterministic_algorithms_enabled", "get_default_dtype",
-                               "is_deterministic_algorithms_warn_only_enabled", "is_grad_enabled", "is_inference_mode_enabled",
-                               "get_float32_matmul_precision", "get_default_device", "xpu", "mps", "hip", "backends"})
-TRITON_ALLOWED = frozenset({"cdiv", "next_power_of_2", "jit", "heuristics", "language", "constexpr"})
-TRITON_BANNED = {"testing": "timer", "runtime": "environment", "knobs": "environment", "compiler": "environment",
-                 "backends": "environment", "tools": "environment", "autotune": "decorator", "Config": "decorator",
-                 "profiler": "timer", "instrumentation": "environment"}
-TL_BANNED = {"inline_asm_elementwise": "inline_asm", "globaltimer": "timer", "clock": "timer", "clock64": "timer",
-             "smid": "environment"}
-# Modules the allowed roots re-export (triton.language.core imports builtins, inspect, triton.knobs, ...): a chain
-# through one of these names reaches that module. Used when no resolver is given (the judge passes one that asks
-# the real module objects, so a re-export added by a later Triton is found too).
-REEXPORTED = {"builtins": "builtins", "inspect": "inspect", "knobs": "triton.knobs", "pkgutil": "pkgutil",
-              "typing": "typing", "ir": "triton._C.libtriton.ir", "sys": "sys", "os": "os", "importlib": "importlib",
-              "np": "numpy", "numpy": "numpy", "functools": "functools", "operator": "operator", "time": "time"}
-ALLOWED_ROOTS = frozenset({"torch", "triton", "math"})  # modules kernel code may reach (and their submodules)
-
-# Tensor methods that compute: a wrapper that calls them computes with torch instead of its kernel.
-COMPUTE_METHODS = frozenset({
-    "matmul", "mm", "bmm", "addmm", "addmv", "addbmm", "baddbmm", "mv", "dot", "vdot", "inner", "outer", "ger",
-    "einsum", "tensordot", "kron", "matrix_power", "chain_matmul", "linear", "bilinear", "conv1d", "conv2d",
-    "softmax", "log_softmax", "exp", "exp2", "expm1", "log", "log2", "log1p", "sigmoid", "tanh", "relu", "gelu",
-    "silu", "sum", "nansum", "mean", "prod", "cumsum", "cumprod", "max", "min", "amax", "amin", "argmax", "argmin",
-    "logsumexp", "norm", "sqrt", "rsqrt", "pow", "square", "mul", "multiply", "add", "sub", "subtract", "div",
-    "divide", "true_divide", "floor_divide", "remainder", "fmod", "clamp", "clip", "where", "masked_fill",
-    "masked_scatter", "index_add", "index_copy", "index_put", "scatter", "scatter_add", "scatter_reduce", "gather",
-    "lerp", "addcmul", "addcdiv", "sort", "topk", "kthvalue", "median", "var", "std", "cross", "diff", "trapz",
-    "numpy", "tolist", "scaled_dot_product_attention", "neg", "reciprocal", "abs", "sign", "round", "floor", "ceil",
-    "maximum", "minimum", "fmax", "fmin", "logaddexp", "hypot", "atan2", "polar", "bitwise_and", "bitwise_or",
-    "bitwise_xor", "repeat_interleave", "apply_", "map_", "map2_", "register_hook", "backward",
-})
-# Tensor data read into Python, or Python data made into tensors: host-side compute and value sniffing.
-HOST_DATA_ATTRS = frozenset({"tolist", "numpy", "item", "new_tensor", "as_tensor", "from_numpy", "frombuffer",
-                             "to_dlpack", "from_dlpack", "asarray"})
-MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "remove",
-                      "add", "discard", "sort", "reverse", "__setitem__"})
-DEVICE_SNIFF_ATTRS = frozenset({"is_cuda", "is_cpu", "is_meta", "is_xpu", "is_mps", "device_type", "get_device",
-                                "is_available", "device_count", "get_device_name", "get_device_properties"})
-IDENTITY_ATTRS = frozenset({"data_ptr", "_cdata", "storage", "untyped_storage", "storage_offset", "_version"})
-FRAME_ATTRS = frozenset({"f_back", "f_locals", "f_globals", "f_code", "f_builtins", "gi_frame", "cr_frame",
-                         "ag_frame", "tb_frame", "tb_next", "f_lineno", "co_code", "co_consts", "func_globals",
-                         "func_code"})
-FIXED_ATTRS = frozenset({"reference", "make_inputs", "tolerance", "compile_units", "space", "check_shape",
-                         "model_latency_ms", "lookup"})  # the family object's fixed parts
-JIT_INTERNAL_ATTRS = frozenset({"handle", "data", "numpy", "tolist"})  # interpreter-only escapes from kernel code
-SNIFF_STRINGS = ("TRITON_", "INTERPRET", "PYTEST", "KREGRESS", "CUDA_VISIBLE", "SANDBOX")
-DEVICE_STRINGS = frozenset({"cpu", "cuda", "meta", "hip", "xpu", "mps"})  # a device named in code: a device test
-JIT_BUILTINS = frozenset({"range", "min", "max", "float", "int", "len", "print", "abs", "bool", "tuple", "zip",
-                          "enumerate"})
-JIT_DECORATOR_KWARGS = frozenset({"do_not_specialize", "do_not_specialize_on_alignment", "noinline", "debug"})
-TORCH_CUDA_ALLOWED = frozenset({"device"})  # `with torch.cuda.device(x.device):` in a wrapper
-
-RULES = {
-    "torch_compute": "computes with torch (or numpy) instead of the kernel",
-    "reference": "reads the family's fixed code (reference, inputs, registry) that the kernel does not use",
-    "try_except": "try/except (a hidden fallback)",
-    "introspection": "introspection (inspect, frames, globals/locals, dunder attributes)",
-    "concurrency": "threads, processes, async, CUDA streams or events",
-    "process": "runs or signals processes",
-    "native": "native code (ctypes, cffi, mmap)",
-    "network": "sockets and network",
-    "file_io": "file I/O",
-    "environment": "reads or changes the environment, the interpreter or the device",
-    "timer": "the timer (time, triton.testing / do_bench)",
-    "dynamic_code": "dynamic code (eval, exec, getattr tricks, __import__, importlib, builtins)",
-    "import": "an import in kernel code",
-    "tensor_subclass": "defines a class (Tensor subclass)",
-    "module_state": "keeps state outside the call (attribute or item assignment, globals, mutated module objects)",
-    "mutates_input": "changes an input in place",
-    "cache_by_identity": "reads buffer identity (data_ptr, id, hash): results cached by pointer",
-    "unknown_name": "a name that is neither local, a kernel, an allowed builtin nor a module the kernel uses",
-    "jit_call": "kernel code calls a Python function (the interpreter would run it as Python)",
-    "interpreter_internals": "kernel code reaches into the interpreter's values",
-    "inline_asm": "inline assembly (cannot be checked on a CPU host)",
-    "kernel_not_jit": "a kernel is no longer @triton.jit",
-    "entry_signature": "the entry point's signature or decorators changed",
-    "no_launch": "the entry point no longer launches its kernel",
-    "decorator": "a decorator other than triton.jit / triton.heuristics",
-    "context_manager": "a with-block other than torch.cuda.device",
-    "identity": "an identity test (`is`) on values: which object a call returns tells where it runs",
-    "host_data": "reads tensor data into Python or builds tensors from Python data (host-side compute)",
-    "kernel_object": "looks into a module-level object (a kernel, a function): its attributes are state every call shares",
-}
-
-
-# --- facts about a file ---------------------------------------------------------------------------
-
-
-@dataclass
-class FileFacts:
-    """Module-level facts of one file (patched side), and what its pristine editable region uses."""
-
-    aliases: dict[str, str]  # module-level name -> dotted module it is bound to (tl -> triton.language)
-    imported_objects: dict[str, str]  # `from m import x` -> "m.x"
-    functions: set[str]
-    jit: set[str]
-    wrappers: tuple[str, ...]
-    constants: set[str]  # UPPER_CASE module-level names
-    other_globals: set[str]
-    used_by_region: set[str] = field(default_factory=set)  # module-level names the pristine region reads
-
-
-def file_facts(source: str, wrappers: tuple[str, ...], extra_jit: set[str] = frozenset()) -> FileFacts:
-    tree = ast.parse(source)
-    aliases: dict[str, str] = {}
-    objects: dict[str, str] = {}
-    functions, jit, constants, others = set(), set(extra_jit), set(), set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.asname:
-                    aliases[a.asname] = a.name
-                else:
-                    aliases[a.name.split(".")[0]] = a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for a in node.names:
-                objects[a.asname or a.name] = f"{node.module}.{a.name}"
-        elif isinstance(node, ast.FunctionDef):
-            functions.add(node.name)
-            if is_jit_def(node):
-                jit.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            literal = node.value is not None and _is_literal(node.value)
-            for t in targets:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name):
-                        # an UPPER_CASE literal (a number, a table of numbers or strings) is data the
-                        # kernel may read; anything else (FAMILY = register(...), SPACE = Space(...)) is not
-                        (constants if n.id.isupper() and literal else others).add(n.id)
-        elif isinstance(node, ast.ClassDef):
-            others.add(node.name)
-    return FileFacts(aliases, objects, functions, jit, wrappers, constants, others)
-
-
-def _is_literal(node: ast.AST) -> bool:
-    try:
-        ast.literal_eval(node)
-        return True
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
-
-
-def region_usage(source: str, wrappers: tuple[str, ...]) -> set[str]:
-    """Module-level names the editable functions of ``source`` read (what the kernel already uses)."""
-    tree = ast.parse(source)
-    used: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and (is_jit_def(node) or node.name in wrappers):
-            local = _locals_of(node)
-            for n in ast.walk(node):
-                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in local:
-                    used.add(n.id)
-    return used
-
-
-def _locals_of(fn: ast.AST) -> set[str]:
-    out: set[str] = set()
-    for n in ast.walk(fn):
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            a = n.args
-            for arg in a.posonlyargs + a.args + a.kwonlyargs + ([a.vararg] if a.vararg else []) + ([a.kwarg] if a.kwarg else []):
-                out.add(arg.arg)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not fn:
-                out.add(n.name)
-        elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
-            out.add(n.id)
-        elif isinstance(n, ast.ExceptHandler) and n.name:
-            out.add(n.name)
-        elif isinstance(n, ast.alias):
-            out.add((n.asname or n.name).split(".")[0])
-    return out
-
-
-def _params_of(fn: ast.FunctionDef) -> set[str]:
-    a = fn.args
-    return {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs + ([a.vararg] if a.vararg else []) + ([a.kwarg] if a.kwarg else [])}
-
-
-def dotted(node: ast.AST) -> tuple[str, ast.AST] | None:
-    """``a.b.c`` -> ("a.b.c", the Name node ``a``); None for anything that is not a plain chain."""
-    parts = []
-    cur = node
-    while isinstance(cur, ast.Attribute):
-        parts.append(cur.attr)
-        cur = cur.value
-    if isinstance(cur, ast.Name):
-        parts.append(cur.id)
-        return ".".join(reversed(parts)), cur
-    return None
-
-
-def _own_lines(node: ast.AST) -> range:
-    """The lines a node itself occupies: a compound statement's header only, any other node all its lines."""
-    start = getattr(node, "lineno", None)
-    if start is None:
-        return range(0)
-    end = getattr(node, "end_lineno", start) or start
-    body = getattr(node, "body", None)
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        start = min([d.lineno for d in node.decorator_list] + [start])
-    if isinstance(body, list) and body and isinstance(body[0], ast.AST) and not isinstance(node, ast.Lambda):
-        end = max(start, body[0].lineno - 1)
-        if isinstance(node, (ast.If, ast.For, ast.While, ast.Try)) and node.orelse:
-            pass  # `else:` lines carry no code of their own
-    return range(start, end + 1)
-
 
 # --- the static policy -----------------------------------------------------------------------------
 
@@ -313,6 +90,7 @@ class _Walker:
         self.parent = {c: p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
         self.seen: set[tuple[str, int]] = set()
         self.aliased, self.device_locals = self._aliases()
+        self.objects = self._object_aliases()
 
     # -- what a local name holds
     def _global_object(self, n: str) -> bool:
@@ -387,6 +165,82 @@ class _Walker:
         devices = {t.id for target, value in binds for t in [target]
                    if isinstance(t, ast.Name) and isinstance(value, ast.Attribute) and value.attr == "device"}
         return aliased, devices
+
+    def _bindings(self) -> list[tuple[ast.AST, ast.AST]]:
+        """(target, value) of every binding in the function: assignments (chains and tuple unpacking
+        included), walrus, for and comprehension targets, with-items, and the defaults of nested
+        functions and lambdas (a default binds its parameter)."""
+        binds: list[tuple[ast.AST, ast.AST]] = []
+        for n in ast.walk(self.fn):
+            if isinstance(n, ast.Assign):
+                binds += [(t, n.value) for t in n.targets]
+            elif isinstance(n, (ast.AnnAssign, ast.NamedExpr, ast.AugAssign)) and n.value is not None:
+                binds.append((n.target, n.value))
+            elif isinstance(n, (ast.For, ast.comprehension)):
+                binds.append((n.target, n.iter))
+            elif isinstance(n, ast.withitem) and n.optional_vars is not None:
+                binds.append((n.optional_vars, n.context_expr))
+            elif isinstance(n, (ast.Lambda, ast.FunctionDef)) and n is not self.fn:
+                pos = n.args.posonlyargs + n.args.args
+                binds += [(ast.Name(id=a.arg, ctx=ast.Store()), d) for a, d in zip(pos[len(pos) - len(n.args.defaults):], n.args.defaults)]
+                binds += [(ast.Name(id=a.arg, ctx=ast.Store()), d) for a, d in zip(n.args.kwonlyargs, n.args.kw_defaults) if d is not None]
+        return binds
+
+    def _object_aliases(self) -> set[str]:
+        """Local names that may hold a module-level object (a kernel, a function, an imported object, a
+        table), through any chain of bindings: ``kk = gemm_kernel``, ``a, kk = 1, gemm_kernel``,
+        ``(kk := gemm_kernel)``, ``for kk in (gemm_kernel,)``, ``lambda kk=gemm_kernel: ...``,
+        ``f = lambda: gemm_kernel``. The kernel-object and private-attribute rules follow them."""
+        binds = self._bindings()
+        objs: set[str] = set()
+        for _ in range(8):
+            grown = False
+            for target, value in binds:
+                if self.holds_object(value, objs):
+                    for t in ast.walk(target):
+                        if isinstance(t, ast.Name) and t.id not in objs:
+                            objs.add(t.id)
+                            grown = True
+            if not grown:
+                break
+        return objs
+
+    def holds_object(self, node: ast.AST, objs: set[str] | None = None) -> bool:
+        """Whether ``node`` may evaluate to (or contain, or be reached from) a module-level object that is
+        not a module or a constant."""
+        objs = self.objects if objs is None else objs
+        if isinstance(node, ast.Name):
+            f = self.facts
+            if node.id in objs:
+                return True
+            return node.id not in self.local and node.id not in f.aliases and node.id not in f.constants and (
+                node.id in self.all_jit or node.id in f.functions or node.id in f.imported_objects
+                or node.id in f.other_globals or node.id in f.wrappers)
+        if isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+            return self.holds_object(node.value, objs)
+        if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Lambda):
+                return self.holds_object(node.func.body, objs)
+            if isinstance(node.func, ast.Name) and node.func.id in objs:
+                return True
+            return any(self.holds_object(a, objs) for a in list(node.args) + [k.value for k in node.keywords])
+        if isinstance(node, ast.Lambda):
+            return self.holds_object(node.body, objs)
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return any(self.holds_object(e, objs) for e in node.elts)
+        if isinstance(node, ast.Dict):
+            return any(self.holds_object(v, objs) for v in node.values if v is not None)
+        if isinstance(node, ast.IfExp):
+            return self.holds_object(node.body, objs) or self.holds_object(node.orelse, objs)
+        if isinstance(node, ast.BoolOp):
+            return any(self.holds_object(v, objs) for v in node.values)
+        if isinstance(node, ast.NamedExpr):
+            return self.holds_object(node.value, objs)
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            return self.holds_object(node.elt, objs) or any(self.holds_object(g.iter, objs) for g in node.generators)
+        if isinstance(node, ast.DictComp):
+            return self.holds_object(node.value, objs) or any(self.holds_object(g.iter, objs) for g in node.generators)
+        return False
 
     def hit(self, node: ast.AST) -> bool:
         return any(n in self.changed for n in _own_lines(node))
@@ -522,6 +376,9 @@ class _Walker:
         if n in BANNED_BUILTINS:
             self.flag(BANNED_BUILTINS[n], node, f"`{n}`")
             return
+        if "hook" in n.lower():
+            self.flag("module_state", node, f"`{n}`: hook registration (code run on every launch)")
+            return
         if n in self.facts.aliases:
             # a module may only be the base of an attribute chain (judged by check_chain); binding or
             # passing the module itself would hide what is called on it
@@ -609,6 +466,11 @@ class _Walker:
                                   else "mutates_input", sub, f"writes `{ast.unparse(sub)[:60]}`")
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             self.flag("torch_compute", node, "the @ operator")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) \
+                and isinstance(node.left.value, str) and self.holds_object(node.right):
+            self.flag("introspection", node, f"`{ast.unparse(node)[:60]}`: a module-level object formatted as text")
+        elif isinstance(node, ast.FormattedValue) and self.holds_object(node.value):
+            self.flag("introspection", node, f"`{ast.unparse(node.value)[:60]}` in an f-string: a module-level object as text")
         elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
             operands = [node.left] + list(node.comparators)
             if not any(isinstance(o, ast.Constant) and o.value in (None, True, False, ...) for o in operands):
@@ -681,9 +543,18 @@ class _Walker:
         if a == "device" and isinstance(node.ctx, ast.Load) and not self._device_use_ok(node):
             self.flag("environment", node, f"`{ast.unparse(self.parent.get(node, node))[:60]}`")
             return
+        if "hook" in a.lower():
+            self.flag("module_state", node, f"`.{a}`: hook registration (code run on every launch, shared by every call)")
+            return
         base = node.value
         if isinstance(base, ast.Name) and self._global_object(base.id) and base.id not in self.facts.constants:
             self.flag("kernel_object", node, f"`{ast.unparse(node)[:60]}`")
+            return
+        if not self._is_module_chain(node) and self.holds_object(base):
+            self.flag("kernel_object", node, f"`{ast.unparse(node)[:60]}` (through a local alias of a module-level object)")
+            return
+        if a.startswith("_") and not self._is_module_chain(node):
+            self.flag("introspection", node, f"`.{a}` (private attribute, whatever the root)")
             return
         if not self.jit and not self._is_module_chain(node):
             if a in HOST_DATA_ATTRS:
@@ -738,6 +609,12 @@ class _Walker:
 
     def check_call(self, node: ast.Call) -> None:
         f = node.func
+        if isinstance(f, ast.Name) and f.id in TEXT_BUILTINS and f.id not in self.local \
+                and any(self.holds_object(a) for a in list(node.args) + [k.value for k in node.keywords]):
+            self.flag("introspection", node, f"`{ast.unparse(node)[:60]}`: a module-level object turned into text")
+        if isinstance(f, ast.Attribute) and f.attr in ("format", "format_map", "join") \
+                and any(self.holds_object(a) for a in list(node.args) + [k.value for k in node.keywords]):
+            self.flag("introspection", node, f"`{ast.unparse(node)[:60]}`: a module-level object turned into text")
         if isinstance(f, ast.Attribute):
             method = f.attr
             ch = dotted(f)
@@ -875,109 +752,3 @@ def static_gate(es_wrappers: dict[str, tuple[str, ...]], patch_files: list[Any],
         out += static_findings(rel, old_texts[rel], new_texts[rel], added, es_wrappers.get(rel, ()), all_jit, resolver)
     return out
 
-
-# --- the gate's record -----------------------------------------------------------------------------
-
-Stage = Literal["static", "apply", "sandbox", "compile", "correctness", "precision", "plausibility", "measure"]
-
-
-class PrecisionMetrics(BaseModel):
-    """Errors against the float64 reference on the same secret inputs, as fractions of the tolerance."""
-
-    candidate_max: float  # max over elements of |out - ref| / (atol + rtol |ref|)
-    baseline_max: float
-    candidate_rms: float  # root mean square of the same ratio
-    baseline_rms: float
-    worst_case: str = ""  # the case (shape, distribution) where the ratio is largest
-
-
-class GateReport(BaseModel):
-    """What the gate found for one patch variant, stage by stage; ``gate_verdict`` reads it."""
-
-    patch_sha256: str | None = None
-    base_hash: str | None = None  # the kernel hash the patch applies to
-    patched_hash: str | None = None
-    changed_lines: int = 0
-    round_trip_ok: bool = False
-    findings: list[Finding] = Field(default_factory=list)  # static and region refusals
-    runtime_violations: list[str] = Field(default_factory=list)  # sandbox / audit refusals at run time
-    cases: int = 0  # correctness cases run (shape x seed x distribution, second calls included)
-    cases_dropped: list[str] = Field(default_factory=list)  # generated cases the baseline itself fails (not used)
-    hidden_shapes: list[str] = Field(default_factory=list)
-    seeds: int = 0
-    distributions: list[str] = Field(default_factory=list)
-    precision: PrecisionMetrics | None = None
-    precision_factor: float = 4.0
-    plausibility_factor: float = 2.0
-    notes: list[str] = Field(default_factory=list)
-    seconds: float = 0.0
-
-
-# --- precision and plausibility --------------------------------------------------------------------
-
-# Errors below this fraction of the tolerance are noise (fp32 summation order): never a precision finding.
-PRECISION_FLOOR_MAX = 0.02
-PRECISION_FLOOR_RMS = 0.005
-
-
-def precision_finding(m: PrecisionMetrics, factor: float) -> str | None:
-    """The reason a candidate's error is several times the baseline's own on the same inputs (within
-    tolerance or not), or None. Both the largest error and the RMS error (as fractions of the
-    tolerance) are compared, each against the larger of the baseline's and a noise floor."""
-    reasons = []
-    base_max = max(m.baseline_max, PRECISION_FLOOR_MAX)
-    base_rms = max(m.baseline_rms, PRECISION_FLOOR_RMS)
-    if m.candidate_max > factor * base_max:
-        reasons.append(f"largest error {m.candidate_max:.3g} of the tolerance vs the baseline's {m.baseline_max:.3g} "
-                       f"({m.candidate_max / base_max:.1f}x > {factor:g}x)")
-    if m.candidate_rms > factor * base_rms:
-        reasons.append(f"RMS error {m.candidate_rms:.3g} of the tolerance vs the baseline's {m.baseline_rms:.3g} "
-                       f"({m.candidate_rms / base_rms:.1f}x > {factor:g}x)")
-    if not reasons:
-        return None
-    return "; ".join(reasons) + (f" (worst on {m.worst_case})" if m.worst_case else "") + \
-        ": the patch lowers precision; review whether that is intended"
-
-
-def plausibility_findings(per_shape: list[tuple[str, float, float | None, float]], factor: float) -> list[str]:
-    """Reasons a variant is too fast to believe, one per shape: ``per_shape`` holds (shape, variant p50
-    ms, baseline p50 ms or None, speed-of-light ms). Faster than the speed of light, or more than
-    ``factor`` times faster than the baseline."""
-    out = []
-    for shape, p50, base, sol in per_shape:
-        if p50 <= 0 or not math.isfinite(p50):
-            out.append(f"[{shape}] a latency of {p50} ms is not a measurement")
-            continue
-        if sol > 0 and p50 < sol:
-            out.append(f"[{shape}] {p50:.4g} ms is faster than the speed of light {sol:.4g} ms (FLOPs and bytes at the "
-                       "spec's peaks): work is skipped or the timer is fooled")
-        if base is not None and base > 0 and base / p50 > factor:
-            out.append(f"[{shape}] {base / p50:.2f}x faster than the baseline (> patches.plausibility_factor {factor:g}x)")
-    return out
-
-
-# --- the verdict -----------------------------------------------------------------------------------
-
-
-def gate_verdict(row: Any, report: GateReport | None, usual: Callable[[], Any], per_shape_sol:
-                 list[tuple[str, float, float | None, float]] | None = None) -> Any:
-    """The verdict of a variant with the gate in front of the usual rule (``usual()``, e.g.
-    ``kernel_assets.sweep.verdict_for``): a failed row (rejected, patch_failed, wrong, did not compile)
-    keeps the usual REGRESS with its cause; then precision, then plausibility give NEEDS_REVIEW
-    with their cause; otherwise the usual verdict stands. Config-only rows (no report) go straight
-    to ``usual()``."""
-    from kregress.core.records import Verdict
-
-    if report is None or row.error:
-        return usual()
-    if report.precision is not None:
-        why = precision_finding(report.precision, report.precision_factor)
-        if why:
-            return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", cause="precision", reasons=[why],
-                           evidence=row.evidence)
-    if per_shape_sol:
-        why = plausibility_findings(per_shape_sol, report.plausibility_factor)
-        if why:
-            return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", cause="implausible", reasons=why,
-                           evidence=row.evidence)
-    return usual()

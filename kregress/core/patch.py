@@ -477,18 +477,6 @@ def read_sources(es: EditableSet) -> dict[str, str]:
     return {rel: p.read_text(encoding="utf-8") for rel, p in es.files.items()}
 
 
-def source_snapshot_hash(family_name: str, texts: dict[str, str]) -> str:
-    """The kernel hash a patch applies to: the same rule as ``Family.source_hash`` (its jit functions,
-    ``compile_units`` and UPPER_CASE constants) over given texts instead of the files on disk."""
-    from kregress.core.family import compiled_parts
-
-    h = hashlib.sha256(family_name.encode())
-    for rel in sorted(texts):
-        h.update(Path(rel).name.encode())
-        h.update(compiled_parts(texts[rel]).encode())
-    return h.hexdigest()[:16]
-
-
 def _fixed_skeleton(source: str, wrappers: tuple[str, ...]) -> str:
     """The module with every editable function removed: what must not change."""
     tree = ast.parse(source)

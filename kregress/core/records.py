@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kregress.core.gate import GateReport
+from kregress.core.gate_report import GateReport
 from kregress.core.names import Evidence, Role, VerdictKind  # noqa: E402  (re-exported)
 
 Risk = Literal["low", "medium", "high"]
@@ -253,6 +253,18 @@ ERROR_CAUSES = {
     "numeric_mismatch": "wrong", "nan_inf": "wrong", "runtime_error": "wrong", "timeout": "infeasible",
     "crashed": "wrong", "patch_rejected": "rejected", "patch_failed": "rejected",
 }
+
+
+def base_row(s: Suggestion, backend: str) -> VariantResult:
+    """The result row of a suggestion before any stage has run: the one row builder of every variant (a
+    config, a patch, or both) on every backend."""
+    return VariantResult(
+        variant_id=s.variant_id, round=s.round, source=s.source, config=s.config, config_hash=s.config_hash,
+        patch_summary=s.patch_summary, expected_effect=s.expected_effect, risk=s.risk, parent=s.parent,
+        backend=backend, patch=s.patch, patch_sha256=s.patch_sha256, expected_speedup=s.expected_speedup,
+        expected_speedup_low=s.expected_speedup_low, expected_speedup_high=s.expected_speedup_high,
+        bottleneck=s.bottleneck,
+    )
 
 
 class ShapeVerdict(BaseModel):

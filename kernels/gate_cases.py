@@ -1,0 +1,361 @@
+"""The gate's secret cases (process side, no decisions): which shapes and structures a judgement checks,
+their inputs' distributions, the poisoned output buffers, fresh copies for every call, and which programs a
+sampled launch runs. Used by the judging parent (``kernels.candidate``) to draw the case groups and by the
+sandboxed child (``kernels.gate_child``) to make and copy the inputs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+DISTRIBUTIONS = ("normal", "uniform", "large", "outliers")
+STRETCH_BUDGET_S = 1.5  # interpreter seconds of the baseline a stretched shape may take
+LARGE_SCALE = 8.0  # "large magnitudes": x8 keeps an fp16 GEMM of K <= 1024 far from overflow
+OUTLIER_SCALE = 16.0
+OUTLIER_FRACTION = 0.01
+
+
+def _to(value: Any, device: str) -> Any:
+    import torch
+
+    if torch.is_tensor(value):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def _fresh(value: Any, device: str) -> Any:
+    """A deep copy on ``device``: what every call (baseline, candidate, reference) gets, so nothing one
+    call writes reaches another (``.to(device)`` on the tensor's own device returns the same tensor)."""
+    import torch
+
+    if torch.is_tensor(value):
+        return value.detach().to(device, copy=True)
+    if isinstance(value, dict):
+        return {k: _fresh(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fresh(v, device) for v in value)
+    return value
+
+
+def poison_buffers(inputs: dict, names: Any, mode: str, seed: int) -> dict:
+    """Fill the output buffers ``names`` of ``inputs`` in place: ``nan`` (a kernel that writes nothing
+    returns NaN) or ``random`` finite non-zero values (a kernel that tests for NaN, or leaves rows it must
+    write, returns stale numbers). The reference starts from the same buffers, so what a correct kernel
+    leaves untouched must come back bit for bit."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(seed & 0x7FFF_FFFF_FFFF)
+    for name in names:
+        t = inputs.get(name)
+        if not torch.is_tensor(t) or not t.is_floating_point():
+            continue
+        if mode == "nan":
+            t.fill_(float("nan"))
+        else:
+            r = torch.randn(t.shape, generator=g)
+            r = torch.where(r == 0, torch.ones_like(r), r)
+            t.copy_(r.to(t.dtype).to(t.device))
+    return inputs
+
+
+def _clone_cpu(value: Any) -> Any:
+    import torch
+
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _clone_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone_cpu(v) for v in value)
+    return value
+
+
+def _write_inplace(dst: Any, src: Any) -> None:
+    """Copy ``src``'s values into ``dst``'s buffers (same structure): the second call's inputs."""
+    import torch
+
+    if torch.is_tensor(dst):
+        dst.copy_(src.to(dst.device))
+    elif isinstance(dst, dict):
+        for k in dst:
+            _write_inplace(dst[k], src[k])
+    elif isinstance(dst, (list, tuple)):
+        for d, s in zip(dst, src):
+            _write_inplace(d, s)
+
+
+def _tensor_bytes(value: Any) -> int:
+    import torch
+
+    if torch.is_tensor(value):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def transform_inputs(inputs: dict, dist: str, dtype: Any, seed: int) -> dict:
+    """The family's inputs with their floating tensors of the spec's dtype redrawn from ``dist``:
+    normal (as made), uniform (unit variance), large (x8), outliers (1% of entries x16). Integer and
+    other tensors (lengths, tables, scales) are left as made."""
+    import torch
+
+    if dist == "normal":
+        return inputs
+    g = torch.Generator(device="cpu").manual_seed(seed & 0x7FFF_FFFF_FFFF)
+    out = {}
+    for k, v in inputs.items():
+        if not (torch.is_tensor(v) and v.dtype == dtype and v.is_floating_point()):
+            out[k] = v
+            continue
+        x = v.to("cpu", torch.float32)
+        if dist == "uniform":
+            x = (torch.rand(x.shape, generator=g) * 2 - 1) * math.sqrt(3.0)
+        elif dist == "large":
+            x = x * LARGE_SCALE
+        elif dist == "outliers":
+            mask = torch.rand(x.shape, generator=g) < OUTLIER_FRACTION
+            x = torch.where(mask, x * OUTLIER_SCALE, x)
+        out[k] = x.to(dtype).to(v.device)
+    return out
+
+
+def _outputs(value: Any) -> list:
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+# --- the timed shape on a CPU host: a few programs of each launch --------------------------------------------
+
+# Programs run per launch (see ``sample_programs``): on every grid axis one program in each residue class
+# modulo STRATA (so also modulo 8, 4 and 2), chosen so that, as far as the axis allows, they also cover every
+# class modulo COVER; an axis of at most STRATA programs runs all of them; plus the first and the last
+# program and RANDOM_PROGRAMS more; all drawn per candidate from the secret.
+STRATA = 16
+COVER = (3, 5, 7)
+RANDOM_PROGRAMS = 2
+
+
+def _axis_picks(n: int, rng: Any) -> list[int]:
+    """Coordinates on an axis of ``n`` programs: every one when ``n <= STRATA``, else one per residue class
+    modulo STRATA, each the member of its class that covers the most new classes modulo COVER."""
+    if n <= STRATA:
+        return rng.sample(range(n), n)
+    covered: dict[int, set[int]] = {m: set() for m in COVER}
+    picks = []
+    for r in rng.sample(range(STRATA), STRATA):
+        members = range(r, n, STRATA)
+        cands = members if len(members) <= 64 else [members[rng.randrange(len(members))] for _ in range(64)]
+        best = max(cands, key=lambda x: (sum(x % m not in covered[m] for m in COVER), rng.random()))
+        for m in COVER:
+            covered[m].add(best % m)
+        picks.append(best)
+    return picks
+
+
+def sample_programs(grid: tuple[int, int, int], rng: Any) -> set[tuple[int, int, int]]:
+    """The programs of a ``grid`` (nx, ny, nz) a sampled run executes: on every axis the coordinates of
+    ``_axis_picks`` (every residue class modulo 16, and modulo 3, 5 and 7 as far as the axis allows),
+    paired across axes at random; the first and the last program; ``RANDOM_PROGRAMS`` uniform ones. A
+    kernel that skips the programs of one residue class (one program in eight or sixteen, every third
+    group) is always sampled there; which members of a class run is drawn from ``rng``, per candidate."""
+    nx, ny, nz = grid
+    axes = [_axis_picks(n, rng) for n in (nx, ny, nz)]
+    k = max(len(a) for a in axes)
+    picks = {(0, 0, 0), (nx - 1, ny - 1, nz - 1)}
+    picks |= {tuple(a[i % len(a)] for a in axes) for i in range(k)}
+    for _ in range(RANDOM_PROGRAMS):
+        picks.add((rng.randrange(nx), rng.randrange(ny), rng.randrange(nz)))
+    return picks
+
+
+def _launch_grids(family: Any, shape: dict, config: dict, dtype: Any, params: dict) -> list[tuple]:
+    """The grids the entry point launches on ``shape`` (interpreter mode; nothing runs)."""
+    from triton.runtime import interpreter as interp
+
+    grids: list[tuple] = []
+    original = interp.InterpretedFunction.run
+
+    def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> None:
+        g = grid(dict(zip(self.arg_names, args)) | kwargs) if callable(grid) else grid
+        grids.append(tuple(int(x) for x in g))
+
+    interp.InterpretedFunction.run = run
+    try:
+        family.run(family.make_inputs(shape, dtype, "cpu", 0, params), dict(config), dict(params))
+    finally:
+        interp.InterpretedFunction.run = original
+    return grids
+
+
+def wide_shape(family: Any, timed: dict, correctness: list[dict], config: dict, dtype: Any, params: dict) -> dict | None:
+    """``timed`` with every dimension that does not change the baseline's launch grids cut to its smallest
+    (1, else the smallest checked value): every program of the timed launch, the least work per program.
+    The reduction (``reduction_keys``: GEMM K, attention keys) keeps its timed length and the structure
+    (``structure_keys``: the GQA heads) is never cut, so a skip past a length or a wrong head map runs
+    here too. None when no dimension can be cut."""
+    target = _launch_grids(family, timed, config, dtype, params)
+    shape = dict(timed)
+    kept = set(getattr(family, "reduction_keys", ())) | set(getattr(family, "structure_keys", ()))
+    for k in [k for k in family.shape_keys if k not in kept]:
+        for v in sorted({1, min(s[k] for s in correctness)}):
+            trial = {**shape, k: v}
+            if v < shape[k] and family.check_shape(trial) is None and _launch_grids(family, trial, config, dtype, params) == target:
+                shape = trial
+                break
+    return None if shape == timed else shape
+
+
+def _primes_upto(n: int) -> list[int]:
+    sieve = [True] * (n + 1)
+    out = []
+    for i in range(2, n + 1):
+        if sieve[i]:
+            out.append(i)
+            for j in range(i * i, n + 1, i):
+                sieve[j] = False
+    return out
+
+
+_PRIMES = _primes_upto(4096)
+
+
+def tile_size(family: Any) -> int:
+    """The largest tile of the family's space (its BLOCK_* values): a size that is a multiple of it is a
+    multiple of every tile."""
+    blocks = [v for k, vals in family.space.params.items() if k.upper().startswith("BLOCK") for v in vals]
+    return max(blocks) if blocks else 16
+
+
+def _odd_near(v: int, avoid: set[int], below: bool, rng: Any = None) -> int:
+    """An odd prime (a multiple of no tile) below or above ``v``, not one of ``avoid``: the nearest, or with
+    ``rng`` one of the few nearest, so the hidden shapes differ from judgement to judgement."""
+    cands = [p for p in _PRIMES if p > 2 and p not in avoid and ((p < v) if below else (p > v))]
+    if not cands:
+        return 1 if below else v + 1 + (v % 2)
+    near = cands[-4:] if below else cands[:4]
+    return rng.choice(near) if rng is not None else (near[-1] if below else near[0])
+
+
+def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu: bool, rng: Any,
+                 seeds: list[int], params: dict | None = None) -> list[dict]:
+    """The case groups: each has a kind, candidate shapes in order of preference (the reference child
+    keeps the first the family accepts and the baseline passes), a seed and a distribution for the
+    first call and another for the second call in the same buffers. The generic hidden shapes never
+    change the family's ``structure_keys`` (the GQA heads: an odd prime for both makes every group 1);
+    the family's ``structure_cases`` (params overrides: group sizes, cache lengths, another GQA ratio,
+    a long sequence) vary the structure on purpose, drawn fresh from ``rng``."""
+    keys = [k for k in family.shape_keys if k not in getattr(family, "structure_keys", ())]
+    base = max(correctness, key=lambda s: sum(math.log(max(1, s[k])) for k in keys))
+    tiled = [k for k in keys if max(s[k] for s in correctness) >= 16] or keys
+    seen = {k: {s[k] for s in correctness} for k in keys}
+    T = tile_size(family)
+    limit_work = max(sum(math.log(max(1, s[k])) for k in keys) for s in correctness) + math.log(512.0)
+
+    def ok(shape: dict) -> bool:
+        try:
+            return family.check_shape(shape) is None
+        except Exception:  # noqa: BLE001
+            return False
+
+    def variants(target: dict[str, int], order: list[str]) -> list[dict]:
+        """The target mutations, then with fewer keys mutated (each shape once, valid ones only)."""
+        import itertools
+
+        out: list[dict] = []
+        for r in range(len(order), 0, -1):
+            for subset in itertools.combinations(order, r):
+                s = dict(base)
+                s.update({k: target[k] for k in subset})
+                if ok(s) and s not in out and s not in correctness:
+                    out.append(s)
+        return out[:24]
+
+    # drawn from the secret: which odd and aligned sizes are checked differs from judgement to judgement
+    odd = {k: _odd_near(max(s[k] for s in correctness), seen[k], below=True, rng=rng) for k in keys}
+    ones = {k: 1 for k in keys}
+    aligned = {k: (T * (max(1, math.ceil(max(s[k] for s in correctness) / T)) + rng.choice((0, 0, 1)))
+                   if k in tiled else base[k]) for k in keys}
+    hidden_odd = {k: (_odd_near(rng.choice((3, 4)) * max(s[k] for s in correctness), seen[k], below=False, rng=rng)
+                      if k in tiled else _odd_near(max(s[k] for s in correctness) + 1, seen[k], below=False, rng=rng))
+                  for k in keys}
+
+    def shrink(target: dict[str, int]) -> dict[str, int]:
+        """Scale the tiled keys down until the work (sum of log sizes) is within 512x the largest check."""
+        t = dict(target)
+        for _ in range(16):
+            work = sum(math.log(max(1, t[k])) for k in keys)
+            if work <= limit_work:
+                break
+            k = max(tiled, key=lambda k: t[k])
+            t[k] = max(max(s[k] for s in correctness) + 1, t[k] * 2 // 3)
+        return t
+
+    groups = [{"kind": "correctness", "shapes": [s]} for s in correctness]
+    try:
+        structure = family.structure_cases(correctness, dict(params or {}), rng, timed=list(timed)) \
+            if hasattr(family, "structure_cases") else []
+    except Exception as exc:  # noqa: BLE001 - a family's own hook failing is said, not fatal
+        structure = []
+        groups.append({"kind": f"structure (not drawn: {type(exc).__name__}: {str(exc)[:80]})", "shapes": []})
+    for kind, shape, over in structure:
+        if ok(shape):
+            groups.append({"kind": kind, "shapes": [shape], "params": dict(over)})
+    # past the timed reduction: the least-work checked shape with each reduction (K, cache length) longer than
+    # any timed one, so a kernel correct only up to the timed length (a loop capped at it) fails here
+    small = min(correctness, key=lambda s: sum(math.log(max(1, s[k])) for k in family.shape_keys))
+    for k in getattr(family, "reduction_keys", ()):
+        top = max([s[k] for s in list(timed) + list(correctness)])
+        tries = [{**small, k: top + d} for d in sorted({T, 16, 64, 128, 2 * T})]
+        tries = [t for t in tries if ok(t)]
+        if tries:
+            groups.append({"kind": f"past_{k}", "shapes": tries[:1]})
+    groups += [
+        {"kind": "odd", "shapes": variants(odd, tiled + [k for k in keys if k not in tiled])},
+        {"kind": "ones", "shapes": variants(ones, keys)},
+        {"kind": "aligned", "shapes": variants(shrink(aligned), tiled)},
+        {"kind": "hidden_odd", "shapes": variants(shrink(hidden_odd), tiled + [k for k in keys if k not in tiled])},
+    ]
+    if on_gpu:
+        groups += [{"kind": "timed", "shapes": [s]} for s in timed]
+    else:
+        # one dimension stretched towards the timed size, the others as checked: a cheat that skips work
+        # past a size threshold shows on the CPU too. Tried smallest first; the reference child keeps the
+        # largest whose baseline run stays within the interpreter's budget.
+        for k in tiled:
+            top = max((s[k] for s in timed), default=0)
+            lo = max(s[k] for s in correctness)
+            if top <= 2 * lo:
+                continue
+            vals, v = [], 2 * lo
+            while v < top:
+                vals.append(_odd_near(v, seen[k], below=False, rng=rng))
+                v *= 2
+            vals.append(top)
+            shapes = [s for s in ({**base, k: x} for x in dict.fromkeys(vals)) if ok(s)]
+            if shapes:
+                groups.append({"kind": f"stretched_{k}", "shapes": shapes, "ascending": True, "budget_s": STRETCH_BUDGET_S})
+    if not on_gpu:
+        # each timed shape itself, a few programs of each launch (see _ProgramSampler): what only the
+        # timed size reaches (every dimension large at once, the program count) is checked on a CPU too
+        groups += [{"kind": "sampled", "shapes": [s], "sample": True} for s in timed]
+        # and every program of each timed launch with the least work each (see wide_shape): a launch that
+        # skips programs past a count, or maps them onto the same tiles, leaves part of the output unwritten
+        groups += [{"kind": "wide", "shapes": [], "wide_of": s} for s in timed]
+    out = []
+    for i, g in enumerate(groups):
+        if not g["shapes"] and not g.get("wide_of"):
+            continue
+        d1, d2 = DISTRIBUTIONS[i % len(DISTRIBUTIONS)], DISTRIBUTIONS[(i + 1) % len(DISTRIBUTIONS)]
+        s1, s2 = i % len(seeds), (i + 1) % len(seeds)
+        # on the CPU the largest hidden shapes are called once (their cost is the interpreter's)
+        second = on_gpu or (g["kind"] not in ("aligned", "hidden_odd", "sampled", "wide", "structure_long")
+                             and not g["kind"].startswith("stretched"))
+        out.append({"id": f"g{i}", **g, "seed": seeds[s1], "seed_index": s1, "dist": d1,
+                    "second": {"seed": seeds[s2], "dist": d2} if second else None})
+    return out

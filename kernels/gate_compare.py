@@ -1,0 +1,245 @@
+"""The gate's comparisons (process side): candidate outputs against the float64 reference and the
+baseline, output buffers and what must stay untouched, read-only inputs, and what a sampled launch leaves
+to settle. Each problem is a sentence naming the case; ``kregress.core.checks`` names the checks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kernels.gate_cases import _outputs
+
+
+def base_writes(stats: dict) -> list[list[dict[str, int]]]:
+    """Per output, per launch: program id -> elements the baseline's program wrote there."""
+    return [[dict(zip(la["pids"], la["filled"])) for la in o["launches"]] for o in stats["outputs"]]
+
+
+def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
+                     base: list[list[dict[str, int]]] | None = None) -> list[str]:
+    """What a sampled run of a timed shape shows that a full run would have to settle: a written element
+    that differs from the reference, a launch whose programs cannot cover the output (the largest amount
+    a sampled program wrote, times the grid, is less than the output), no launch writing an output at
+    all; and with ``base`` (the baseline's writes on the same programs) a program that wrote less than
+    the baseline's program of the same id, or launches unlike the baseline's. Empty: nothing to settle."""
+    import torch
+
+    from kernels.measure import compare
+
+    out_l, ref_l = _outputs(out), _outputs(ref)
+    if len(out_l) != len(ref_l):
+        return [f"{len(out_l)} output(s), the reference has {len(ref_l)}"]
+    why: list[str] = []
+    for i, (o, r) in enumerate(zip(out_l, ref_l)):
+        if not torch.is_tensor(r):
+            continue
+        if not torch.is_tensor(o) or tuple(o.shape) != tuple(r.shape) or not o.is_floating_point():
+            why.append(f"output {i} is not a floating tensor of the reference's shape")
+            continue
+        launches = stats["outputs"][i]["launches"] if i < len(stats["outputs"]) else []
+        if not launches:
+            why.append(f"no launch wrote output {i}")
+            continue
+        reach = sum(max(la["filled"], default=0) * la["grid"] for la in launches)
+        if reach < o.numel():
+            why.append(f"output {i}: the launches reach at most {reach} of its {o.numel()} elements "
+                       f"(largest write of a sampled program x grid)")
+        if base is not None:
+            mine = base[i] if i < len(base) else []
+            if len(mine) != len(launches):
+                why.append(f"output {i}: written by {len(launches)} launch(es), the baseline's by {len(mine)}")
+            for j, la in enumerate(launches[:len(mine)]):
+                short = [(p, n, mine[j][p]) for p, n in zip(la.get("pids", []), la["filled"]) if n < mine[j].get(p, -1)]
+                missing = [p for p in la.get("pids", []) if p not in mine[j]]
+                if short or missing:
+                    p, n, b = short[0] if short else (missing[0], 0, "?")
+                    why.append(f"output {i}: program ({p}) of a {la['grid']}-program launch wrote {n} elements, "
+                               f"the baseline's {b}")
+                    break
+        written = ~torch.isnan(o)
+        if written.any():
+            res = compare(o[written], r[written], atol, rtol)
+            if not res["ok"]:
+                why.append(f"output {i}: {res['mismatches']} of {int(written.sum())} written elements differ from the reference")
+    return why
+
+
+def _error_fractions(out: Any, ref: Any, atol: float, rtol: float) -> tuple[float, float, int]:
+    """(max, sum of squares, count) of |out - ref| / (atol + rtol |ref|) over the reference's finite
+    elements; a non-finite output there counts as infinite error."""
+    import torch
+
+    o = out.detach().to("cpu", torch.float64)
+    r = ref.detach().to("cpu", torch.float64)
+    if o.shape != r.shape:
+        return math.inf, math.inf, 1
+    finite = torch.isfinite(r)
+    frac = (o - r).abs() / (atol + rtol * r.abs())
+    frac = torch.where(torch.isfinite(o), frac, torch.full_like(frac, math.inf))
+    frac = frac[finite]
+    if frac.numel() == 0:
+        return 0.0, 0.0, 0
+    return float(frac.max()), float((frac * frac).sum()), int(frac.numel())
+
+
+def _structure_problem(out: Any, base: Any) -> str | None:
+    """Why the candidate's outputs are not shaped like the baseline's (count, tensor or not, shape, dtype),
+    or None. A non-tensor where the baseline returns a tensor (None, a list) has nothing to compare."""
+    import torch
+
+    outs, bases = _outputs(out), _outputs(base)
+    if len(outs) != len(bases):
+        return f"{len(outs)} output(s), the baseline returns {len(bases)}"
+    for i, (o, b) in enumerate(zip(outs, bases)):
+        if not torch.is_tensor(b):
+            continue
+        if not torch.is_tensor(o):
+            return f"output {i} is {type(o).__name__}, not a tensor like the baseline's"
+        if tuple(o.shape) != tuple(b.shape) or o.dtype != b.dtype:
+            return f"output {i} is {o.dtype} {tuple(o.shape)}, the baseline's {b.dtype} {tuple(b.shape)}"
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    import torch
+
+    if torch.is_tensor(a) and torch.is_tensor(b):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.view(torch.uint8) if a.numel() else a,
+                                                                              b.view(torch.uint8) if b.numel() else b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _where(tb: str) -> str:
+    """The last source line a traceback names (where the candidate raised), as `` (at: ...)``."""
+    lines = [ln.strip() for ln in tb.strip().splitlines()[:-1] if ln.strip() and set(ln.strip()) - {"^", "~"}]
+    code = [ln for ln in lines if not ln.startswith(("File ", "Traceback"))]
+    return f" (at: {code[-1][:200]})" if code else ""
+
+
+def input_problems(after: dict, before: dict, buffers: dict) -> list[str]:
+    """Read-only inputs (every input but the output buffers) that are not bit-identical after the call."""
+    if not isinstance(after, dict) or not isinstance(before, dict):
+        return [] if _same(after, before) else ["the inputs changed during the call (they must be left as they were)"]
+    changed = [k for k in before if k not in buffers and not _same(after.get(k), before[k])]
+    return [f"the inputs changed during the call: the read-only input(s) {', '.join(changed)} must come back "
+            "bit-identical"] if changed else []
+
+
+def buffer_problems(out: Any, after: dict, before: dict, ref: Any, buffers: dict, tol: list[float], poison: str) -> list[str]:
+    """An output buffer compared as an output: after the call it must hold the result it stands for
+    (within tolerance, where the reference computes a value), and every element the reference leaves as
+    handed in (padding, rows past ``masked_m``: the poison) must come back bit for bit, in the buffer and
+    in the returned result."""
+    import torch
+
+    from kernels.measure import compare
+
+    why: list[str] = []
+    refs, outs = _outputs(ref), _outputs(out)
+    for name, idx in buffers.items():
+        b0, b1 = before.get(name), after.get(name) if isinstance(after, dict) else None
+        if not (torch.is_tensor(b0) and torch.is_tensor(b1)) or idx >= len(refs) or not torch.is_tensor(refs[idx]):
+            continue
+        r = refs[idx].detach().to("cpu", torch.float64)
+        p = b0.detach().to("cpu", torch.float64)
+        if r.shape != p.shape or b1.shape != b0.shape:
+            why.append(f"the output buffer {name} is {tuple(b1.shape)}, the reference {tuple(r.shape)}")
+            continue
+        untouched = (r == p) | (torch.isnan(r) & torch.isnan(p))
+        res = compare(b1[~untouched], r[~untouched], *tol)
+        if not res["ok"]:
+            why.append(f"the output buffer {name} does not hold the result after the call: {res['sample'][:200]}")
+        for what, t in (("buffer " + name, b1), (f"result {idx}", outs[idx] if idx < len(outs) else None)):
+            if not torch.is_tensor(t) or t.shape != b0.shape or t.dtype != b0.dtype:
+                continue
+            kept = _bits(t)[untouched] == _bits(b0)[untouched]
+            if not bool(kept.all()):
+                n = int((~kept).sum())
+                why.append(f"the {what}: {n} of {int(untouched.sum())} elements a correct kernel leaves untouched "
+                           f"(padding, rows past the valid count; poisoned with {poison}) were written")
+    return why
+
+
+def _bits(t: Any) -> Any:
+    import torch
+
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.detach().cpu().contiguous().view(ints[t.element_size()])
+
+
+class _Tally:
+    """Correctness and precision over every case of one candidate (or of the baseline)."""
+
+    def __init__(self, family: Any, dtype: str):
+        self.family, self.dtype = family, dtype
+        self.max_abs = self.max_rel = 0.0
+        self.nan_inf = False
+        self.mismatches = 0
+        self.samples: list[str] = []
+        self.atols: list[float] = []
+        self.rtols: list[float] = []
+        self.frac_max = 0.0
+        self.frac_sq = 0.0
+        self.frac_n = 0
+        self.worst = ""
+        self.worst_frac = -1.0
+        self.shapes: list[str] = []
+
+    def add(self, label: str, out: Any, ref: Any, tol: list[float]) -> None:
+        import torch
+
+        from kernels.measure import compare
+
+        atol, rtol = tol
+        self.atols.append(atol)
+        self.rtols.append(rtol)
+        if label.split(" ")[0] not in self.shapes:
+            self.shapes.append(label.split(" ")[0])
+        outs, refs = _outputs(out), _outputs(ref)
+        if len(outs) != len(refs):
+            self.mismatches += 1
+            self.samples.append(f"[{label}] {len(outs)} output(s), reference has {len(refs)}")
+            return
+        for i, (o, r) in enumerate(zip(outs, refs)):
+            if torch.is_tensor(r) and not torch.is_tensor(o):
+                self.mismatches += 1
+                self.samples.append(f"[{label}] output {i} is {type(o).__name__}, not a tensor")
+                continue
+            if not (torch.is_tensor(o) and torch.is_tensor(r)):
+                continue
+            res = compare(o, r, atol, rtol)
+            self.max_abs = max(self.max_abs, res["max_abs"])
+            self.max_rel = max(self.max_rel, res["max_rel"])
+            self.nan_inf |= res["nan_inf"]
+            if res["mismatches"]:
+                self.mismatches += max(res["mismatches"], 1)
+                which = f" output {i}" if len(outs) > 1 else ""
+                self.samples.append(f"[{label}{which}] {res['sample']}")
+            mx, sq, n = _error_fractions(o, r, atol, rtol)
+            self.frac_max = max(self.frac_max, mx)
+            self.frac_sq += sq
+            self.frac_n += n
+            if mx > self.worst_frac:
+                self.worst_frac, self.worst = mx, label
+
+    def problem(self, text: str) -> None:
+        self.mismatches += 1
+        self.samples.append(text)
+
+    @property
+    def rms(self) -> float:
+        return math.sqrt(self.frac_sq / self.frac_n) if self.frac_n else 0.0
+
+    def correctness(self) -> Any:
+        from kregress.core.records import Correctness
+
+        return Correctness(ok=self.mismatches == 0 and not self.nan_inf, max_abs_err=self.max_abs, max_rel_err=self.max_rel,
+                           nan_inf=self.nan_inf, mismatches=self.mismatches,
+                           tolerance=max(self.atols + self.rtols) if self.atols else 0.0,
+                           shapes_checked=self.shapes, mismatch_sample=" | ".join(self.samples)[:1200],
+                           atol=max(self.atols) if self.atols else None, rtol=max(self.rtols) if self.rtols else None,
+                           dtype=self.dtype)

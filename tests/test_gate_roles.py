@@ -1,0 +1,157 @@
+"""The gate's input roles and hidden structure (issue 30, items 1-3), unit by unit: output buffers are
+poisoned and compared as outputs (untouched regions bit for bit), read-only inputs must come back
+bit-identical, every call gets its own copy, the families' structure cases keep what indexing depends on,
+and the program sample covers every residue class. Pure functions on small CPU tensors (no process)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kernels.candidate import _fresh, buffer_problems, input_problems, poison_buffers, sample_programs, shape_groups
+from kernels.compile import compile_error_text
+from kregress.core.family import get_family
+
+
+def _grouped_masked_case(seed: int = 0, poison: str = "nan"):
+    fam = get_family("grouped_gemm_fp8")
+    params = {"layout": "masked", "group_sizes": [0, 5, 9]}
+    shape = {"groups": 3, "m": 9, "N": 16, "K": 128}
+    inputs = fam.make_inputs(shape, torch.float8_e4m3fn, "cpu", seed, params)
+    poison_buffers(inputs, fam.output_buffers(params), poison, seed)
+    return fam, params, inputs
+
+
+def test_fresh_copies_never_alias_on_the_cpu():
+    x = {"a": torch.ones(3), "n": 2, "l": [torch.zeros(2)]}
+    y = _fresh(x, "cpu")
+    y["a"].add_(1)
+    y["l"][0].add_(1)
+    assert x["a"].tolist() == [1.0, 1.0, 1.0] and x["l"][0].tolist() == [0.0, 0.0]
+    assert x["a"].to("cpu") is x["a"]  # why _fresh exists: .to on the same device returns the same tensor
+
+
+@pytest.mark.parametrize("mode", ["nan", "random"])
+def test_poison_fills_only_the_declared_buffers(mode):
+    fam, params, inputs = _grouped_masked_case(poison=mode)
+    out = inputs["out"].float()
+    assert (out.isnan().all() if mode == "nan" else (out.isfinite().all() and (out != 0).all()))
+    assert fam.output_buffers(params) == {"out": 0} and "grp" in fam.structure_inputs(params)
+
+
+def _correct_call(fam, params, inputs):
+    """What a correct kernel does: writes the valid rows (the reference rounded to bf16), nothing else."""
+    after = _fresh(inputs, "cpu")
+    ref = fam.reference(_fresh(inputs, "cpu"), params)
+    for g, n in enumerate(inputs["grp"].tolist()):
+        after["out"][g, :n] = ref[g, :n].to(torch.bfloat16)
+    return after, ref
+
+
+@pytest.mark.parametrize("mode", ["nan", "random"])
+def test_a_correct_kernel_passes_and_writing_padding_does_not(mode):
+    fam, params, inputs = _grouped_masked_case(poison=mode)
+    after, ref = _correct_call(fam, params, inputs)
+    tol = [0.05, 0.02]
+    assert buffer_problems(after["out"], after, inputs, ref, {"out": 0}, tol, mode) == []
+    assert input_problems(after, inputs, {"out": 0}) == []
+    bad = _fresh(after, "cpu")
+    bad["out"][0] = 0.0  # group 0 has masked_m = 0: a correct kernel never writes it
+    why = buffer_problems(bad["out"], bad, inputs, ref, {"out": 0}, tol, mode)
+    assert any("leaves untouched" in w for w in why), why
+
+
+def test_a_buffer_left_unwritten_or_a_result_elsewhere_is_caught():
+    fam, params, inputs = _grouped_masked_case(poison="random")
+    after, ref = _correct_call(fam, params, inputs)
+    stale = _fresh(inputs, "cpu")  # wrote nothing: the buffer holds the poison
+    assert any("does not hold the result" in w for w in buffer_problems(after["out"], stale, inputs, ref, {"out": 0}, [0.05, 0.02], "x"))
+
+
+def test_read_only_inputs_must_come_back_bit_identical():
+    fam, params, inputs = _grouped_masked_case()
+    after = _fresh(inputs, "cpu")
+    after["grp"][1] = 4  # the structure changed under the caller
+    why = input_problems(after, inputs, {"out": 0})
+    assert why and "grp" in why[0]
+    after = _fresh(inputs, "cpu")
+    after["sa"].view(torch.int32)[0, 0] ^= 1  # one bit of a scale
+    assert input_problems(after, inputs, {"out": 0})
+
+
+def test_reference_starts_from_the_buffer_as_handed_in():
+    fam, params, inputs = _grouped_masked_case(poison="random")
+    ref = fam.reference(_fresh(inputs, "cpu"), params)
+    assert torch.equal(ref[0], inputs["out"][0].double())  # group 0: masked_m = 0, untouched
+    assert not torch.equal(ref[1, :5], inputs["out"][1, :5].double())
+
+
+def test_structure_cases_vary_what_indexing_depends_on():
+    rng = random.Random(1)
+    masked = get_family("grouped_gemm_fp8").structure_cases([{"groups": 2, "m": 40, "N": 32, "K": 128}],
+                                                           {"layout": "masked"}, rng)
+    sizes = [c[2]["group_sizes"] for c in masked]
+    assert all(0 in s and 40 in s and len(s) >= 4 and max(s) <= 40 for s in sizes) and sizes[0] != sizes[1]
+    contig = get_family("grouped_gemm_fp8").structure_cases([{"groups": 2, "m": 40, "N": 32, "K": 128}],
+                                                           {"layout": "contiguous"}, rng)
+    assert any(s % 128 for c in contig for s in c[2]["group_sizes"]) and all(0 in c[2]["group_sizes"] for c in contig)
+    attn = get_family("attention")
+    cases = attn.structure_cases([{"batch": 2, "seqlen": 64, "h_q": 8, "h_kv": 2, "head_dim": 64}], {}, rng)
+    ratios = {c[1]["h_q"] // c[1]["h_kv"] for c in cases if c[0].startswith("structure_gqa")}
+    assert 4 in ratios and len(ratios) == 2 and all(c[1]["h_kv"] == 2 for c in cases if c[0].startswith("structure_gqa"))
+    assert any(c[1]["seqlen"] + c[2].get("prefix", [0])[0] >= 4096 and c[1]["h_q"] == 1 for c in cases)
+    mla = get_family("mla_decode")
+    cases = mla.structure_cases([{"batch": 2, "s_q": 1, "h_q": 16, "seqlen_k": 100}], {}, rng)
+    assert any(c[2]["seqlens"] == [c[1]["seqlen_k"]] and c[1]["seqlen_k"] >= 4096 for c in cases)
+
+
+def test_hidden_shapes_keep_the_gqa_ratio():
+    fam = get_family("attention")
+    shapes = [{"batch": 2, "seqlen": 40, "h_q": 8, "h_kv": 2, "head_dim": 64}]
+    groups = shape_groups(fam, shapes, [{"batch": 4, "seqlen": 512, "h_q": 8, "h_kv": 2, "head_dim": 64}], False,
+                          random.Random(3), [1, 2, 3], {})
+    for g in groups:
+        for s in g["shapes"]:
+            if not g["kind"].startswith("structure"):
+                assert (s["h_q"], s["h_kv"]) == (8, 2), (g["kind"], s)
+    assert any(g["kind"].startswith("structure_gqa") for g in groups)
+
+
+@pytest.mark.parametrize("grid", [(256, 1, 1), (12, 4, 1), (9, 17, 3), (1, 1, 1), (3, 1, 1), (1000, 2, 1)])
+def test_the_program_sample_covers_every_residue_class(grid):
+    rng = random.Random(7)
+    for _ in range(20):
+        picks = sample_programs(grid, rng)
+        assert all(0 <= p[i] < grid[i] for p in picks for i in range(3))
+        assert (0, 0, 0) in picks and tuple(n - 1 for n in grid) in picks
+        for axis in range(3):
+            seen = {p[axis] for p in picks}
+            if grid[axis] <= 16:
+                assert seen == set(range(grid[axis]))
+            for m in (16, 8, 3):
+                if grid[axis] >= 16:
+                    assert {x % m for x in seen} == set(range(m)), (grid, axis, m)
+            if grid[axis] >= 256:
+                assert all({x % m for x in seen} == set(range(m)) for m in (5, 7)), (grid, axis)
+
+
+def test_compile_failures_carry_the_compilers_message():
+    text = "at 12:8:\ndef k(x):\n    y = undefined_name + 1\n        ^\nNameError('undefined_name is not defined')"
+    msg = compile_error_text(text)
+    assert msg.startswith("NameError('undefined_name is not defined')") and "at 12:8" in msg and "y = undefined_name + 1" in msg
+
+
+@pytest.mark.parametrize("family,correctness,timed,key,step", [
+    ("gemm", [{"M": 67, "N": 45, "K": 33}], [{"M": 1024, "N": 1024, "K": 1024}], "K", 1),
+    ("gemm_fp8", [{"M": 40, "N": 48, "K": 256}], [{"M": 512, "N": 512, "K": 1024}], "K", 128),
+    ("mla_decode", [{"batch": 2, "s_q": 1, "h_q": 16, "seqlen_k": 70}], [{"batch": 4, "s_q": 1, "h_q": 16, "seqlen_k": 1024}],
+     "seqlen_k", 1),
+])
+def test_a_case_goes_past_the_timed_reduction(family, correctness, timed, key, step):
+    fam = get_family(family)
+    groups = shape_groups(fam, correctness, timed, False, random.Random(5), [1, 2, 3], {})
+    past = [s for g in groups if g["kind"] == f"past_{key}" for s in g["shapes"]]
+    assert past and past[0][key] > max(t[key] for t in timed) and past[0][key] % step == 0
+    assert all(past[0][k] == min(c[k] for c in correctness) for k in fam.shape_keys if k != key)
