@@ -46,9 +46,19 @@ def test_every_key_gets_30_mutants_that_apply():
 JUDGED_SAMPLE_KEYS = ("gemm", "gemm_fp8", "grouped_gemm_fp8/contiguous", "grouped_gemm_fp8/masked")
 
 
+# Sampled mutants today's gate lets through although the independent check tells them from the original, with
+# the class of weakness (/work/notes/redteam.md). A fix kills the mutant and this test then fails until the
+# entry is removed.
+KNOWN_SURVIVORS = {
+    "grouped_gemm_fp8/contiguous:m06_bound_minus_one_L78":
+        "C6: no hidden contiguous case whose last group fills its 128-row block exactly (the last row is never valid)",
+}
+
+
 def test_a_sample_is_judged_and_killed(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     rng = random.Random(0)
+    known = []
     for key in JUDGED_SAMPLE_KEYS:
         target = mutants.TARGETS[key]
         ms = [m for m in mutants.generate(target, 200, seed=0) if m.op in SAMPLE_OPS]
@@ -57,8 +67,17 @@ def test_a_sample_is_judged_and_killed(tmp_path, monkeypatch):
         for m in sample:
             verdict, cause, reason = verdicts[m.name]
             assert verdict != "PASS", (key, m.name)
-            if not mutants.killed(verdict, cause):  # a survivor must be an equivalent mutant
-                assert mutants.equivalence(target, [m])[m.name] is None, (key, m.name, verdict, cause, reason, m.diff)
+            tag = f"{key}:{m.name}"
+            if mutants.killed(verdict, cause):
+                assert tag not in KNOWN_SURVIVORS, f"{tag} is killed now: remove it from KNOWN_SURVIVORS"
+                continue
+            why = mutants.equivalence(target, [m])[m.name]  # a survivor must be equivalent, or a known miss
+            if why is not None and tag in KNOWN_SURVIVORS:
+                known.append(f"{tag}: {KNOWN_SURVIVORS[tag]} (check: {why})")
+                continue
+            assert why is None, (key, m.name, verdict, cause, reason, m.diff)
+    if known:
+        pytest.xfail("; ".join(known))
 
 
 def test_the_equivalence_check_tells_an_identity_edit_from_a_mutant():
