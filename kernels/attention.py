@@ -502,6 +502,8 @@ class AttentionFamily(TritonFamily):
         ratio = max(1, base["h_q"] // base["h_kv"])
         other = rng.choice([r for r in (2, 3, 4, 8) if r != ratio])
         out = [(f"structure_gqa{r}", dict(base, h_kv=2, h_q=2 * r), {}) for r in (ratio, other)]
+        # the softmax scale is a run-time argument the kernel must honour: one case takes another value
+        out[1][2]["softmax_scale"] = round(_scale(params, base["head_dim"]) * rng.uniform(0.6, 1.6), 6)
         n_q = 128 + rng.randint(1, 15)
         longest = max([max(key_lengths(s, params) + [0]) for s in timed] + [0])
         over: dict[str, Any] = {"prefix": [max(4096, longest) - n_q + rng.randint(1, 63)]}

@@ -485,7 +485,9 @@ class MlaDecodeFamily(TritonFamily):
         longest = max([max(cache_seqlens(s, params) + [0]) for s in timed] + [0])
         long_n = max(4096, longest) + rng.randint(1, page - 1)
         few = min(s["h_q"] for s in shapes)
-        return [("structure_seqlens", dict(base, batch=batch), {"seqlens": lens}),
+        # the softmax scale is a run-time argument the kernel must honour: the ragged case takes another value
+        scale = round(_softmax_scale(params) * rng.uniform(0.6, 1.6), 6)
+        return [("structure_seqlens", dict(base, batch=batch), {"seqlens": lens, "softmax_scale": scale}),
                 ("structure_long", dict(base, batch=1, h_q=few, seqlen_k=long_n), {"seqlens": [long_n]})]
 
     # --- formulas ------------------------------------------------------------------------------

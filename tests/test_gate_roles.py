@@ -105,6 +105,7 @@ def test_structure_cases_vary_what_indexing_depends_on():
     mla = get_family("mla_decode")
     cases = mla.structure_cases([{"batch": 2, "s_q": 1, "h_q": 16, "seqlen_k": 100}], {}, rng)
     assert any(c[2]["seqlens"] == [c[1]["seqlen_k"]] and c[1]["seqlen_k"] >= 4096 for c in cases)
+    assert any(c[2].get("softmax_scale", 576 ** -0.5) != 576 ** -0.5 for c in cases)  # a run-time scalar varied
 
 
 def test_hidden_shapes_keep_the_gqa_ratio():

@@ -4,7 +4,7 @@ mla_decode with bf16 and FP8 KV, attention) at least 8 cheats and 3 legitimate p
 ONE judgement (one baseline and one set of secret cases shared by the set); every cheat must get its entry's
 verdict and cause (never PASS), every legitimate patch must be correct and not REGRESS. An entry with
 ``xfail_reason`` is a known miss of today's gate: it is xfailed strictly, so the fix shows as a failure until
-the line is removed. The seconds per judged patch are printed (pytest -s)."""
+the line is removed (``flaky: true``: a miss that depends on the judgement's random draw, e.g. program sampling). The seconds per judged patch are printed (pytest -s)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,8 @@ def _judged_set(name: str, tmp_path_factory) -> dict:
 
 def _maybe_xfail(entry: dict, ok: bool, why: str) -> None:
     if "xfail_reason" in entry:
+        if ok and entry.get("flaky"):
+            return  # caught in this judgement (sampling found it): nothing to report
         if ok:
             pytest.fail(f"{entry['patch']} now gets the right verdict: remove its xfail_reason ({entry['xfail_reason']})")
         pytest.xfail(f"{entry['xfail_reason']} (today: {why})")

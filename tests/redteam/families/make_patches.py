@@ -344,7 +344,8 @@ ATT_SET = {
     "attention_cheat_no_store_for_prefix": (ATT, [(
         "        o_ptrs = o_ptr + (tq0 + offs_m[:, None]) * stride_ot + h * stride_oh + offs_v[None, :]\n",
         "        o_ptrs = o_ptr + (tq0 + offs_m[:, None]) * stride_ot + h * stride_oh + offs_v[None, :]\n"
-        "        row_ok = row_ok & (diag == 0)  # cached-prefix chunks were written by the previous chunk\n")]),
+        "        if diag != 0:  # cached-prefix chunks were written by the previous chunk\n"
+        "            row_ok = offs_m < 0\n")]),
     "attention_legit_split_interior": (ATT, [(
         "        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k,\n"
         "                                     diag, qk_scale, WIN_LEFT, WIN_RIGHT, mid_lo, mid_hi,\n"
