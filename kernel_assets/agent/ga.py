@@ -1,7 +1,9 @@
 """The portfolio's genetic algorithm (one module per strategy, as Kernel Tuner keeps them).
 
 A steady-state version of Kernel Tuner's ``genetic_algorithm`` over the sweep's shared evaluated set: the
-population is the ``POPULATION`` best configs measured so far by any member; each child has two parents drawn
+population is its own line (the best configs it proposed) plus the sweep's ``ELITE`` best, topped up with
+measured configs drawn at random while the line is short (a population of the other members' best configs
+sits in their basin); each child has two parents drawn
 by rank (the best most often), takes each tunable from one of them at random (uniform crossover), and then
 changes each tunable with chance ``1 / d`` (d tunables, at least one change when the child equals a parent) to
 a value one step away on its ordered axis or, with chance ``FAR_MUTATION``, to any of its values. A child that
@@ -18,7 +20,8 @@ import numpy as np
 
 from kernel_assets.agent.local import Shared
 
-POPULATION = 20  # the best measured configs that breed
+POPULATION = 20  # configs that breed
+ELITE = 2  # of them, the sweep's best (whoever found them)
 FAR_MUTATION = 0.3  # chance that a mutated tunable jumps to any value instead of one step
 TRIES = 16  # children drawn per pick before the nearest free config stands in
 
@@ -31,8 +34,7 @@ class GeneticAlgorithm:
         rng = np.random.default_rng([abs(shared.seed), shared.round, 0x6A])
         if k <= 0 or not len(shared.ok_rows):
             return []
-        order = np.argsort(np.asarray(shared.ok_y), kind="stable")[:POPULATION]
-        pop = valid.idx[np.asarray(shared.ok_rows)[order]].astype(np.int64)
+        pop = valid.idx[self.population(shared, rng)].astype(np.int64)
         weights = 1.0 / np.arange(1, len(pop) + 1)  # rank weights: the best breeds most
         weights /= weights.sum()
         levels = np.asarray([len(v) for v in valid.values])
@@ -68,3 +70,19 @@ class GeneticAlgorithm:
             out.append(int(row))
             taken[row] = blocked[row] = True
         return out
+
+    @staticmethod
+    def population(shared: Shared, rng: np.random.Generator) -> np.ndarray:
+        """The rows that breed, best first: the ``ELITE`` best of the sweep, the best of the ga's own line
+        (the configs it proposed that ran), and, while that line is short, measured configs drawn at random
+        (not the best: the other members' best configs sit in one basin, and a population there only
+        repeats their search)."""
+        y_of = dict(zip(shared.ok_rows, shared.ok_y))
+        ok = np.asarray(shared.ok_rows)
+        elite = [int(r) for r in ok[np.argsort(np.asarray(shared.ok_y), kind="stable")[:ELITE]]]
+        own = sorted({r for r in shared.own.get(GeneticAlgorithm.name, []) if r in y_of} - set(elite), key=y_of.get)
+        members = elite + own[: POPULATION - len(elite)]
+        rest = [int(r) for r in ok if r not in set(members)]
+        if len(members) < POPULATION and rest:
+            members += [int(r) for r in rng.choice(rest, min(len(rest), POPULATION - len(members)), replace=False)]
+        return np.asarray(sorted(members, key=y_of.get))

@@ -82,7 +82,7 @@ import math
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import optuna
@@ -531,6 +531,7 @@ class Shared:
     anchor_pos: tuple[int, ...] | None
     seed: int
     round: int
+    own: dict[str, list[int]] = field(default_factory=dict)  # member -> the measured rows it proposed, in order
 
 
 # fill(shared, k) -> up to k (row, member name) picks not taken: the portfolio's other members

@@ -102,6 +102,12 @@ class PortfolioPolicy:
         order = [m for m in self.members if m != "local"]
 
         def fill(shared: Shared, k: int) -> list[tuple[int, str]]:
+            for row in ctx.history:  # which member proposed each measured row (the ga breeds its own line)
+                m = member_of(row.variant_id)
+                pos = shared.valid.position(row.config) if m else None
+                i = shared.valid.row_of.get(pos) if pos is not None else None
+                if i is not None:
+                    shared.own.setdefault(m, []).append(i)
             out: list[tuple[int, str]] = []
             # each member its share, then (a member that ran out of configs) the others take the rest
             for want in ([share[m] for m in order], [k] * len(order)):
