@@ -340,7 +340,8 @@ def make_policy(method: str, seed: int):
     if bad:
         raise ValueError(f"{method}: unknown knob {', '.join(bad)}; use {', '.join(ABLATIONS)}")
     local = LocalPolicy(seed=seed, ablate=frozenset(knobs))
-    return PortfolioPolicy(seed=seed, members=tuple(members.split("+")) or MEMBERS, local=local)
+    return PortfolioPolicy(seed=seed, members=tuple(m for m in members.split("+") if m in MEMBERS) or ("local",),
+                           local=local)
 
 
 def run_local(problem: Problem, seed: int, cap: int, method: str = "local") -> tuple[list[tuple[int, ...]], float, str]:
@@ -739,7 +740,7 @@ N_SHARED = 4
 
 def dev_group(path: Path) -> tuple[str, str]:
     """(kernel, GPU) of a development file: the first word of its name (after ``ktt_``) and its device."""
-    return path.name.removeprefix("ktt_").split("_")[0], load_table(path).device_name
+    return path.name.removeprefix("ktt_").split("_")[0], json.loads(gzip.decompress(path.read_bytes()))["device_name"]
 
 
 def dev_split(dev_dir: Path = DEV_DIR, seed: int = SPLIT_SEED) -> tuple[list[Path], list[Path]]:

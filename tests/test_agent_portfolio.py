@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_agent_local import GEMM, SPEC, ctx_for, fake_row
 
 from kernel_assets.agent import policy_for
 from kernel_assets.agent.ga import GeneticAlgorithm
 from kernel_assets.agent.local import LocalPolicy, Shared, valid_set
-from kernel_assets.agent.portfolio import MEMBERS, PortfolioPolicy, allocate, member_of
+from kernel_assets.agent.portfolio import DEFAULT_MEMBERS, MEMBERS, PortfolioPolicy, allocate, member_of
 from kernel_assets.agent.tpe import TPE
-from test_agent_local import GEMM, SPEC, ctx_for, fake_row
 
 
-def run_rounds(rounds: int, seed: int | None = None):
+def run_rounds(rounds: int, seed: int | None = None, members=MEMBERS):
     history = [fake_row("baseline", SPEC.baseline, 0)]
     proposals = []
     for rnd in range(1, rounds + 1):
-        p = PortfolioPolicy(seed=seed).propose(ctx_for(history, rnd))
+        p = PortfolioPolicy(seed=seed, members=members).propose(ctx_for(history, rnd))
         proposals.append(p)
         history += [fake_row(s.variant_id, s.config, rnd) for s in p.suggestions]
     return history, proposals
@@ -40,6 +40,8 @@ def test_members_share_one_evaluated_set_no_repeats_in_space_each_with_a_forecas
             seen.add(member_of(s.variant_id))
     assert all(s.variant_id.startswith("r1-local-") for s in proposals[0].suggestions)  # round 1: local's spread
     assert seen == set(MEMBERS)  # every member proposed something after round 1
+    assert {member_of(s.variant_id) for p in run_rounds(3, members=DEFAULT_MEMBERS)[1] for s in p.suggestions} == {
+        "local", "ga"}  # the default: TPE left out (see portfolio.DEFAULT_MEMBERS)
 
 
 def test_deterministic_given_seed_and_history():
@@ -65,10 +67,10 @@ def test_the_bandit_moves_slots_to_the_member_that_sets_new_bests():
             history.append(row)
     ctx = ctx_for(history, 4)
     ctx.objective.update(lat)
-    share = allocate(ctx)
+    share = allocate(ctx, MEMBERS)
     assert sum(share.values()) == 8 and min(share.values()) >= 1
     assert share["ga"] > share["local"] and share["ga"] > share["tpe"], share
-    assert allocate(ctx_for(history[:1], 1)) == {"local": 8, "ga": 0, "tpe": 0}
+    assert allocate(ctx_for(history[:1], 1), MEMBERS) == {"local": 8, "ga": 0, "tpe": 0}
 
 
 @pytest.mark.parametrize("member", [GeneticAlgorithm(), TPE()], ids=lambda m: m.name)
