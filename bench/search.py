@@ -4,13 +4,17 @@ Every method runs on every file given (``--replay FILE``, repeatable or a comma 
 ``*.json``/``*.json.gz`` in ``../shared/data/replay/`` when that folder holds any, else the files shipped
 under ``data/replay/``), over the same seeds, to the same budget, counted the same way:
 
-* local             our embedded-default policy (``kernel_assets.agent.local.LocalPolicy``), round after
+* local             what strategy ``local`` runs: the portfolio (``kernel_assets.agent.portfolio``: the local
+                    model search and a genetic algorithm under one bandit, one evaluated set), round after
                     round with n=8 proposals, called as the sweep calls it: an ``AgentContext`` whose history
                     holds every row measured so far (the start config is the baseline, round 0), each row
                     built as the replay backend builds it (the recorded runs as Measurements, or the
                     recorded failure as the row's error class), its objective the median of the runs. The
                     family is built here from the file (``ReplayTable.space``: the recorded configurations,
                     failures included), so any cache file works;
+* local:SPEC        a variant for comparisons and ablations (``make_policy``): ``local:local`` the local
+                    model search alone (the policy before the portfolio), ``local:local+ga+tpe`` with Optuna's
+                    TPE as a third member, ``local:local+ga-surprise`` without the restarts, etc.;
 * random            uniform sampling without replacement from the recorded configurations (failures too);
 * kt:<strategy>     Kernel Tuner's own strategies in its simulation mode (``kernel_tuner.tune_cache`` on a
                     plain-JSON copy of the file), budget ``strategy_options {"max_fevals": cap}``, seeded
@@ -56,6 +60,16 @@ What is counted, the same way for every method:
   every Kernel Tuner strategy's at 100 evaluations and not above at 400; within 1.02 of the optimum at
   400; median evaluations to 5% at most twice the best Kernel Tuner strategy's.
 
+The development set (``--dev train|test|all``, issue 34): 22 recorded spaces in ``data/search_dev/`` (public
+Kernel Tuner and KTT runs of convolution, pnpoly, dedispersion and CLBlast GEMM on 11 GPUs; convert.py and
+LICENSE there say where each comes from and what was kept), plus the four shared files in train. The split is
+by (kernel, GPU), fixed by ``SPLIT_SEED`` before any tuning: 11 test spaces, 15 train. The six spaces issue 34
+holds back (milo convolution on W6600, A100, MI250X; dedispersion on W6600; CLBlast GEMM on RTX 2080 Ti and
+RTX Titan) are in neither. With ``--dev`` the report ends with a train table and a test table (ours at 100
+and 400, its 90th-percentile seed at 400, the best Kernel Tuner strategy at 100 and 400, evaluations to 5%,
+the issue's targets per space), the headline (the worst space), and each portfolio member's share of the
+evaluations, of the gain and of the runs' final best.
+
 Synthetic spaces (``--synthetic DIR``): bench/synth_spaces.py writes Kernel Tuner cache files with a planted
 lone optimum, a three-way interaction, an optimum on the edge of a failure region, failures independent
 of the parameters, and heavy noise (small and medium sizes, seeded); they are generated into DIR when not
@@ -68,6 +82,7 @@ separate invocations, e.g. one per method in parallel, are merged into one table
     .venv/bin/python bench/search.py --seeds 20 --runs /tmp/search_runs.jsonl --json /tmp/search.json
     .venv/bin/python bench/search.py --replay ../shared/data/replay/pnpoly_RTX_3090.json.gz --seeds 5 --methods local,kt:pso
     .venv/bin/python bench/search.py --synthetic /tmp/synth --seeds 20 --cap 400 --runs /tmp/search_runs.jsonl
+    .venv/bin/python bench/search.py --dev test --seeds 10 --cap 400 --methods local,kt:genetic_algorithm,kt:pso,kt:dual_annealing --runs R
 
 The ``kt:`` methods need the ``bench`` extra (``kernel_tuner``); without it they are reported as not run.
 """
@@ -324,9 +339,29 @@ def run_random(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, .
     return seq, s / max(1, len(seq) - 1) * N_PER_ROUND, ""
 
 
-def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ...]], float, str]:
+def make_policy(method: str, seed: int):
+    """The policy a ``local`` method names: ``local`` is what strategy local runs (the portfolio); ``local:SPEC``
+    a variant for comparisons and ablations, SPEC = members joined by ``+`` (the first ``local``), then knobs of
+    the local policy to switch off, each ``-name`` (``kernel_assets.agent.local.ABLATIONS``): ``local:local``
+    is the local policy alone, ``local:local+ga+tpe-surprise`` the portfolio without the restarts."""
+    from kernel_assets.agent.local import ABLATIONS, LocalPolicy
+    from kernel_assets.agent.portfolio import MEMBERS, PortfolioPolicy
+
+    if method == "local":
+        return PortfolioPolicy(seed=seed)
+    spec = method.split(":", 1)[1]
+    members, *knobs = spec.split("-")
+    bad = [k for k in knobs if k not in ABLATIONS]
+    if bad:
+        raise ValueError(f"{method}: unknown knob {', '.join(bad)}; use {', '.join(ABLATIONS)}")
+    local = LocalPolicy(seed=seed, ablate=frozenset(knobs))
+    return PortfolioPolicy(seed=seed, members=tuple(m for m in members.split("+") if m in MEMBERS) or ("local",),
+                           local=local)
+
+
+def run_local(problem: Problem, seed: int, cap: int, method: str = "local") -> tuple[list[tuple[int, ...]], float, str]:
     from kernel_assets.agent.base import AgentContext
-    from kernel_assets.agent.local import LocalPolicy
+    from kernel_assets.agent.portfolio import member_of
     from kregress.core.records import VariantResult, config_hash
     table = load_table(problem.path)
     family = _FAMILIES.get(problem.path) or recorded_family(table)
@@ -360,7 +395,7 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
     history = [measure("baseline", 0, start_cfg, None)]
     objective = {history[0].config_hash: value(history[0])}
     seq = [problem.start]
-    policy = LocalPolicy(seed=seed)
+    policy = make_policy(method, seed)
     target_1 = problem.target(min(THRESHOLDS))
     reached = problem.values[problem.start] <= target_1
     rnd = 0
@@ -369,6 +404,7 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
     base_value = value(history[0])
     fc_hits: list[bool] = []  # measured speedup inside the forecast's 80% interval
     fc_err: list[float] = []  # |log(forecast / measured speedup)|
+    who: list[str] = ["start"]  # the member that proposed each evaluation, in order
     while not done(problem, seq, cap, reached):
         rnd += 1
         ctx = AgentContext(spec=spec, family=family, round=rnd, n=N_PER_ROUND, history=history,
@@ -391,6 +427,7 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
                     fc_hits.append(s.expected_speedup_low <= measured <= s.expected_speedup_high)
                     fc_err.append(abs(math.log(s.expected_speedup / measured)))
             seq.append(key)
+            who.append(member_of(s.variant_id) or "?")
             reached = reached or problem.values.get(key, math.inf) <= target_1
             if done(problem, seq, cap, reached):
                 break
@@ -400,10 +437,39 @@ def run_local(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, ..
     n_fail = sum(k in problem.failed for k in seq)
     note = note or (f"{rnd} rounds, propose() {np.median(ms):.0f} ms/round median, {ms.max():.0f} max; "
                     f"{n_fail} failed configs evaluated")
-    extra = {"policy_s_per_round_max": float(ms.max()) / 1e3,
+    extra = {"policy_s_per_round_max": float(ms.max()) / 1e3, "members": contributions(problem, seq, who),
              "forecast_coverage_80": float(np.mean(fc_hits)) if fc_hits else None,
              "forecast_abs_log_err": float(np.median(fc_err)) if fc_err else None}
     return seq, float(np.median(round_s)) if round_s else 0.0, note, extra
+
+
+def contributions(problem: Problem, seq: list[tuple[int, ...]], who: list[str]) -> dict[str, dict[str, float]]:
+    """Per member: evaluations it spent, new bests of the run it found and their gain (sum of log(old best /
+    new best)), each within 100 and within the whole run; ``final`` is 1 for the member whose config is the
+    run's best at 100 and at the end."""
+    out: dict[str, dict[str, float]] = {}
+    best, best_who = math.inf, {}
+    for i, (k, m) in enumerate(zip(seq, who), start=1):
+        d = out.setdefault(m, {"evals": 0, "evals_100": 0, "bests": 0, "gain": 0.0, "gain_100": 0.0,
+                               "final_100": 0, "final": 0})
+        d["evals"] += 1
+        d["evals_100"] += i <= 100
+        v = problem.values.get(k, math.inf)
+        if v < best:
+            if math.isfinite(best):
+                d["bests"] += 1
+                g = math.log(best / v)
+                d["gain"] += g
+                if i <= 100:
+                    d["gain_100"] += g
+            best = v
+            best_who["end"] = m
+            if i <= 100:
+                best_who["100"] = m
+    for tag, key in (("100", "final_100"), ("end", "final")):
+        if tag in best_who:
+            out[best_who[tag]][key] = 1
+    return out
 
 
 def run_kt(problem: Problem, strategy: str, seed: int, cap: int) -> tuple[list[tuple[int, ...]], float, str]:
@@ -522,8 +588,8 @@ def run_task(task: tuple[str, str, int, int]) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         extra: dict[str, Any] = {}
-        if method == "local":
-            seq, per_round, note, extra = run_local(problem, seed, cap)
+        if method == "local" or method.startswith("local:"):
+            seq, per_round, note, extra = run_local(problem, seed, cap, method)
         elif method == "random":
             seq, per_round, note = run_random(problem, seed, cap)
         elif method.startswith("kt:"):
@@ -553,10 +619,12 @@ def write_kt_cache(problem: Problem, dest_dir: str) -> str:
     for key, rec in data["cache"].items():
         slim = {k: v for k, v in rec.items() if k in keep}
         k = tuple(int(x) for x in key.split(","))
+        slim.update(zip(data["tune_params_keys"], k))  # Kernel Tuner reads each record's parameters
         if k in problem.values:
             slim["time"] = problem.values[k]
         cache[key] = slim
-    data["cache"] = cache
+    data.pop("cache")
+    data["cache"] = cache  # last: Kernel Tuner reads a file that does not end with the cache as an open one
     out = os.path.join(dest_dir, f"{len(os.listdir(dest_dir))}.json")
     with open(out, "w") as fh:
         json.dump(data, fh)
@@ -575,8 +643,8 @@ def method_stamp(method: str) -> str:
     the Kernel Tuner version for kt:, the sampler for random."""
     import hashlib
 
-    if method == "local":
-        srcs = [_ROOT / "kernel_assets" / "agent" / "local.py", _ROOT / "kernel_assets" / "agent" / "base.py"]
+    if method == "local" or method.startswith("local:"):
+        srcs = [_ROOT / "kernel_assets" / "agent" / f for f in ("local.py", "base.py", "portfolio.py", "ga.py", "tpe.py")]
         return hashlib.sha256(b"".join(p.read_bytes() for p in srcs)).hexdigest()[:16]
     if method.startswith("kt:"):
         return f"kernel_tuner {kt_version()}"
@@ -650,6 +718,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"evals_to_{tag}_q"] = [None if not math.isfinite(x) else x for x in q]
         out[f"reached_{tag}"] = sum(r["evals"][i] is not None for r in ok)
     out["quality"] = {str(b): float(np.median([r["quality"][str(b)] for r in ok])) if ok else None for b in BUDGETS}
+    # the 90th-percentile seed (numpy's linear interpolation): the bad end of the seeds
+    out["quality_p90"] = {str(b): float(np.quantile([r["quality"][str(b)] for r in ok], 0.9)) if ok else None
+                          for b in BUDGETS}
+    mem = [r["members"] for r in ok if r.get("members")]
+    if mem:  # the portfolio: each member's share of the evaluations, of the gain, and of the runs' final bests
+        names = sorted({m for d in mem for m in d})
+        tot = {k: sum(d[m][k] for d in mem for m in d) or 1.0 for k in ("evals", "gain", "final", "evals_100",
+                                                                         "gain_100", "final_100")}
+        out["members"] = {m: {k: sum(d[m][k] for d in mem if m in d) / tot[k] for k in tot} for m in names}
     out["policy_s_per_round"] = float(np.median([r["policy_s_per_round"] for r in ok])) if ok else None
     # the worst round of any seed (local: the slowest propose(); kt:*: its per-8-evaluation average)
     out["policy_s_per_round_max"] = (float(max(r.get("policy_s_per_round_max", r["policy_s_per_round"]) for r in ok))
@@ -661,6 +738,39 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                                        if r.get("forecast_abs_log_err") is not None]))
     out["failed_evals_median"] = float(np.median([r["n_failed"] for r in ok])) if ok else None
     return out
+
+
+# -------------------------------------------------------------------------------------------------
+# The development set (issue 34): data/search_dev/ (22 recorded spaces from public Kernel Tuner and KTT runs,
+# see its convert.py and LICENSE) plus the four benchmark files of ../shared (train only: the local policy
+# was developed on them). Split by (kernel, GPU) group, so two recordings of one kernel on one GPU never
+# straddle it; the groups of the four shared files are train; of the others, a seeded shuffle puts groups
+# into test until at least a third of all 26 spaces are test. Fixed before any tuning on the set.
+DEV_DIR = _ROOT / "data" / "search_dev"
+SPLIT_SEED = 34
+SHARED_GROUPS = {("convolution", "NVIDIA RTX A4000"), ("dedispersion", "NVIDIA RTX A4000"),
+                 ("gemm", "NVIDIA GeForce RTX 3090"), ("pnpoly", "NVIDIA GeForce RTX 3090")}
+N_SHARED = 4
+
+
+def dev_group(path: Path) -> tuple[str, str]:
+    """(kernel, GPU) of a development file: the first word of its name (after ``ktt_``) and its device."""
+    return path.name.removeprefix("ktt_").split("_")[0], json.loads(gzip.decompress(path.read_bytes()))["device_name"]
+
+
+def dev_split(dev_dir: Path = DEV_DIR, seed: int = SPLIT_SEED) -> tuple[list[Path], list[Path]]:
+    """(train, test) files of ``dev_dir``; the four shared files are added to train by the caller."""
+    files = sorted(p for p in dev_dir.glob("*.json.gz"))
+    group = {p: dev_group(p) for p in files}
+    free = sorted({g for g in group.values() if g not in SHARED_GROUPS})
+    random.Random(seed).shuffle(free)
+    need = math.ceil((len(files) + N_SHARED) / 3)
+    test_groups: set[tuple[str, str]] = set()
+    for g in free:
+        if sum(group[p] in test_groups for p in files) >= need:
+            break
+        test_groups.add(g)
+    return [p for p in files if group[p] not in test_groups], [p for p in files if group[p] in test_groups]
 
 
 def default_files() -> list[Path]:
@@ -708,6 +818,70 @@ def check_targets(summary: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def best_kt(summary: dict[str, dict[str, Any]], b: str) -> tuple[str, float] | None:
+    kt = {m[3:]: s["quality"][b] for m, s in summary.items() if m.startswith("kt:") and s["seeds"]}
+    return min(kt.items(), key=lambda kv: kv[1]) if kt else None
+
+
+def split_report(out_json: dict[str, dict[str, Any]], split_of: dict[str, str], ours: str = "local") -> list[str]:
+    """The train and test tables (one row per space: ours at 100 and 400, its 90th-percentile seed at 400, the
+    best Kernel Tuner strategy at 100 and 400, evaluations to 5%, and the issue's targets), the headline (the
+    worst test space) and each portfolio member's share. Markdown lines."""
+    lines: list[str] = []
+    for split in ("train", "test"):
+        names = [n for n, sp in split_of.items() if sp == split and n in out_json and ours in out_json[n]]
+        if not names:
+            continue
+        lines += ["", f"### {split} ({len(names)} spaces): {ours}, best/optimum (median of seeds)", "",
+                  "| space | @100 | @400 | p90 seed @400 | best KT @100 | best KT @400 | to 5%: ours / best KT | targets |",
+                  "|---|---|---|---|---|---|---|---|"]
+        worst = {"100": (0.0, ""), "400": (0.0, ""), "p90": (0.0, "")}
+        met_all = 0
+        share: dict[str, list[dict[str, float]]] = {}
+        for n in sorted(names):
+            s = out_json[n]
+            o = s[ours]
+            q100, q400, p90 = o["quality"]["100"], o["quality"]["400"], o["quality_p90"]["400"]
+            for k, v in (("100", q100), ("400", q400), ("p90", p90)):
+                if v > worst[k][0]:
+                    worst[k] = (v, n)
+            k100, k400 = best_kt(s, "100"), best_kt(s, "400")
+            e5 = o["evals_to_5"]
+            kt5 = [x["evals_to_5"] for m, x in s.items() if m.startswith("kt:") and x["evals_to_5"] is not None]
+            k5 = min(kt5) if kt5 else None
+            miss = []
+            if q400 > 1.02:
+                miss.append("400>1.02")
+            if k400 and q400 > k400[1] * 1.005:
+                miss.append("400>KT")
+            if k100 and q100 > k100[1]:
+                miss.append("100>KT")
+            if k5 is not None and (e5 is None or e5 > 1.5 * k5):
+                miss.append("5%>1.5xKT")
+            met_all += not miss and k100 is not None
+            for m, d in o.get("members", {}).items():
+                if m != "start":  # the start config, evaluation 1 of every run
+                    share.setdefault(m, []).append(d)
+            lines.append(f"| {n.removesuffix('.json.gz')} | {q100:.3f} | {q400:.3f} | {p90:.3f} | "
+                         + (f"{k100[1]:.3f} ({k100[0]}) | {k400[1]:.3f} ({k400[0]})" if k100 and k400 else "- | -")
+                         + f" | {fmt_n(e5, 0) if e5 is not None else '>cap'} / {fmt_n(k5, 0) if k5 is not None else '-'}"
+                         + f" | {'met' if not miss else ', '.join(miss)}{'' if k100 else ' (no KT)'} |")
+        lines += ["", f"{split} headline (worst space): @400 {worst['400'][0]:.3f} ({worst['400'][1]}); @100 "
+                  f"{worst['100'][0]:.3f} ({worst['100'][1]}); 90th-percentile seed @400 {worst['p90'][0]:.3f} "
+                  f"({worst['p90'][1]}); all targets met on {met_all} of {len(names)}"]
+        if share:
+            lines += ["", f"{split}: portfolio members, mean over spaces of each one's share of the evaluations, of the "
+                      "gain (log best/old best), and of the runs' final best (at 100 / at the end)", "",
+                      "| member | evals @100 | evals | gain @100 | gain | final best @100 | final best |",
+                      "|---|---|---|---|---|---|---|"]
+            for m in sorted(share):
+                d = share[m]
+                mean = {k: float(np.mean([x[k] for x in d])) for k in d[0]}
+                lines.append(f"| {m} | {mean['evals_100']:.0%} | {mean['evals']:.0%} | {mean['gain_100']:.0%} | "
+                             f"{mean['gain']:.0%} | {mean['final_100']:.0%} | {mean['final']:.0%} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -721,6 +895,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", action="append", default=None, metavar="FILE",
                     help="Kernel Tuner cache file (repeatable, or a comma list; default: every file in "
                          f"{replay_dir()}, else those in {SHIPPED_DIR})")
+    ap.add_argument("--dev", choices=("train", "test", "all"), default=None,
+                    help=f"run on the development set's train or test split, or both ({DEV_DIR.relative_to(_ROOT)}, "
+                         f"split seed {SPLIT_SEED}; train adds the shared files when present); with --replay, added to them")
     ap.add_argument("--synthetic", default=None, metavar="DIR",
                     help="also run on the synthetic spaces of bench/synth_spaces.py (every kind, in the sizes of "
                          "--synthetic-sizes), generated into DIR when not already there")
@@ -738,13 +915,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only and not args.runs:
         ap.error("--report-only needs --runs JSONL")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in ("local", "random") and not m.startswith("kt:")]
+    bad = [m for m in methods if m not in ("local", "random") and not m.startswith(("kt:", "local:"))]
     if bad:
         ap.error(f"unknown method {', '.join(bad)}; use local, random or kt:<strategy>")
     logging.getLogger("kregress.agent").setLevel(logging.WARNING)
     if args.cap < 2:
         ap.error("--cap must be at least 2")
-    files = [Path(f.strip()) for a in args.replay for f in a.split(",") if f.strip()] if args.replay else default_files()
+    files = [Path(f.strip()) for a in args.replay for f in a.split(",") if f.strip()] if args.replay else []
+    split_of: dict[str, str] = {}
+    if args.dev:
+        train, test = dev_split()
+        if args.dev in ("train", "all"):
+            shared = [p for p in default_files() if p.parent != SHIPPED_DIR]
+            for f in shared + train:
+                split_of[str(f)] = "train"
+            files += shared + train
+        if args.dev in ("test", "all"):
+            for f in test:
+                split_of[str(f)] = "test"
+            files += test
+    elif not files:
+        files = default_files()
     if args.synthetic:
         synth = _load_synth()
         sizes = [x.strip() for x in args.synthetic_sizes.split(",") if x.strip()]
@@ -766,7 +957,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         _PROBLEMS[problem.path] = problem
         tables[problem.path] = table
-        if "local" in methods:
+        if any(m == "local" or m.startswith("local:") for m in methods):
             prepare_local(problem)
 
     tmp = None
@@ -886,6 +1077,11 @@ def main(argv: list[str] | None = None) -> int:
         for n in notes:
             print("note:", n)
         out_json[problem.name] = {m: {k: v for k, v in s.items()} for m, s in summary.items()}
+    if split_of:
+        ours = next((m for m in methods if m == "local" or m.startswith("local:")), None)
+        for m in [ours] if ours else []:
+            for line in split_report(out_json, {Path(k).name: v for k, v in split_of.items()}, m):
+                print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(out_json, indent=1, sort_keys=True))
         print(f"\nwrote {args.json}")

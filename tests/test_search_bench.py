@@ -303,3 +303,26 @@ def test_search_bench_runs_on_generated_synthetic_spaces(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert sorted(res) == sorted(synth.file_name(k, "small", 0) for k in synth.KINDS)
     assert all(sorted(v) == ["local", "random"] for v in res.values())
+
+
+# --- the development set (issue 34): shipped files, a fixed seeded split, the held-back spaces kept out
+def test_the_dev_set_split_is_fixed_a_third_test_by_kernel_and_gpu_and_holds_none_of_the_held_back_spaces():
+    train, test = search.dev_split()
+    names = {p.name for p in train + test}
+    assert len(names) >= 20 and (search.DEV_DIR / "LICENSE").is_file()
+    assert len(test) * 3 >= len(train) + len(test) + search.N_SHARED  # a third of all spaces, the shared four too
+    groups = {split: {search.dev_group(p) for p in files} for split, files in (("train", train), ("test", test))}
+    assert not groups["train"] & groups["test"]  # one kernel on one GPU never straddles the split
+    assert not groups["test"] & search.SHARED_GROUPS  # what the policy was developed on is train
+    assert {p.name for p in test} == {  # fixed by SPLIT_SEED before any tuning on the set
+        "convolution_RTX_2080_Ti.json.gz", "convolution_RTX_3090.json.gz", "convolution_milo_W7800.json.gz",
+        "dedispersion_milo_A6000.json.gz", "dedispersion_milo_MI250X.json.gz", "ktt_convolution_RTX_2080_Ti.json.gz",
+        "ktt_convolution_RTX_3090.json.gz", "ktt_pnpoly_RTX_2080_Ti.json.gz", "pnpoly_RTX_2080_Ti.json.gz",
+        "pnpoly_RTX_2080_Ti_2.json.gz", "pnpoly_RTX_Titan.json.gz"}
+    held_back = {("convolution", "W6600"), ("convolution", "A100"), ("convolution", "MI250X"),
+                 ("dedispersion", "W6600"), ("gemm", "2080 Ti"), ("gemm", "TITAN RTX")}
+    for p in train + test:
+        kernel, device = search.dev_group(p)
+        assert not any(kernel == k and gpu in device for k, gpu in held_back), p.name
+        source = json.loads(gzip.decompress(p.read_bytes()))["kregress_source"]
+        assert source["repository"] == "AutoTuningAssociation/benchmark_hub" and len(source["sha256"]) == 64

@@ -81,6 +81,8 @@ import logging
 import math
 import random
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import optuna
@@ -242,6 +244,13 @@ EQUAL_MIN = 2  # equal pairs (in different contexts) before two values of a tuna
 # rounded up: a baseline of median speed and a variant from anywhere in the space differ by about that.
 Z80 = 1.2816
 PRIOR_LOG_SD = 0.6
+# Parts of the search that can be switched off, for the ablations of bench/search.py (method local:...-name):
+ABLATIONS = {
+    "line": "the line search along each tunable of a stale incumbent",
+    "cover": "the three-way cover pick (round 1's spread and the standing explorer); uniform random in round 1",
+    "surprise": "the restarts around the best config the model predicted far too slow",
+    "switch": "the stagnation switch's three-way model draws and uniform random picks",
+}
 
 
 class Features:
@@ -505,6 +514,30 @@ def prior_forecast() -> tuple[float, float]:
     return 0.0, PRIOR_LOG_SD
 
 
+@dataclass
+class Shared:
+    """The sweep's evaluated set as the portfolio's other members see it (kernel_assets/agent/portfolio.py): the
+    enumerated valid set, which rows are taken (measured, or picked earlier this round: never proposed again),
+    the rows that ran with their log objectives, the rows that failed, the failure model's verdict per row
+    (True: not predicted to fail), the incumbent's position, and the round's seed."""
+
+    valid: ValidSet
+    taken: np.ndarray
+    ok_rows: list[int]
+    ok_y: list[float]
+    fail_rows: list[int]
+    all_rows: list[int]  # every measured row, in the order measured (ok and failed)
+    feasible: np.ndarray
+    anchor_pos: tuple[int, ...] | None
+    seed: int
+    round: int
+    own: dict[str, list[int]] = field(default_factory=dict)  # member -> the measured rows it proposed, in order
+
+
+# fill(shared, k) -> up to k (row, member name) picks not taken: the portfolio's other members
+Fill = Callable[[Shared, int], list[tuple[int, str]]]
+
+
 class LocalPolicy:
     """Thompson sampling on a second-order model of the measured history, with a failure model, the
     incumbent's nearest neighbours, and a switch to wider exploration when the search stops finding
@@ -514,11 +547,18 @@ class LocalPolicy:
 
     name = "local"
 
-    def __init__(self, seed: int | None = None, *, stagnation_switch: bool = True):
+    def __init__(self, seed: int | None = None, *, stagnation_switch: bool = True, ablate: frozenset[str] = frozenset()):
+        unknown = sorted(set(ablate) - set(ABLATIONS))
+        if unknown:
+            raise ValueError(f"ablate {', '.join(unknown)}: unknown; use {', '.join(ABLATIONS)}")
         self.seed = seed
         self.stagnation_switch = stagnation_switch
+        self.ablate = frozenset(ablate)
 
-    def propose(self, ctx: AgentContext) -> Proposal:
+    def propose(self, ctx: AgentContext, n_own: int | None = None, fill: Fill | None = None) -> Proposal:
+        """The round's proposals. With ``fill`` (the portfolio), this policy picks ``n_own`` of the ``ctx.n``
+        and ``fill`` the rest from the same evaluated set; each proposal's id names its member
+        (``r<round>-<member>-<k>``), and every proposal gets this policy's model forecast."""
         spec, fam = ctx.spec, ctx.family
         base_seed = spec.search.seed if self.seed is None else self.seed
         best, bad = self._incumbent(ctx)
@@ -528,15 +568,17 @@ class LocalPolicy:
         notes: list[str] = []
         if valid is not None and len(valid):
             stale = ctx.round - 1 - (best.round if best else 0)  # finished rounds since the best was found
-            picked, forecasts = self._propose_enumerated(ctx, valid, anchor, bad, base_seed, stale, notes)
+            picked, forecasts, members = self._propose_enumerated(ctx, valid, anchor, bad, base_seed, stale, notes,
+                                                                  n_own=n_own, fill=fill)
         else:
             picked = self._propose_sampled(ctx, anchor, base_seed * 1009 + ctx.round)
             forecasts = main_effects_forecast(ctx, bad, picked)
+            members = [self.name] * len(picked)
         if len(picked) < ctx.n:
             notes.append(f"local search found {len(picked)} new valid configs of {ctx.n} asked (space nearly exhausted)")
         base_value = baseline_value(ctx)
         suggestions = []
-        for k, (cfg, fc) in enumerate(zip(picked, forecasts), start=1):
+        for k, (cfg, fc, member) in enumerate(zip(picked, forecasts, members), start=1):
             summary, effect, risk = describe_change(anchor, cfg)
             speed = {}
             if base_value is not None:
@@ -545,7 +587,7 @@ class LocalPolicy:
                 speed = dict(expected_speedup=_speedup(mean), expected_speedup_low=_speedup(mean + Z80 * sd),
                              expected_speedup_high=_speedup(mean - Z80 * sd))
             suggestions.append(Suggestion(
-                variant_id=f"r{ctx.round}-local-{k:02d}", config=cfg, patch_summary=summary, expected_effect=effect,
+                variant_id=f"r{ctx.round}-{member}-{k:02d}", config=cfg, patch_summary=summary, expected_effect=effect,
                 risk=risk, parent=anchor_id, source="local", round=ctx.round, **speed,
             ))
         if base_value is None:
@@ -570,7 +612,8 @@ class LocalPolicy:
 
     def _propose_enumerated(self, ctx: AgentContext, valid: ValidSet, anchor: dict, bad: set[str],
                             base_seed: int, stale: int = 0, notes: list[str] | None = None,
-                            ) -> tuple[list[dict[str, int]], list[tuple[float, float] | None]]:
+                            n_own: int | None = None, fill: Fill | None = None,
+                            ) -> tuple[list[dict[str, int]], list[tuple[float, float] | None], list[str]]:
         """The round's picks (configs) and each one's forecast of log(variant / baseline objective) as
         (mean, sd), None where the model has too few points (the caller uses the prior forecast)."""
         notes = notes if notes is not None else []
@@ -600,9 +643,9 @@ class LocalPolicy:
             taken[i] = True
             picked.append(int(i))
 
-        n = ctx.n
+        n = ctx.n if n_own is None else min(n_own, ctx.n)
         if taken.all():
-            return [], []
+            return [], [], []
         # Moves that cannot change the objective: values of a tunable that have only ever given exactly the
         # same objective (model evidence blind to them) make configs equivalent; one of each class is enough.
         classes = value_classes(valid.idx[ok_rows], np.asarray(ok_v), [len(v) for v in valid.values]) if ok_rows else None
@@ -619,7 +662,7 @@ class LocalPolicy:
                              f"have always given exactly the same objective ({'; '.join(inert)})")
                 taken |= same
                 if taken.all():
-                    return [], []
+                    return [], [], []
         feats = _features(valid)
         free = np.flatnonzero(~taken)
         if len(free) > CANDIDATES_MAX:
@@ -632,6 +675,24 @@ class LocalPolicy:
             fpost = Posterior(feats.design(np.asarray(all_rows)), t - base, feats.prior_var, 0.1)
             fail_p = base + feats.predict(free, fpost.mean[:, None])[:, 0]
         feasible = fail_p <= FAIL_P_MAX
+        feas_all = np.ones(len(valid), dtype=bool)
+        feas_all[free] = feasible
+        fail_rows = [r for r, f in zip(all_rows, fail) if f]
+
+        def finish() -> tuple[list[dict[str, int]], list[tuple[float, float] | None], list[str]]:
+            """The other members fill the round; every pick gets the pairwise model's forecast."""
+            members = [self.name] * len(picked)
+            if fill is not None and len(picked) < ctx.n:
+                shared = Shared(valid, taken, ok_rows, ok_y, fail_rows, list(all_rows), feas_all, anchor_pos,
+                                int(base_seed), ctx.round)
+                mine = set(picked)  # fill marks its picks taken as it goes (members pick in turn)
+                for i, m in fill(shared, ctx.n - len(picked)):
+                    if i not in mine:
+                        mine.add(i)
+                        pick(i)
+                        members.append(m)
+            configs, fcs = self._with_forecasts(valid, feats, picked, post, len(ok_rows), y_mu, y_sd, ctx, ok_rows, ok_y)
+            return configs, fcs, members
 
         def unmeasured() -> np.ndarray:
             """The free configs not yet taken that do not look like failures (all of them when none is left)."""
@@ -661,7 +722,7 @@ class LocalPolicy:
         # can be the good one: block sizes 32, 64, 128, 256 fast, those between slow), best first under
         # a posterior draw, predicted failures included (they are the incumbent's own line).
         line = np.zeros(0, dtype=np.int64)
-        if anchor_pos is not None and stale >= STALE_ROUNDS and len(ok_rows) >= 2:
+        if anchor_pos is not None and stale >= STALE_ROUNDS and len(ok_rows) >= 2 and "line" not in self.ablate:
             on_line = (valid.idx[free] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) == 1
             line = free[on_line & ~taken[free]]
         if len(line):
@@ -673,27 +734,28 @@ class LocalPolicy:
             for i in nearest_to(anchor_pos, n_local):
                 pick(i)
         # 2. Until the model has a few points: space-filling random picks.
-        if len(ok_rows) < max(MODEL_MIN, n // 2):
+        if len(ok_rows) < max(MODEL_MIN, ctx.n // 2):
             cand = unmeasured()
             k = min(n - len(picked), len(cand))
             n_near = len(picked)
-            for i in self._explore(valid, all_rows + picked, cand, k, rng, self.stagnation_switch) if k > 0 else []:
+            cover = self.stagnation_switch and "cover" not in self.ablate
+            for i in self._explore(valid, all_rows + picked, cand, k, rng, cover) if k > 0 else []:
                 pick(i)
             picked[:] = picked[n_near:] + picked[:n_near]  # the random picks first: they cover the space
-            return self._with_forecasts(valid, feats, picked, post, len(ok_rows), y_mu, y_sd, ctx, ok_rows, ok_y)
+            return finish()
         # 3. Thompson sampling: one posterior draw per remaining proposal, its best candidate. A search that
         # has stopped finding better configs (STALE_ROUNDS rounds) spends part of each round on exploration
         # the pairwise model cannot do: draws from a model with three-way blocks (a combination of three
         # values that pays only together, which the pairwise model has averaged away), and a diverse pick.
-        explore = self.stagnation_switch and stale >= EXPLORE_AFTER
+        explore = self.stagnation_switch and stale >= EXPLORE_AFTER and "switch" not in self.ablate
         # A standing second local search: around the best config the model did not expect (another basin).
-        if self.stagnation_switch and SURPRISE_SLOTS and anchor_pos is not None:
+        if self.stagnation_switch and SURPRISE_SLOTS and anchor_pos is not None and "surprise" not in self.ablate:
             root = self._surprise_root(valid, posterior(), ok_rows, anchor_pos)
             if root is not None:
                 for i in nearest_to(tuple(valid.idx[root]), min(SURPRISE_SLOTS, n - len(picked))):
                     pick(i)
         s = n - len(picked)
-        k_cover = min(s, COVER_SLOTS) if self.stagnation_switch else 0  # the standing explorer, in every round
+        k_cover = min(s, COVER_SLOTS) if self.stagnation_switch and "cover" not in self.ablate else 0  # the standing explorer, in every round
         k_rand = min(s - k_cover, RANDOM_SLOTS + (stale - EXPLORE_AFTER) // RANDOM_GROWTH) if explore else 0
         k_tri = min(TRIPLE_SLOTS, s - k_cover - k_rand) if explore and feats.triples() else 0
         k_pair = s - k_cover - k_rand - k_tri
@@ -711,9 +773,6 @@ class LocalPolicy:
                 if not math.isfinite(col[j]):
                     break
                 pick(cand[j])
-
-        feas_all = np.ones(len(valid), dtype=bool)
-        feas_all[free] = feasible
 
         def feasible_of(cand: np.ndarray) -> np.ndarray:
             return feas_all[cand]
@@ -744,7 +803,7 @@ class LocalPolicy:
             if k:
                 for i in self._explore(valid, all_rows + picked, unmeasured(), k, rng, cover):
                     pick(int(i))
-        return self._with_forecasts(valid, feats, picked, post, len(ok_rows), y_mu, y_sd, ctx, ok_rows, ok_y)
+        return finish()
 
     @staticmethod
     def _explore(valid: ValidSet, seen: list[int], cand: np.ndarray, k: int, rng: np.random.Generator,

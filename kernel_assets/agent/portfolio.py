@@ -1,0 +1,132 @@
+"""The portfolio: what strategy ``local`` runs. Several search strategies under one budget, one evaluated set.
+
+Members (one module each, as Kernel Tuner keeps its strategies):
+
+* ``local``: the model-based search of ``kernel_assets.agent.local`` (Thompson draws from a pairwise Bayesian
+  model, the incumbent's neighbours, restarts around surprising configs);
+* ``ga``: a steady-state genetic algorithm over the best measured configs (``kernel_assets.agent.ga``);
+* ``tpe``: Optuna's multivariate TPE over every measured config (``kernel_assets.agent.tpe``); not in the default
+  set (``DEFAULT_MEMBERS``: on the train split it did not earn its proposals), kept for comparisons.
+
+They share one evaluated set: every member reads every measured row (whoever proposed it), and a round's
+picks are made in turn (local first, then ga, then tpe), each member skipping what is measured or already
+picked, so no config is measured twice. Every proposal carries the pairwise model's forecast, and its id names
+the member that proposed it (``r<round>-<member>-<k>``): the history says who found what, so the split is
+rebuilt from the history alone and the search stays deterministic given the spec's seed and resumable.
+
+The split of a round's n proposals (a bandit over the members' recent yield): a member's rate is its
+discounted gain (for each of its configs that set a new best of the sweep, log(old best / new best); a round
+``t`` rounds ago weighs ``DISCOUNT ** t``) per discounted evaluation, both with a prior (``PRIOR_GAIN`` per
+``PRIOR_EVALS``). Each member keeps ``MIN_SLOTS`` proposals (a member that stopped paying can start again);
+the rest go by rate, largest remainder first. Round 1 (the baseline alone, nothing to learn from) is the
+local policy's space-filling start.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from kernel_assets.agent.base import AgentContext, Proposal
+from kernel_assets.agent.ga import GeneticAlgorithm
+from kernel_assets.agent.local import LocalPolicy, Shared
+from kernel_assets.agent.tpe import TPE
+
+MEMBERS = ("local", "ga", "tpe")  # every member there is
+# The default: TPE is left out. On the train split's ablation (bench/search.py, 4 spaces, 2 seeds, cap 200) the
+# portfolio without it was better at 100 on three of four spaces (convolution A6000 1.051 / 1.051 against
+# 1.291 / 1.199, pnpoly RTX 3060 1.000 / 1.007 against 1.168 / 1.174) and no worse on the fourth, and its
+# asks cost about 0.05 s each; ``members=MEMBERS`` (bench method local:local+ga+tpe) runs it.
+DEFAULT_MEMBERS = ("local", "ga")
+DISCOUNT = 0.8  # per round: the bandit follows what pays now
+PRIOR_GAIN = 0.02  # prior gain (log units) ...
+PRIOR_EVALS = 8.0  # ... per this many evaluations, for every member
+MIN_SLOTS = 1  # proposals per round every member keeps
+_ID = re.compile(r"^r\d+-([a-z]+)-\d+")
+
+
+def member_of(variant_id: str) -> str | None:
+    """The member that proposed a row, read off its id (``r3-ga-05`` -> ``ga``); None for other rows."""
+    m = _ID.match(variant_id)
+    return m.group(1) if m and m.group(1) in MEMBERS else None
+
+
+def yields(ctx: AgentContext, members=DEFAULT_MEMBERS) -> tuple[dict[str, float], dict[str, float]]:
+    """(discounted gain, discounted evaluations) per member, from the history in measurement order."""
+    gain = dict.fromkeys(members, 0.0)
+    evals = dict.fromkeys(members, 0.0)
+    best = math.inf
+    for row in ctx.history:
+        v = ctx.objective.get(row.config_hash)
+        ok = v is not None and math.isfinite(v) and v > 0 and not row.error
+        m = member_of(row.variant_id) if row.round > 0 else None
+        if m in gain:
+            w = DISCOUNT ** max(0, ctx.round - 1 - row.round)
+            evals[m] += w
+            if ok and v < best and math.isfinite(best):
+                gain[m] += w * math.log(best / v)
+        if ok and v < best:
+            best = v
+    return gain, evals
+
+
+def allocate(ctx: AgentContext, members=DEFAULT_MEMBERS) -> dict[str, int]:
+    """How many of the round's ``ctx.n`` proposals each member makes."""
+    n = ctx.n
+    if ctx.round <= 1 or n < len(members):
+        return {m: (n if m == members[0] else 0) for m in members}
+    gain, evals = yields(ctx, members)
+    rate = {m: (gain[m] + PRIOR_GAIN) / (evals[m] + PRIOR_EVALS) for m in members}
+    share = dict.fromkeys(members, MIN_SLOTS)
+    rest = n - MIN_SLOTS * len(members)
+    total = sum(rate.values())
+    exact = {m: rest * rate[m] / total for m in members}
+    for m in members:
+        share[m] += int(exact[m])
+    left = n - sum(share.values())
+    for m in sorted(members, key=lambda m: (-(exact[m] - int(exact[m])), members.index(m)))[:left]:
+        share[m] += 1
+    return share
+
+
+class PortfolioPolicy:
+    """The local policy, a genetic algorithm and TPE under one budget, split by a bandit (see the module
+    docstring). ``members`` picks a subset (``("local",)`` is the local policy alone), for comparisons."""
+
+    name = "local"
+
+    def __init__(self, seed: int | None = None, *, members: tuple[str, ...] = DEFAULT_MEMBERS,
+                 local: LocalPolicy | None = None):
+        unknown = [m for m in members if m not in MEMBERS]
+        if unknown or not members or members[0] != "local":
+            raise ValueError(f"portfolio members {members!r}: the first must be 'local', the others from {MEMBERS}")
+        self.members = tuple(members)
+        self.local = local or LocalPolicy(seed=seed)
+        self.others = {m: s for m, s in (("ga", GeneticAlgorithm()), ("tpe", TPE())) if m in members}
+
+    def propose(self, ctx: AgentContext) -> Proposal:
+        share = allocate(ctx, self.members)
+        order = [m for m in self.members if m != "local"]
+
+        def fill(shared: Shared, k: int) -> list[tuple[int, str]]:
+            for row in ctx.history:  # which member proposed each measured row (the ga breeds its own line)
+                m = member_of(row.variant_id)
+                pos = shared.valid.position(row.config) if m else None
+                i = shared.valid.row_of.get(pos) if pos is not None else None
+                if i is not None:
+                    shared.own.setdefault(m, []).append(i)
+            out: list[tuple[int, str]] = []
+            # each member its share, then (a member that ran out of configs) the others take the rest
+            for want in ([share[m] for m in order], [k] * len(order)):
+                for m, w in zip(order, want):
+                    got = self.others[m].propose(shared, min(w, k - len(out)))
+                    for i in got:
+                        shared.taken[i] = True
+                        out.append((i, m))
+                if len(out) >= k:
+                    break
+            return out
+
+        prop = self.local.propose(ctx, n_own=share["local"], fill=fill if order else None)
+        prop.notes.append("portfolio: " + ", ".join(f"{m} {share[m]}" for m in self.members))
+        return prop

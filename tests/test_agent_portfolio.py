@@ -1,0 +1,123 @@
+"""The portfolio (strategy local): its members share one evaluated set, the bandit follows the member that pays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_agent_local import GEMM, SPEC, ctx_for, fake_row
+
+from kernel_assets.agent import policy_for
+from kernel_assets.agent.ga import GeneticAlgorithm
+from kernel_assets.agent.local import LocalPolicy, Shared, valid_set
+from kernel_assets.agent.portfolio import DEFAULT_MEMBERS, MEMBERS, PortfolioPolicy, allocate, member_of
+from kernel_assets.agent.tpe import TPE
+
+
+def run_rounds(rounds: int, seed: int | None = None, members=MEMBERS):
+    history = [fake_row("baseline", SPEC.baseline, 0)]
+    proposals = []
+    for rnd in range(1, rounds + 1):
+        p = PortfolioPolicy(seed=seed, members=members).propose(ctx_for(history, rnd))
+        proposals.append(p)
+        history += [fake_row(s.variant_id, s.config, rnd) for s in p.suggestions]
+    return history, proposals
+
+
+def test_strategy_local_runs_the_portfolio():
+    assert isinstance(policy_for("local", SPEC, None), PortfolioPolicy)
+
+
+def test_members_share_one_evaluated_set_no_repeats_in_space_each_with_a_forecast():
+    history, proposals = run_rounds(5)
+    hashes = [r.config_hash for r in history]
+    assert len(hashes) == len(set(hashes)) == 1 + 5 * 8  # no config measured twice, whichever member
+    seen = set()
+    for p in proposals:
+        assert len(p.suggestions) == 8 and not p.dropped
+        for s in p.suggestions:
+            assert GEMM.space.check(s.config) is None
+            assert s.expected_speedup and s.expected_speedup_low <= s.expected_speedup <= s.expected_speedup_high
+            seen.add(member_of(s.variant_id))
+    assert all(s.variant_id.startswith("r1-local-") for s in proposals[0].suggestions)  # round 1: local's spread
+    assert seen == set(MEMBERS)  # every member proposed something after round 1
+    assert {member_of(s.variant_id) for p in run_rounds(3, members=DEFAULT_MEMBERS)[1] for s in p.suggestions} == {
+        "local", "ga"}  # the default: TPE left out (see portfolio.DEFAULT_MEMBERS)
+
+
+def test_deterministic_given_seed_and_history():
+    a = [[s.variant_id + str(s.config) for s in p.suggestions] for p in run_rounds(3)[1]]
+    b = [[s.variant_id + str(s.config) for s in p.suggestions] for p in run_rounds(3)[1]]
+    c = [[s.variant_id + str(s.config) for s in p.suggestions] for p in run_rounds(3, seed=11)[1]]
+    assert a == b and a != c
+
+
+def test_the_bandit_moves_slots_to_the_member_that_sets_new_bests():
+    """Rows named for ga set every new best; local's and tpe's are slower: ga's share grows, each keeps one."""
+    history = [fake_row("baseline", SPEC.baseline, 0)]
+    valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
+    cfgs = [valid.config(i) for i in range(1, 40)]
+    lat = {}
+    for rnd in (1, 2, 3):
+        for k, m in enumerate(MEMBERS * 2):
+            cfg = cfgs.pop()
+            row = fake_row(f"r{rnd}-{m}-{k + 1:02d}", cfg, rnd)
+            v = 1.0 / (rnd * 10 + k) if m == "ga" else 50.0  # ga: ever faster; the others: slow
+            row.measurements[0].p50_ms = v
+            lat[row.config_hash] = v
+            history.append(row)
+    ctx = ctx_for(history, 4)
+    ctx.objective.update(lat)
+    share = allocate(ctx, MEMBERS)
+    assert sum(share.values()) == 8 and min(share.values()) >= 1
+    assert share["ga"] > share["local"] and share["ga"] > share["tpe"], share
+    assert allocate(ctx_for(history[:1], 1), MEMBERS) == {"local": 8, "ga": 0, "tpe": 0}
+
+
+@pytest.mark.parametrize("member", [GeneticAlgorithm(), TPE()], ids=lambda m: m.name)
+def test_members_pick_new_valid_configs_and_skip_predicted_failures(member):
+    valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
+    rng = np.random.default_rng(0)
+    ok = [int(i) for i in rng.choice(len(valid), 30, replace=False)]
+    taken = np.zeros(len(valid), dtype=bool)
+    taken[ok] = True
+    feasible = np.ones(len(valid), dtype=bool)
+    feasible[::2] = False  # half the space predicted to fail
+    y = [float(np.sum(valid.idx[i])) for i in ok]
+    shared = Shared(valid, taken, ok, y, [], list(ok), feasible, tuple(valid.idx[ok[0]]), 5, 3)
+    picks = member.propose(shared, 12)
+    assert len(picks) == len(set(picks)) == 12
+    assert not taken[picks].any() and feasible[picks].all()
+    assert picks == member.propose(shared, 12)  # deterministic
+    assert taken.sum() == 30  # the member works on its own copy of the taken mask
+
+
+def test_ablations_switch_parts_off_and_unknown_names_are_refused():
+    with pytest.raises(ValueError, match="unknown"):
+        LocalPolicy(ablate=frozenset({"nope"}))
+    with pytest.raises(ValueError, match="first must be 'local'"):
+        PortfolioPolicy(members=("ga",))
+    history = [fake_row("baseline", SPEC.baseline, 0)]
+    p = PortfolioPolicy(members=("local",)).propose(ctx_for(history, 2))
+    assert p.suggestions and all(member_of(s.variant_id) == "local" for s in p.suggestions)
+
+
+def test_the_kept_tpe_study_samples_as_one_rebuilt_from_the_history():
+    from kernel_assets.agent import tpe
+
+    valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
+    rows = [int(i) for i in np.random.default_rng(1).choice(len(valid), 60, replace=False)]
+
+    def shared(n: int, rnd: int) -> Shared:
+        taken = np.zeros(len(valid), dtype=bool)
+        taken[rows[:n]] = True
+        ok = rows[:n:5] + rows[1:n:5] + rows[2:n:5] + rows[3:n:5]  # every fifth row failed
+        ok = [r for r in rows[:n] if r in set(ok)]
+        y = [float(np.sum(valid.idx[i] ** 2)) for i in ok]
+        fail = [r for r in rows[:n] if r not in set(ok)]
+        return Shared(valid, taken, ok, y, fail, rows[:n], np.ones(len(valid), dtype=bool), None, 9, rnd)
+
+    tpe._STUDIES.clear()
+    TPE().propose(shared(40, 5), 3)  # the study is kept ...
+    kept = TPE().propose(shared(60, 6), 3)  # ... and 20 rows are added to it
+    tpe._STUDIES.clear()
+    assert kept == TPE().propose(shared(60, 6), 3)  # rebuilt from the history: the same picks
