@@ -185,9 +185,9 @@ def kill_phase(si: SharedInstance, task: str, location: str, pool: str) -> dict:
     import dagster as dg
 
     from kernel_assets.run_guard import worker_process
-    from kernel_assets.testing.shared_instance import submit_backfill
 
-    (rid,) = backfill_runs(si, [submit_backfill(si.instance, si.root / f"ws_{location}.yaml", location, [task])])
+    rid, p = si.launch(location, task)  # `dagster job launch`: a run outside any backfill is retried by the daemon
+    p.communicate(timeout=600)
     deadline = time.monotonic() + 900
     while not any(e.step_key == "baseline_metrics"  # the first benchmark step: holding its device
                   for e in si.instance.all_logs(rid, of_type=dg.DagsterEventType.STEP_START)):
