@@ -7,6 +7,8 @@
 - ``KREGRESS_EXECUTOR``, ``KREGRESS_STEPS_PER_RUN``, ``KREGRESS_DEVICE``, ``KREGRESS_HOST``,
   ``KREGRESS_GPU_PRODUCT``: where steps run and which device pool the benchmark steps take
   (``kernel_assets.executors.placement``; the assets read the same placement for their ``pool=``).
+  A device named ``sim-gpu-<k>`` is simulated (``resources.simgpu``): timing holds it for the recorded or
+  modelled kernel time x ``KREGRESS_SIM_SCALE``.
 
 The cap on concurrent runs lives in the instance (``dagster.yaml`` ``concurrency.runs.max_concurrent_runs``),
 not here: it bounds every code location of the instance together.
@@ -30,6 +32,7 @@ from kernel_assets.tokens import build_token_assets
 from kregress.core.names import ENV_VAR, resource_env
 from resources.gpu import ReplayBackend, compiled_backend
 from resources.ledger import LedgerResource
+from resources.simgpu import ENV_SIM_SCALE, is_simulated, sim_scale, simulated_backends
 from resources.taotoken import TaotokenResource
 
 
@@ -41,8 +44,12 @@ def build_resources(env: str | None = None) -> dict:
     by_env = {"local": lambda: compiled_backend("auto"), "gpu": lambda: compiled_backend("cuda")}
     if env not in by_env:
         raise ValueError(f"{ENV_VAR}={env!r} is unknown; allowed: {', '.join(by_env)}")
-    return {"specs": SpecStore(), "taotoken": TaotokenResource(), "ledger": ledger_resource(),
-            "bench": by_env[env](), "replay": ReplayBackend(), "run_context": RunContextResource()}
+    res = {"specs": SpecStore(), "taotoken": TaotokenResource(), "ledger": ledger_resource(),
+           "bench": by_env[env](), "replay": ReplayBackend(), "run_context": RunContextResource()}
+    where = placement()
+    if is_simulated(where.device):  # KREGRESS_DEVICE=sim-gpu-<k>: benchmark steps hold a simulated device
+        res.update(simulated_backends(where.host, where.device, sim_scale(os.environ.get(ENV_SIM_SCALE))))
+    return res
 
 
 LEDGER_URL_ENV = "KREGRESS_LEDGER_URL"

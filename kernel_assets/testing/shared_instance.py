@@ -416,3 +416,104 @@ def max_benchmark_steps_per_device(intervals: list[Interval]) -> dict[str, int]:
         if is_benchmark_pool(iv.pool):
             by_pool.setdefault(iv.pool, []).append((iv.start, iv.end))
     return {pool: max_concurrent(ivs) for pool, ivs in by_pool.items()}
+
+
+# --- where a run's seconds go -----------------------------------------------------------------------------
+
+BLOCKED_PREFIX = "Step blocked by limit for pool"  # Dagster's engine event while a step waits for a pool slot
+_INPUT_EVENTS = {"STEP_START", "LOADED_INPUT", "STEP_INPUT"}
+_OUTPUT_EVENTS = {"STEP_OUTPUT", "HANDLED_OUTPUT", "ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION",
+                  "STEP_SUCCESS", "STEP_FAILURE"}
+
+
+@dataclass
+class RunTimeline:
+    """One run's seconds from its event log. ``own_s``: the steps' own work (from a step's last input event to
+    its first output event: the asset's compute); ``slot_wait_s``: benchmark steps waiting for their device's
+    pool slot (from Dagster's first "Step blocked by limit" event to STEP_START); ``queued_s``: in the run queue
+    (RUN_ENQUEUED to RUN_STARTING); ``launch_s``: RUN_STARTING to RUN_START (the run worker's process start,
+    imports and definitions); ``in_steps_s``: inside steps but not their own work (loading inputs, storing
+    outputs, materialization and check events); ``between_steps_s``: from one step's end to the next one's start,
+    slot waits excluded; ``tail_s``: from the last step's end to the run's end. Orchestration =
+    launch + in_steps + between_steps + tail."""
+
+    run_id: str
+    steps: int
+    queued_s: float
+    launch_s: float
+    own_s: float
+    slot_wait_s: float
+    in_steps_s: float
+    between_steps_s: float
+    tail_s: float
+    start: float  # RUN_STARTING (or RUN_START for a run launched in process)
+    end: float
+
+    @property
+    def overhead_s(self) -> float:
+        return self.launch_s + self.in_steps_s + self.between_steps_s + self.tail_s
+
+
+def run_timeline(instance, run_id: str) -> RunTimeline:
+    """Where one finished run's seconds went (see ``RunTimeline``)."""
+    first: dict[str, float] = {}
+    steps: dict[str, dict] = {}
+    for rec in instance.all_logs(run_id):
+        ev = rec.dagster_event
+        if ev is None:
+            continue
+        kind, t = ev.event_type_value, rec.timestamp
+        first.setdefault(kind, t)
+        if not rec.step_key:
+            continue
+        s = steps.setdefault(rec.step_key, {"start": None, "begin": None, "finish": None, "end": None, "blocked": None})
+        if kind == "ENGINE_EVENT" and (ev.message or "").startswith(BLOCKED_PREFIX):
+            s["blocked"] = s["blocked"] or t
+        elif kind == "STEP_START":
+            s["start"] = t
+        if kind in _INPUT_EVENTS and s["finish"] is None:
+            s["begin"] = t
+        if kind in _OUTPUT_EVENTS and s["start"] is not None:
+            s["finish"] = s["finish"] or t
+        if kind in ("STEP_SUCCESS", "STEP_FAILURE"):
+            s["end"] = t
+    import dagster as dg
+
+    kinds = dg.DagsterEventType
+    record = instance.get_run_record_by_id(run_id)
+    end = record.end_time or max([s["end"] or 0.0 for s in steps.values()] + [first.get(kinds.RUN_START.value, 0.0)])
+    start_t = first.get(kinds.RUN_START.value, end)
+    starting = first.get(kinds.RUN_STARTING.value, start_t)
+    ran = sorted((s for s in steps.values() if s["start"] is not None), key=lambda s: s["start"])
+    own = wait = inside = between = 0.0
+    prev_end = start_t
+    for s in ran:
+        s_end = s["end"] or end
+        begin, finish = s["begin"] or s["start"], s["finish"] or s_end
+        own += max(0.0, finish - begin)
+        inside += max(0.0, (s_end - s["start"]) - max(0.0, finish - begin))
+        w = max(0.0, s["start"] - s["blocked"]) if s["blocked"] is not None else 0.0
+        wait += w
+        between += max(0.0, s["start"] - prev_end - w)
+        prev_end = max(prev_end, s_end)
+    return RunTimeline(run_id, len(ran), max(0.0, starting - first.get(kinds.RUN_ENQUEUED.value, starting)),
+                       max(0.0, start_t - starting), own, wait, inside, between, max(0.0, end - prev_end),
+                       starting, end)
+
+
+def submit_backfill(instance, workspace: Path, loc: str, partitions: list[str], tags: dict | None = None) -> str:
+    """What ``dagster job backfill -l LOC --partitions ... --tags ... --noprompt`` does (Dagster's own
+    ``execute_backfill_command``: the runs are created and queued at once), without a new Python process per
+    call; returns the backfill id."""
+    from dagster._cli.job import execute_backfill_command
+    from dagster._cli.workspace.cli_target import RepositoryOpts, WorkspaceOpts
+
+    said: list[str] = []
+    execute_backfill_command(workspace_opts=WorkspaceOpts(workspace=[str(workspace)]),
+                             repository_opts=RepositoryOpts(location=loc), partitions=",".join(partitions),
+                             tags=json.dumps(tags) if tags else None, noprompt=True, job_name="sweep_job",
+                             print_fn=said.append, instance=instance)
+    m = re.search(r"Launched backfill job `([^`]+)`", "\n".join(said))
+    if not m:
+        raise RuntimeError(f"backfill of {partitions} on {loc} was not launched: {' '.join(said)[-2000:]}")
+    return m.group(1)
