@@ -19,6 +19,6 @@ def test_scale_without_the_deploy_extra_names_it(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("dagster_postgres", "dagster_k8s") else real(name, *a))
-    assert scale.main(["--sweeps", "1"]) == 2
+    assert scale.main(["--devices", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "install -e '.[deploy]'" in err[0] and "dagster_postgres" in err[0]
