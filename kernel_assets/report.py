@@ -138,13 +138,13 @@ def shape_table(history: list[VariantResult], verdicts: dict[str, Verdict]) -> p
 # a PASS whose whole interval lies below 1 (measured faster) is green. A REGRESS is red only when slower.
 CATEGORY_COLORS = {
     "BASELINE": "#1565c0", "PASS": "#78909c", "PASS/faster": "#2e7d32", "NEEDS_REVIEW": "#f9a825",
-    "REGRESS/slower": "#c62828", "REGRESS/wrong": "#6a1b9a", "REGRESS/infeasible": "#616161",
-    "REGRESS/rejected": "#263238",
+    "REGRESS/slower": "#c62828", "REGRESS/wrong": "#6a1b9a", "REGRESS/crashed": "#4a148c",
+    "REGRESS/infeasible": "#616161", "REGRESS/rejected": "#263238",
 }
 CATEGORY_LABELS = {
     "BASELINE": "baseline", "PASS": "PASS (not worse than the guard)", "PASS/faster": "PASS, measured faster",
     "NEEDS_REVIEW": "NEEDS_REVIEW", "REGRESS/slower": "REGRESS/slower", "REGRESS/wrong": "REGRESS/wrong",
-    "REGRESS/infeasible": "REGRESS/infeasible", "REGRESS/rejected": "REGRESS/rejected",
+    "REGRESS/crashed": "REGRESS/crashed", "REGRESS/infeasible": "REGRESS/infeasible", "REGRESS/rejected": "REGRESS/rejected",
 }
 # The shipped replay spec: measured verdicts (recorded RTX 3090 runs) on a host with no GPU.
 REPLAY_DEMO_SPEC = REPO_ROOT / "specs" / "replay_clblast_rtx3090.yaml"
@@ -257,7 +257,7 @@ def latency_figure(variants: pd.DataFrame, title: str, measurements: pd.DataFram
             label = CATEGORY_LABELS[cat]
             if vid in vals and vals[vid] > 0:
                 r = vals[vid] / scale
-                failed = cat in ("REGRESS/infeasible", "REGRESS/wrong", "REGRESS/rejected")
+                failed = cat in ("REGRESS/infeasible", "REGRESS/wrong", "REGRESS/crashed", "REGRESS/rejected")
                 if failed:  # an estimate exists, but the variant is out: hollow and dashed, with its reason
                     bar = ax.bar(x, r - bottom, bottom=bottom, facecolor="white", edgecolor=color, ls="--",
                                  lw=0.9, label=label)[0]
@@ -336,7 +336,7 @@ def overview_markdown(variants: pd.DataFrame, guard: float | None = None) -> str
         val = rec.get("latency_p50_ms")
         if val is None or _isnan(val) or val <= 0:
             ax.plot([x], [0], marker="x", color=CATEGORY_COLORS["REGRESS/infeasible"], ms=3, mew=1)
-        elif cat in ("REGRESS/infeasible", "REGRESS/wrong"):
+        elif cat in ("REGRESS/infeasible", "REGRESS/wrong", "REGRESS/crashed"):
             ax.bar(x, math.log2(val / base), facecolor="white", edgecolor=CATEGORY_COLORS[cat], lw=0.6, width=0.8)
         else:
             ax.bar(x, math.log2(val / base), color=CATEGORY_COLORS[cat], width=0.8)
@@ -885,7 +885,8 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     lines += ["Evidence rule: PASS/REGRESS on latency needs `cuda` or `replay` evidence; `model` latencies give "
               "NEEDS_REVIEW. Correctness, NaN/Inf and constraint failures are real on every backend and give REGRESS "
               "with a cause: `infeasible` (did not compile, out of resources, spills or registers over the limit), "
-              "`wrong` (numerics, NaN/Inf) or `slower`.", ""]
+              "`wrong` (numerics, NaN/Inf), `crashed` (the variant's process died or its call raised), `rejected` (a "
+              "patch the gate refused) or `slower`.", ""]
     view, vcols, vheads = verdict_view(verdict_df, verdicts, kind)
     lines += [RATIO_NOTE + (" The `ratio` column is the same number: variant time / baseline time (above 1 is slower)."
                             if "ratio" in vcols else ""), "",

@@ -189,7 +189,8 @@ def verdict_for(row: VariantResult, baseline: VariantResult, spec: TaskSpec) -> 
     """The evidence rule: correctness and constraints are real everywhere; latency needs cuda/replay.
 
     Every REGRESS has a cause: ``infeasible`` (did not compile, out of resources, over the register,
-    spill or shared-memory limit), ``wrong`` (numerics, NaN/Inf, a crashing launch) or ``slower``.
+    spill or shared-memory limit), ``wrong`` (numerics, NaN/Inf, a launch that raises), ``crashed`` (the
+    variant's process died) or ``slower``.
     Latency is judged shape by shape with ``stats.verdict_by_shape`` against the baseline samples of
     the variant's own batch; a variant is REGRESS/slower if any shape is, and names that shape.
     """

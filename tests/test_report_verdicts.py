@@ -85,7 +85,7 @@ def test_causes_summary_and_estimated_best_with_ties(model_history, tmp_path):
     assert verdicts["r1-nan"].cause == "wrong"
     assert verdicts["r1-a"].verdict == "NEEDS_REVIEW" and verdicts["r1-a"].cause is None
     res = report.write_report(tmp_path, SPEC, "specs/gemm_smoke.yaml", _state(model_history), verdicts, [])
-    assert res["causes"] == {"slower": 0, "wrong": 1, "infeasible": 2, "rejected": 0}
+    assert res["causes"] == {"slower": 0, "wrong": 1, "crashed": 0, "infeasible": 2, "rejected": 0}
     assert res["summary_line"] == "PASS 0 / REGRESS 3 (slower 0, wrong 1, infeasible 2) / NEEDS_REVIEW 2"
     assert res["best"]["kind"] == "estimated best" and res["best"]["ties"] == ["r1-a", "r1-b"]
     md = (tmp_path / "report.md").read_text()
@@ -262,3 +262,16 @@ def test_the_ui_results_table_labels_estimates_and_leaves_out_empty_columns(mode
     head = _rows_md(recorded).splitlines()[0]
     assert "latency_p50_ms" in head and "est_ms" not in head
     assert not any(c in head for c in ("regs_per_thread", "smem_bytes", "occupancy", "max_abs_err", "| error |"))
+
+
+def test_a_crashed_variant_is_regress_crashed_in_the_verdict_summary_and_plot(model_history, tmp_path):
+    # issue 30, item 5: a candidate whose child died is REGRESS `crashed`, not `wrong`; the summary counts it
+    # and the plot draws it (its own colour) without a KeyError
+    hist = model_history[:2] + [_row("r1-crash", 1, [], None, error="crashed",
+                                     detail="the child exited (code -11) before answering")]
+    verdicts = {r.variant_id: verdict_for(r, hist[0], SPEC) for r in hist[1:]}
+    assert (verdicts["r1-crash"].verdict, verdicts["r1-crash"].cause) == ("REGRESS", "crashed")
+    assert "code -11" in verdicts["r1-crash"].reasons[0]
+    res = report.write_report(tmp_path, SPEC, "specs/gemm_smoke.yaml", _state(hist), verdicts, [])
+    assert res["causes"]["crashed"] == 1 and "crashed 1" in res["summary_line"]
+    assert (tmp_path / "latency.png").stat().st_size > 0

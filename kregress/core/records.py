@@ -240,18 +240,18 @@ class VariantResult(BaseModel):
 
 
 # Why a REGRESS is one (Verdict.cause); PASS and NEEDS_REVIEW carry None.
-# REGRESS causes: slower, wrong, infeasible, rejected (a patch refused by the static gate or outside its
-# editable region). NEEDS_REVIEW causes: precision (error several times the baseline's own, within
-# tolerance), implausible (faster than speed of light, or than the spec's factor over the baseline),
-# incomparable (baseline and variant timed on different devices or toolchains).
-CAUSES = ("slower", "wrong", "infeasible", "rejected")
+# REGRESS causes: slower, wrong, crashed (the variant's process died, or its call raised where the
+# baseline's did not), infeasible, rejected (a patch refused by the static gate or outside its editable
+# region). NEEDS_REVIEW causes: precision (error several times the baseline's own, within tolerance),
+# implausible (faster than speed of light, or than the spec's factor over the baseline), incomparable (baseline and variant timed on different devices or toolchains).
+CAUSES = ("slower", "wrong", "crashed", "infeasible", "rejected")
 REVIEW_CAUSES = ("precision", "implausible", "incomparable")
-Cause = Literal["slower", "wrong", "infeasible", "rejected", "precision", "implausible", "incomparable"]
+Cause = Literal["slower", "wrong", "crashed", "infeasible", "rejected", "precision", "implausible", "incomparable"]
 # error class -> cause; constraint violations (spills, registers, shared memory) are "infeasible"
 ERROR_CAUSES = {
     "invalid_config": "infeasible", "compile_failed": "infeasible", "out_of_resources": "infeasible",
     "numeric_mismatch": "wrong", "nan_inf": "wrong", "runtime_error": "wrong", "timeout": "infeasible",
-    "crashed": "wrong", "patch_rejected": "rejected", "patch_failed": "rejected",
+    "crashed": "crashed", "patch_rejected": "rejected", "patch_failed": "rejected",
 }
 
 
