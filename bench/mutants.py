@@ -65,11 +65,11 @@ TARGETS = {
         Target("grouped_gemm_fp8/masked", "grouped_gemm_fp8_masked.yaml", "kernels/gemm_fp8.py", ("fp8_gemm_kernel",),
                {"LAYOUT": 2}),
         Target("mla_decode", "mla_decode_bf16.yaml", "kernels/mla_decode.py", ("mla_decode_kernel", "mla_combine_kernel"),
-               {"KV_FP8": 0, "NUM_SPLITS": 2}),
+               {"KV_FMT": 0, "NUM_SPLITS": 2, "CAUSAL": 1}),
         Target("mla_decode/fp8_kv", "mla_decode_fp8.yaml", "kernels/mla_decode.py",
-               ("mla_decode_kernel", "mla_combine_kernel"), {"KV_FP8": 1, "NUM_SPLITS": 4}),
+               ("mla_decode_kernel", "mla_combine_kernel"), {"KV_FMT": 1, "NUM_SPLITS": 4, "CAUSAL": 1}),
         Target("attention", "attention.yaml", "kernels/attention.py", ("attn_fwd_kernel", "_attn_blocks"),
-               {"D_PE": 0, "HAS_LEFT": 0, "HAS_RIGHT": 1}),
+               {"D_PE": 0, "D_V": 64, "D_VP": 64, "HAS_LEFT": 0, "HAS_RIGHT": 1}),
     )
 }
 

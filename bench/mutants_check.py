@@ -127,7 +127,9 @@ def masked_cases(g: torch.Generator, params: dict) -> list[dict]:
     return out
 
 
-def _mla_ref(q, kv64, bt, lens, page, scale):
+def _mla_ref(q, kv64, bt, lens, page, scale, causal):
+    """FlashMLA's semantics: causal, query s of s_q sees keys 0..n - s_q + s (none: out 0, lse +inf); not
+    causal (flash_mla_with_kvcache's default), every query sees the whole cache."""
     B, s_q, h_q, _ = q.shape
     out = torch.zeros((B, s_q, h_q, 512), dtype=torch.float64)
     lse = torch.full((B, h_q, s_q), float("inf"), dtype=torch.float64)
@@ -137,7 +139,7 @@ def _mla_ref(q, kv64, bt, lens, page, scale):
             continue
         toks = torch.cat([kv64[int(bt[b, i])] for i in range(math.ceil(n / page))])[:n]  # [n, 576]
         for s in range(s_q):
-            last = n - s_q + s
+            last = n - s_q + s if causal else n - 1
             if last < 0:
                 continue
             sc = q[b, s].double() @ toks[: last + 1].T * scale  # [h_q, keys]
@@ -150,6 +152,7 @@ def _mla_ref(q, kv64, bt, lens, page, scale):
 def mla_cases(g: torch.Generator, params: dict, fp8: bool) -> list[dict]:
     page = int(params.get("page_size", 64))
     scale = float(params.get("softmax_scale", 576 ** -0.5))
+    causal = bool(params.get("causal", False))  # the spec's flag, FlashMLA's default when absent
     out = []
     for lens, s_q, h_q in [([0, 1, 64, 1300], 2, 16), ([800, 65, 33], 1, 16), ([200, 3], 3, 16), ([1000, 129], 2, 8)]:
         B = len(lens)
@@ -182,13 +185,13 @@ def mla_cases(g: torch.Generator, params: dict, fp8: bool) -> list[dict]:
             kv.view(torch.uint8)[poison] = 0x7F  # e4m3 NaN
         else:
             kv[poison] = float("nan")
-        ref = _mla_ref(q, kv64, bt, lens, page, scale)
+        ref = _mla_ref(q, kv64, bt, lens, page, scale, causal)
         inputs = {"q": q, "kv": kv, "bt": bt, "lens": torch.tensor(lens, dtype=torch.int32)}
         if fp8:
             inputs["ks"] = ks
-        out.append({"label": f"lens={lens} s_q={s_q} h_q={h_q}", "inputs": inputs, "outputs": [],
+        out.append({"label": f"lens={lens} s_q={s_q} h_q={h_q} causal={causal}", "inputs": inputs, "outputs": [],
                     "call": lambda m, i, c, scale=scale: list(m.mla_decode(i["q"], i["kv"], i["bt"], i["lens"], scale, c,
-                                                                           kv_scale=i.get("ks"))),
+                                                                           kv_scale=i.get("ks"), causal=causal)),
                     "expected": list(ref)})
     return out
 

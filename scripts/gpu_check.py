@@ -631,7 +631,8 @@ def run_part(name: str, items: list[str], timeout: float, ctx: dict, out: Path) 
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--part-child", str(cfile)], cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait(timeout=timeout + 2)  # the child also watches its own deadline
+            # the child also watches its own deadline (between items): a little grace, never more than the limit
+            rc = proc.wait(timeout=timeout + min(2.0, timeout))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # the part and every worker it started
             proc.wait()

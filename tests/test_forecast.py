@@ -71,10 +71,10 @@ def test_calibration_by_hand():
 
 def test_the_report_section_shows_forecast_beside_measurement_and_says_what_cannot_be_scored():
     text = forecast.section(HISTORY, {1: "model-x", 2: "model-y"})
-    assert "| A | 1 | llm | model-x | 1.250 | [1.10, 1.40] | 1.250 | yes | replay |" in text
-    assert "| C | 1 | llm | model-x | 1.100 | [1.00, 1.20] | 2.000 | no | replay |" in text
-    assert "| M1 | 1 | llm | model-x | 1.400 | [1.20, 1.60] | not scorable | - | model |" in text
-    assert "| F | 2 | llm | model-y | 1.300 | [1.10, 1.50] | not timed | - | - |" in text
+    assert "| A | 1 | llm | model-x | 1.250 | 20.0% faster | [1.10, 1.40] | 1.250 | 20.0% faster | yes | replay |" in text
+    assert "| C | 1 | llm | model-x | 1.100 | 9.1% faster | [1.00, 1.20] | 2.000 | 2.00x faster | no | replay |" in text
+    assert "| M1 | 1 | llm | model-x | 1.400 | 28.6% faster | [1.20, 1.60] | not scorable | - | - | model |" in text
+    assert "| F | 2 | llm | model-y | 1.300 | 23.1% faster | [1.10, 1.50] | not timed | - | - | - |" in text
     assert "| llm | model-x | 4 | 3 | 0.118 | 0.67 (3) | 0.50 | 1 |" in text
     assert "1 forecast(s) rest on model evidence" in text and "cannot be scored" in text
     model_only = [BASE.model_copy(update={"measurements": [meas(1.0, "model")], "evidence": "model"}),
