@@ -498,8 +498,9 @@ class GroupedGemmFp8Family(Fp8FamilyBase):
 
     def structure_cases(self, shapes, params, rng, timed=()):
         """Masked: ``masked_m`` per expert from 0 to full (shuffled); contiguous: ragged group sizes
-        (0, below and above the 128-row alignment). Two draws each, on the largest checked shape with
-        at least 4 groups."""
+        (0, below and above the 128-row alignment, and one that fills its 128-row blocks exactly, last in
+        the second draw: the layout then ends on a block boundary with a valid last row). Two draws each,
+        on the largest checked shape with at least 4 groups."""
         base = max(shapes, key=lambda s: s["groups"] * s["m"] * s["N"] * s["K"])
         shape = dict(base, groups=max(4, base["groups"]))
         G, m = shape["groups"], shape["m"]
@@ -508,9 +509,13 @@ class GroupedGemmFp8Family(Fp8FamilyBase):
             if _layout(params) == "masked":
                 sizes = [0, m] + [rng.randint(1, max(1, m - 1)) for _ in range(G - 2)]
             else:
-                sizes = [0, rng.randint(1, ALIGN_M - 1), ALIGN_M + rng.randint(1, ALIGN_M - 1)]
-                sizes += [rng.randint(0, 2 * max(m, ALIGN_M)) for _ in range(G - 3)]
+                full = ALIGN_M * rng.randint(1, 2)
+                sizes = [0, rng.randint(1, ALIGN_M - 1), ALIGN_M + rng.randint(1, ALIGN_M - 1), full]
+                sizes += [rng.randint(0, 2 * max(m, ALIGN_M)) for _ in range(G - 4)]
             rng.shuffle(sizes)
+            if i == 1 and _layout(params) != "masked":
+                sizes.remove(full)
+                sizes.append(full)
             out.append((f"structure_groups{i}", shape, {"group_sizes": sizes}))
         return out
 

@@ -97,6 +97,10 @@ def test_structure_cases_vary_what_indexing_depends_on():
     contig = get_family("grouped_gemm_fp8").structure_cases([{"groups": 2, "m": 40, "N": 32, "K": 128}],
                                                            {"layout": "contiguous"}, rng)
     assert any(s % 128 for c in contig for s in c[2]["group_sizes"]) and all(0 in c[2]["group_sizes"] for c in contig)
+    # a group that fills its 128-row blocks exactly, last in the second draw: the layout's last row is valid
+    # (mutant C6: a bound off by one on the last row survived without it)
+    last = contig[1][2]["group_sizes"][-1]
+    assert last and last % 128 == 0 and all(any(s and s % 128 == 0 for s in c[2]["group_sizes"]) for c in contig)
     attn = get_family("attention")
     cases = attn.structure_cases([{"batch": 2, "seqlen": 64, "h_q": 8, "h_kv": 2, "head_dim": 64}], {}, rng)
     ratios = {c[1]["h_q"] // c[1]["h_kv"] for c in cases if c[0].startswith("structure_gqa")}

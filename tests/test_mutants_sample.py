@@ -49,10 +49,8 @@ JUDGED_SAMPLE_KEYS = ("gemm", "gemm_fp8", "grouped_gemm_fp8/contiguous", "groupe
 # Sampled mutants today's gate lets through although the independent check tells them from the original, with
 # the class of weakness (/work/notes/redteam.md). A fix kills the mutant and this test then fails until the
 # entry is removed.
-KNOWN_SURVIVORS = {
-    "grouped_gemm_fp8/contiguous:m06_bound_minus_one_L78":
-        "C6: no hidden contiguous case whose last group fills its 128-row block exactly (the last row is never valid)",
-}
+KNOWN_SURVIVORS: dict[str, str] = {}  # C6 (contiguous m06, a bound off by one on the last row) is killed since the
+# structure cases hold a group that fills its 128-row blocks exactly, last in the second draw
 
 
 def test_a_sample_is_judged_and_killed(tmp_path, monkeypatch):

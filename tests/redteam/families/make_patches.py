@@ -223,7 +223,7 @@ GEMM_SET = {
 M_PAGE = "            page = tl.load(bt_row + start_n // PAGE_SIZE).to(tl.int64)\n"
 M_BPS = "    blocks_per_split = (n_blocks + NUM_SPLITS - 1) // NUM_SPLITS\n"
 M_END = "    end = tl.minimum(start + blocks_per_split * BLOCK_N, seqlen)\n"
-M_VIS = "            visible = tok_ok[None, :] & (tok[None, :] <= last_key[:, None])\n"
+M_VIS = "                visible = tok_ok[None, :] & (tok[None, :] <= last_key[:, None])\n"  # the CAUSAL branch
 M_FP8 = ("                kv = (kv.to(tl.float32) * tok_scale[:, None]).to(q_nope.dtype)\n"
          "                k_pe = (k_pe.to(tl.float32) * tok_scale[:, None]).to(q_nope.dtype)\n")
 M_DOT = "            qk = tl.dot(q_pe, tl.trans(k_pe), acc=tl.dot(q_nope, tl.trans(kv)))\n"
@@ -259,13 +259,13 @@ def mla_common(prefix: str) -> dict[str, tuple[str, list[tuple[str, str]]]]:
             "    w = tl.exp(lse_s - m_safe[:, None])  # 0 for an empty split (lse_s = -inf) and for the padding\n",
             "    w = tl.math.exp2((lse_s - m_safe[:, None]) * 1.4426950408889634)  # exp via exp2\n")]),
         f"{prefix}_legit_visible_clamped": (MLA, [(M_VIS,
-            "            visible = tok[None, :] <= tl.minimum(last_key, end - 1)[:, None]\n")]),
+            "                visible = tok[None, :] <= tl.minimum(last_key, end - 1)[:, None]\n")]),
     }
 
 
 MLA_BF16 = mla_common("mla_bf16") | {
     "mla_bf16_cheat_causal_dropped_long": (MLA, [(M_VIS,
-        "            visible = tok_ok[None, :] & ((tok[None, :] <= last_key[:, None]) | (seqlen > 512))\n")]),
+        "                visible = tok_ok[None, :] & ((tok[None, :] <= last_key[:, None]) | (seqlen > 512))\n")]),
     "mla_bf16_cheat_hardcoded_scale": (MLA, [(
         "        qk_scale = sm_scale * 1.4426950408889634\n",
         "        qk_scale = 0.135234 * 1.4426950408889634  # DeepSeek-V3's YaRN scale, folded at compile time\n")]),
@@ -290,8 +290,8 @@ MLA_FP8 = mla_common("mla_fp8") | {
          "                            acc=tl.dot(q_nope.to(tl.float32), tl.trans(kv), input_precision=\"ieee\"))\n"
          "            else:\n"
          "                qk = tl.dot(q_pe, tl.trans(k_pe), acc=tl.dot(q_nope, tl.trans(kv)))\n"),
-        ("            qk = tl.dot(q_pe, tl.trans(k_pe), acc=tl.dot(q_nope, tl.trans(kv)))\n            visible",
-         "            visible")]),
+        ("            qk = tl.dot(q_pe, tl.trans(k_pe), acc=tl.dot(q_nope, tl.trans(kv)))\n            if CAUSAL:",
+         "            if CAUSAL:")]),
 }
 
 # --- attention -------------------------------------------------------------------------------------
@@ -349,18 +349,18 @@ ATT_SET = {
     "attention_legit_split_interior": (ATT, [(
         "        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k,\n"
         "                                     diag, qk_scale, WIN_LEFT, WIN_RIGHT, mid_lo, mid_hi,\n"
-        "                                     D_QK, D_PE, D_V, BLOCK_N, HAS_LEFT, HAS_RIGHT, False)\n",
+        "                                     D_QK, D_PE, D_V, D_VP, BLOCK_N, HAS_LEFT, HAS_RIGHT, False)\n",
         "        # interior split in two independent online softmaxes, merged after (shorter dependency chains)\n"
         "        half = mid_lo + (mid_hi - mid_lo) // (2 * BLOCK_N) * BLOCK_N\n"
         "        m2 = tl.full([BLOCK_M], float(\"-inf\"), dtype=tl.float32)\n"
         "        l2 = tl.zeros([BLOCK_M], dtype=tl.float32)\n"
-        "        acc2 = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)\n"
+        "        acc2 = tl.zeros([BLOCK_M, D_VP], dtype=tl.float32)\n"
         "        acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k,\n"
         "                                     diag, qk_scale, WIN_LEFT, WIN_RIGHT, mid_lo, half,\n"
-        "                                     D_QK, D_PE, D_V, BLOCK_N, HAS_LEFT, HAS_RIGHT, False)\n"
+        "                                     D_QK, D_PE, D_V, D_VP, BLOCK_N, HAS_LEFT, HAS_RIGHT, False)\n"
         "        acc2, l2, m2 = _attn_blocks(acc2, l2, m2, q, q_pe, k_base, v_base, stride_kt, stride_vt, offs_m, seqlen_k,\n"
         "                                    diag, qk_scale, WIN_LEFT, WIN_RIGHT, half, mid_hi,\n"
-        "                                    D_QK, D_PE, D_V, BLOCK_N, HAS_LEFT, HAS_RIGHT, False)\n"
+        "                                    D_QK, D_PE, D_V, D_VP, BLOCK_N, HAS_LEFT, HAS_RIGHT, False)\n"
         "        m_new = tl.maximum(m_i, m2)\n"
         "        m_ref = tl.where(m_new == float(\"-inf\"), 0.0, m_new)\n"
         "        a1 = tl.math.exp2(m_i - m_ref)\n"
