@@ -103,7 +103,9 @@ def test_the_independent_set_reaches_every_layer(judged):
     causes = {judged[e["patch"]][1].cause for e in INDEPENDENT["cheats"]}
     assert {"rejected", "wrong", "precision", "infeasible"} <= causes
     details = " ".join(judged[e["patch"]][0].error_detail or "" for e in INDEPENDENT["cheats"])
-    for layer in ("sandbox:", "(full run)", "1024x1024x1 "):
+    # (the timed shape itself is checked below through the notes of a legitimate patch: since the hidden case
+    # past the timed K, the cheats that skip work past a length are caught there first, not on the timed shape)
+    for layer in ("sandbox:", "(full run)"):
         assert layer in details, (layer, {e["patch"]: (judged[e["patch"]][1].cause, (judged[e["patch"]][0].error_detail or "")[:120])
                                           for e in INDEPENDENT["cheats"]})
     assert len(INDEPENDENT["cheats"]) + len(INDEPENDENT["gpu_only"]) >= 30 and len(INDEPENDENT["legit"]) >= 10
