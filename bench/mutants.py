@@ -95,9 +95,36 @@ def _dead(test: ast.expr, consts: dict) -> bool | None:
     if not names or not names <= set(consts):
         return None
     try:
-        return not bool(eval(compile(ast.Expression(test), "<test>", "eval"), {}, dict(consts)))  # noqa: S307
-    except Exception:
+        return not bool(_const_value(test, consts))
+    except (KeyError, TypeError, ValueError):
         return None
+
+
+_CMP = {ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b, ast.Lt: lambda a, b: a < b,
+        ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b}
+
+
+def _const_value(node: ast.expr, consts: dict) -> Any:
+    """The value of a constexpr test (names, constants, comparisons, and/or/not), read from the AST; nothing
+    is executed. Anything else raises ValueError (the branch is then treated as live)."""
+    if isinstance(node, ast.Name):
+        return consts[node.id]
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return not _const_value(node.operand, consts)
+    if isinstance(node, ast.BoolOp):
+        vals = [_const_value(v, consts) for v in node.values]
+        return all(vals) if isinstance(node.op, ast.And) else any(vals)
+    if isinstance(node, ast.Compare) and all(type(op) in _CMP for op in node.ops):
+        left = _const_value(node.left, consts)
+        for op, comp in zip(node.ops, node.comparators):
+            right = _const_value(comp, consts)
+            if not _CMP[type(op)](left, right):
+                return False
+            left = right
+        return True
+    raise ValueError(f"not a constexpr test: {ast.dump(node)[:80]}")
 
 
 def _live_nodes(fn: ast.FunctionDef, consts: dict) -> list[ast.AST]:

@@ -98,7 +98,7 @@ def _reject(row: VariantResult, report: GateReport, findings: list[Finding], err
 def static_and_compile(backend: Any, bound: Any, s: Any, tmp: Path, log: Callable[[str], None]) -> tuple[VariantResult, Path | None]:
     """Stages 1-3 for one patch suggestion: the row (with its gate report) and the patched copy's folder
     (None when the patch did not get as far as a compile that succeeded)."""
-    from resources.gpu import base_row
+    from kregress.core.records import base_row
 
     spec, family = bound.spec, bound.family
     row = base_row(s, backend.kind)
