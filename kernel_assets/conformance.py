@@ -33,33 +33,16 @@ belongs to the application layer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import yaml
 
+from kernel_assets.conformance_parts import ENUMERATE_CAP, Check, _run_jobs, _tiles  # noqa: F401 - Check is public here too
 from kregress.core.bind import BoundSpec, load_bound
 from kregress.core.family import CudaFamily, ExternalFamily, Family, KernelFamily, RecordedFamily, TritonFamily, get_family
 from kregress.core.records import Suggestion, config_label
 from kregress.core.spec import SpecError, TaskSpec
-
-ENUMERATE_CAP = 200_000
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # PASS, FAIL or SKIP
-    detail: str
-    fix: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status != "FAIL"
-
-    def line(self) -> str:
-        return f"{self.status:<4} {self.name}: {self.detail}" + (f". Fix: {self.fix}" if self.fix and not self.ok else "")
 
 
 class ConformanceError(AssertionError):
@@ -100,24 +83,6 @@ def default_spec_path(family: Family) -> Path | None:
             if mine:
                 return min(mine, key=_correctness_work)
     return None
-
-
-def _tiles(family: Family, spec: TaskSpec) -> list[dict[str, int]]:
-    """The smallest and the largest tile (product of the BLOCK_* values, else of every value)."""
-    keys = [k for k in family.space.params if k.upper().startswith("BLOCK")] or list(family.space.params)
-    best: dict[str, tuple[int, dict]] = {}
-    for n, cfg in enumerate(family.space.enumerate(spec.params, spec.hardware.limits)):
-        if n >= ENUMERATE_CAP:
-            break
-        size = math.prod(cfg[k] for k in keys)
-        if "min" not in best or size < best["min"][0]:
-            best["min"] = (size, cfg)
-        if "max" not in best or size > best["max"][0]:
-            best["max"] = (size, cfg)
-    out = [best["min"][1]] if best else []
-    if best and best["max"][1] != best["min"][1]:
-        out.append(best["max"][1])
-    return out
 
 
 def check_space(family: Family, spec: TaskSpec) -> Check:
@@ -217,16 +182,6 @@ def check_tolerance(family: KernelFamily, spec: TaskSpec) -> Check:
         return Check("tolerance", "FAIL", "tolerance does not grow with any dimension (the reduction length)",
                      "scale atol with the reduction length, e.g. base * sqrt(K / 128)")
     return Check("tolerance", "PASS", f"atol {a0:.3g}, rtol {r0:.3g}; grows with {', '.join(grows)}")
-
-
-def _run_jobs(jobs: list[dict], interpret: bool, timeout: float) -> list[dict]:
-    import tempfile
-
-    from resources.workers import WorkerPool, worker_env
-
-    with tempfile.TemporaryDirectory(prefix="kregress-check-") as cache, \
-            WorkerPool(1, worker_env(Path(cache), interpret=interpret)) as pool:
-        return pool.run(jobs, timeout)
 
 
 def check_kernel(family: KernelFamily, spec: TaskSpec, timeout: float = 600) -> Check:

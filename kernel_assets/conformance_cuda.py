@@ -14,7 +14,7 @@ through the interpreter backend, exactly as ``kregress sweep`` on a CPU host com
 
 from __future__ import annotations
 
-from kernel_assets.conformance import Check, _run_jobs, _tiles
+from kernel_assets.conformance_parts import Check, _run_jobs, _tiles
 from kregress.core.cuda_source import kernel_regions, nvcc_problem
 from kregress.core.family import CudaFamily
 from kregress.core.records import config_label
