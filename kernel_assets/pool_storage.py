@@ -1,0 +1,148 @@
+"""SQLite instance storage whose pool limits hold when two runs claim a slot at the same instant.
+
+Dagster's SQL event log claims a pool slot in steps that SQLite does not make atomic: it asks whether the
+pool has an unassigned slot, then queues the step as assigned; it then selects a free slot row ``FOR UPDATE
+SKIP LOCKED`` (a no-op on SQLite) and writes the step into that row by id, without checking the row is
+still free. Two run workers that reach ``baseline_metrics`` within milliseconds of each other both see the
+one free slot and both claim it, so two benchmarks time on one device together (seen in CI: two steps of a
+limit-1 pool started 4 ms apart and overlapped for 2.5 s).
+
+``PoolSafeSqliteStorage`` is Dagster's SQLite storage with one change: every call that claims, frees,
+assigns or sizes pool slots holds an exclusive ``flock`` on ``<event log dir>/pool-slots.lock`` (and a
+process-wide re-entrant lock, so threads of one process and nested calls queue instead of deadlocking).
+SQLite storage lives on one host's disk, so a host-local lock covers every process that can use it; the
+lock is released by the kernel when a holder dies. ``dagster_home/dagster.yaml`` selects it::
+
+    storage:
+      custom:
+        module: kernel_assets.pool_storage
+        class: PoolSafeSqliteStorage
+        config:
+          base_dir:
+            env: DAGSTER_HOME
+
+Everything else (schema, migrations, the UI's views of pools) is Dagster's own. PostgreSQL deployments
+(``deploy/dagster.yaml``) keep Dagster's storage.
+
+This module is imported by every Dagster process of the instance (webserver, daemon, run workers): it
+imports nothing of kregress.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+from dagster._core.storage.base_storage import DagsterStorage
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster._core.storage.runs.sqlite.sqlite_run_storage import SqliteRunStorage
+from dagster._core.storage.schedules.sqlite.sqlite_schedule_storage import SqliteScheduleStorage
+from dagster._core.storage.sqlite_storage import (
+    DagsterSqliteStorage,
+    _event_logs_directory,
+    _runs_directory,
+    _schedule_directory,
+)
+from dagster._utils import mkdir_p
+
+LOCK_NAME = "pool-slots.lock"
+
+# Every method of the event log that reads and then writes the pool tables (claims, frees, queue
+# assignment, limits). Reads alone (get_concurrency_info, ...) need no lock.
+SLOT_WRITERS = (
+    "claim_concurrency_slot",
+    "free_concurrency_slot_for_step",
+    "free_concurrency_slots_for_run",
+    "assign_pending_steps",
+    "set_concurrency_slots",
+    "initialize_concurrency_limit_to_default",
+    "delete_concurrency_limit",
+)
+
+
+class _SlotLock:
+    """An exclusive host-wide lock on one file, re-entrant within a process (threads queue on an RLock;
+    the outermost holder takes the ``flock``)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._rlock = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._rlock:
+            if self._depth == 0:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._fd = fd
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._fd is not None:
+                    fd, self._fd = self._fd, None
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_UN)
+                    finally:
+                        os.close(fd)
+
+
+class PoolSafeSqliteEventLogStorage(SqliteEventLogStorage):
+    """Dagster's SQLite event log with every pool-slot write serialised across the host's processes."""
+
+    def __init__(self, base_dir: str, inst_data=None):
+        super().__init__(base_dir, inst_data=inst_data)
+        self._slot_lock = _SlotLock(os.path.join(base_dir, LOCK_NAME))
+
+    @property
+    def slot_lock_path(self) -> str:
+        return self._slot_lock.path
+
+
+def _serialised(name: str):
+    inner = getattr(SqliteEventLogStorage, name)
+
+    def method(self, *args, **kwargs):
+        with self._slot_lock.held():
+            return inner(self, *args, **kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = f"PoolSafeSqliteEventLogStorage.{name}"
+    method.__doc__ = inner.__doc__
+    return method
+
+
+for _name in SLOT_WRITERS:
+    setattr(PoolSafeSqliteEventLogStorage, _name, _serialised(_name))
+
+
+class PoolSafeSqliteStorage(DagsterSqliteStorage):
+    """``storage: sqlite`` with ``PoolSafeSqliteEventLogStorage`` as its event log (same directories, same
+    schema: an instance can switch to it and back)."""
+
+    def __init__(self, base_dir: str, inst_data=None):
+        self.base_dir = base_dir
+        self._run_storage = SqliteRunStorage.from_local(_runs_directory(base_dir))
+        self._event_log_storage = PoolSafeSqliteEventLogStorage(_event_logs_directory(base_dir))
+        self._schedule_storage = SqliteScheduleStorage.from_local(_schedule_directory(base_dir))
+        self._inst_data = inst_data
+        DagsterStorage.__init__(self)
+
+    @classmethod
+    def from_config_value(cls, inst_data, config_value):
+        return cls.from_local(inst_data=inst_data, **config_value)
+
+    @classmethod
+    def from_local(cls, base_dir: str, inst_data=None):
+        mkdir_p(base_dir)
+        return cls(base_dir, inst_data=inst_data)
