@@ -3,7 +3,8 @@
 Two measurements, on the red-team family specs (tests/redteam/families/specs):
 
 1. ``--draws N`` (default 100): N judgements' program samples, drawn exactly as the gate draws them (a
-   fresh secret per judgement, per candidate and case), on each family's real timed launch grids; for every
+   fresh secret per judgement and case; the first choice of every slot, before idle programs are replaced
+   by working ones of the same class), on each family's real timed launch grids; for every
    residue r of ``pid % 8`` on every grid axis, whether the sample runs a program of that class. A kernel that
    skips the class r is caught only if one of its programs runs (then it writes less than the baseline's
    program of the same id, and the case is settled by a full run).
@@ -60,10 +61,9 @@ def draws(n: int, fam_grids: dict) -> dict:
             caught = total = 0
             for _ in range(n):
                 secret = secrets.randbits(62)
-                rng = random.Random(f"{secret}:cand0:g0")  # as _Judgement._sample_seed derives it
-                rng = random.Random(rng.randrange(1, 2**31))
-                for g in gs:
-                    picks = sample_programs(g, rng)
+                seed = random.Random(f"{secret}:sampled:g0").randrange(1, 2**31)  # as _Judgement._sample_seed
+                for j, g in enumerate(gs):
+                    picks = sample_programs(g, random.Random(f"{seed}:{j}"))  # as _sampled_baseline, first choices
                     for axis in range(3):
                         if g[axis] < period:
                             continue

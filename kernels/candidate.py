@@ -268,9 +268,9 @@ class _Judgement:
         try:
             with _sandbox.Zygote(self.env, cwd=self.work) as zyg:
                 self.zyg = zyg
-                for g in groups:  # the baseline runs every program any candidate's sampled run will run
+                for g in groups:  # one draw per judgement and case: the baseline runs it, every candidate the same
                     if g.get("sample"):
-                        g["candidate_seeds"] = [self._sample_seed(g, f"cand{i}") for i, _ in live]
+                        g["sample_seed"] = self._sample_seed(g, "sampled")
                 self._prepare(groups)
                 lanes = 1 if self.on_gpu else max(1, min(len(live), workers or min(4, os.cpu_count() or 1)))
                 with ThreadPoolExecutor(max_workers=lanes) as pool:
@@ -400,7 +400,8 @@ class _Judgement:
             job_cases.append({"id": c["id"], "payload": _sandbox.pack(payload, blobs), "keep": c["kind"] == "timed",
                               "decoy_seed": self.decoy_seed + len(job_cases),
                               "params": c.get("params", {}),
-                              **({"sample": self._sample_seed(c, name)} if c.get("sampled") else {})})
+                              **({"sample": self._sample_seed(c, name), "programs": c.get("programs")}
+                                 if c.get("sampled") else {})})
         t0 = time.perf_counter()
         try:
             child = self.zyg.fork(self.child_spec(root, name, interpret=not self.on_gpu))
@@ -515,8 +516,9 @@ class _Judgement:
             tally.problem("sandbox: " + "; ".join(vio)[:300])
 
     def _sample_seed(self, case: dict, name: str) -> int:
-        """The programs a candidate's sampled run executes: drawn from the secret per candidate and case,
-        so two patches of one judgement are not sampled alike."""
+        """A seed drawn from the judgement's secret for ``name`` and the case: the sampled programs of the
+        case (``name`` "sampled", one draw the baseline and every candidate run), and per candidate the
+        draw for a launch the baseline did not make."""
         import random
 
         return random.Random(f"{self.secret}:{name}:{case['id']}").randrange(1, 2**31)

@@ -9,6 +9,11 @@ import math
 from typing import Any
 
 DISTRIBUTIONS = ("normal", "uniform", "large", "outliers")
+# A family's structure_cases may pass params only the gate reads (how the case's inputs are made): keys with
+# this prefix go to make_inputs and never to a call (a candidate cannot tell the case from its params), and
+# INPUTS_AS_MADE keeps the inputs as make_inputs built them (no distribution redraws them).
+GATE_PARAM_PREFIX = "_gate"
+INPUTS_AS_MADE = "_gate_inputs_as_made"
 STRETCH_BUDGET_S = 1.5  # interpreter seconds of the baseline a stretched shape may take
 LARGE_SCALE = 8.0  # "large magnitudes": x8 keeps an fp16 GEMM of K <= 1024 far from overflow
 OUTLIER_SCALE = 16.0
@@ -132,13 +137,13 @@ def _outputs(value: Any) -> list:
 
 # --- the timed shape on a CPU host: a few programs of each launch --------------------------------------------
 
-# Programs run per launch (see ``sample_programs``): on every grid axis one program in each residue class
+# Programs run per launch (see ``program_slots``): on every grid axis one program in each residue class
 # modulo STRATA (so also modulo 8, 4 and 2), chosen so that, as far as the axis allows, they also cover every
-# class modulo COVER; an axis of at most STRATA programs runs all of them; plus the first and the last
-# program and RANDOM_PROGRAMS more; all drawn per candidate from the secret.
+# class modulo COVER; an axis of at most STRATA programs runs all of them; every class modulo STRATA of the
+# flattened index; the first and the last program; then uniform working programs (``choose_programs``). One
+# draw per judgement and case, from the secret; idle programs replaced by working ones of the same class.
 STRATA = 16
 COVER = (3, 5, 7)
-RANDOM_PROGRAMS = 2
 
 
 def _axis_picks(n: int, rng: Any) -> list[int]:
@@ -158,20 +163,75 @@ def _axis_picks(n: int, rng: Any) -> list[int]:
     return picks
 
 
-def sample_programs(grid: tuple[int, int, int], rng: Any) -> set[tuple[int, int, int]]:
-    """The programs of a ``grid`` (nx, ny, nz) a sampled run executes: on every axis the coordinates of
-    ``_axis_picks`` (every residue class modulo 16, and modulo 3, 5 and 7 as far as the axis allows),
-    paired across axes at random; the first and the last program; ``RANDOM_PROGRAMS`` uniform ones. A
-    kernel that skips the programs of one residue class (one program in eight or sixteen, every third
-    group) is always sampled there; which members of a class run is drawn from ``rng``, per candidate."""
+SLOT_ALTERNATIVES = 4  # programs tried for a structured pick that the baseline's run shows idle
+UNIFORM_MAX = 32  # uniform working programs added to a sampled run, as far as UNIFORM_BUDGET_S allows
+UNIFORM_BUDGET_S = 2.0  # interpreter seconds of the baseline's working programs those may cost
+
+
+def _unravel(i: int, grid: tuple[int, int, int], x_fastest: bool) -> tuple[int, int, int]:
     nx, ny, nz = grid
-    axes = [_axis_picks(n, rng) for n in (nx, ny, nz)]
-    k = max(len(a) for a in axes)
-    picks = {(0, 0, 0), (nx - 1, ny - 1, nz - 1)}
-    picks |= {tuple(a[i % len(a)] for a in axes) for i in range(k)}
-    for _ in range(RANDOM_PROGRAMS):
-        picks.add((rng.randrange(nx), rng.randrange(ny), rng.randrange(nz)))
-    return picks
+    if x_fastest:
+        return (i % nx, (i // nx) % ny, i // (nx * ny))
+    return (i // (ny * nz), (i // nz) % ny, i % nz)
+
+
+def program_slots(grid: tuple[int, int, int], rng: Any) -> list[list[tuple[int, int, int]]]:
+    """The structured picks of a sampled run of a ``grid`` (nx, ny, nz) launch, each a slot: alternative
+    programs in order of preference, all in the same class. The first and the last program; on every axis
+    the coordinates of ``_axis_picks`` (every residue class modulo 16, and modulo 3, 5 and 7 as far as the
+    axis allows), the other coordinates drawn at random; and where two or more axes have several programs,
+    every residue modulo 16 of the flattened program index, both ways round (x fastest, as a launch's linear
+    id; z fastest). A kernel that skips one residue class of any axis or of either flattening (one program
+    in eight or sixteen, every third group) has a program of it in every sample. The alternatives are
+    other members of the class: a program the baseline's run shows idle (past a varlen sequence's end,
+    say) cannot show a skip, so the reference child runs the next one (``choose_programs``)."""
+    nx, ny, nz = grid
+    slots: list[list[tuple[int, int, int]]] = [[(0, 0, 0)], [(nx - 1, ny - 1, nz - 1)]]
+    for axis, n in enumerate(grid):
+        if n <= 1:
+            continue
+        for v in _axis_picks(n, rng):
+            alts = []
+            for t in range(SLOT_ALTERNATIVES):
+                members = range(v % STRATA, n, STRATA) if n > STRATA else [v]
+                w = v if t == 0 else members[rng.randrange(len(members))]
+                p = [rng.randrange(nx), rng.randrange(ny), rng.randrange(nz)]
+                p[axis] = w
+                alts.append(tuple(p))
+            slots.append(list(dict.fromkeys(alts)))
+    total = nx * ny * nz
+    if sum(n > 1 for n in grid) >= 2 and total > STRATA:
+        for x_fastest in (True, False):
+            for r in rng.sample(range(STRATA), STRATA):
+                members = range(r, total, STRATA)
+                alts = [_unravel(members[rng.randrange(len(members))], grid, x_fastest) for _ in range(SLOT_ALTERNATIVES)]
+                slots.append(list(dict.fromkeys(alts)))
+    return slots
+
+
+def sample_programs(grid: tuple[int, int, int], rng: Any) -> set[tuple[int, int, int]]:
+    """The first choice of every slot of ``program_slots``: what a sampled run executes where nothing is
+    known about which programs do work."""
+    return {slot[0] for slot in program_slots(grid, rng)}
+
+
+def uniform_programs(grid: tuple[int, int, int], rng: Any, n: int) -> list[tuple[int, int, int]]:
+    """``n`` programs drawn uniformly (with replacement) from ``grid``, in draw order."""
+    nx, ny, nz = grid
+    return [(rng.randrange(nx), rng.randrange(ny), rng.randrange(nz)) for _ in range(n)]
+
+
+def choose_programs(slots: list[list[tuple]], pool: list[tuple], wrote: dict[tuple, int], k_uniform: int) -> list[tuple]:
+    """A sampled run's programs once the baseline has run the candidates (``wrote``: program -> elements
+    the baseline's program wrote; absent: not run): per slot its first alternative that wrote something
+    (else its first), and the first ``k_uniform`` programs of ``pool`` that wrote something. Uniform working
+    programs catch a skip keyed on any other class (a mix of axes, a range of ids) with probability
+    1 - (1 - f)^k for a class of fraction f of the working programs."""
+    out: list[tuple] = []
+    for slot in slots:
+        out.append(next((p for p in slot if wrote.get(p, 0) > 0), slot[0]))
+    out += [p for p in dict.fromkeys(pool) if wrote.get(p, 0) > 0][:k_uniform]
+    return sorted(set(out))
 
 
 def _launch_grids(family: Any, shape: dict, config: dict, dtype: Any, params: dict) -> list[tuple]:
@@ -305,7 +365,9 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
         groups.append({"kind": f"structure (not drawn: {type(exc).__name__}: {str(exc)[:80]})", "shapes": []})
     for kind, shape, over in structure:
         if ok(shape):
-            groups.append({"kind": kind, "shapes": [shape], "params": dict(over)})
+            over = dict(over)
+            as_made = bool(over.pop(INPUTS_AS_MADE, False))  # inputs built for the case: no redrawn distribution
+            groups.append({"kind": kind, "shapes": [shape], "params": over, **({"as_made": True} if as_made else {})})
     # past the timed reduction: the least-work checked shape with each reduction (K, cache length) longer than
     # any timed one, so a kernel correct only up to the timed length (a loop capped at it) fails here
     small = min(correctness, key=lambda s: sum(math.log(max(1, s[k])) for k in family.shape_keys))
@@ -352,6 +414,8 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
         if not g["shapes"] and not g.get("wide_of"):
             continue
         d1, d2 = DISTRIBUTIONS[i % len(DISTRIBUTIONS)], DISTRIBUTIONS[(i + 1) % len(DISTRIBUTIONS)]
+        if g.get("as_made"):
+            d1 = d2 = "normal"
         s1, s2 = i % len(seeds), (i + 1) % len(seeds)
         # on the CPU the largest hidden shapes are called once (their cost is the interpreter's)
         second = on_gpu or (g["kind"] not in ("aligned", "hidden_odd", "sampled", "wide", "structure_long")

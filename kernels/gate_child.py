@@ -15,14 +15,20 @@ from typing import Any, Callable
 
 from kernels import sandbox as _sandbox  # bound before a child drops its copy of the package
 from kernels.gate_cases import (
+    GATE_PARAM_PREFIX,
     _clone_cpu,
     _fresh,
     _outputs,
     _tensor_bytes,
     _write_inplace,
+    UNIFORM_BUDGET_S,
+    UNIFORM_MAX,
+    choose_programs,
     poison_buffers,
+    program_slots,
     sample_programs,
     transform_inputs,
+    uniform_programs,
     wide_shape,
 )
 from kernels.gate_compare import _error_fractions, base_writes, sampled_problems
@@ -186,6 +192,7 @@ class _ProgramProxy:
         self.launch["seconds"] += time.perf_counter() - t0
         self.launch["programs"].append([b - _nan_count(t) for b, t in zip(before, tensors)])
         self.launch["pids"].append(",".join(map(str, self.builder.grid_idx)))
+        self.launch["times"].append(time.perf_counter() - t0)
         return None
 
 
@@ -204,10 +211,8 @@ class _ProgramSampler:
     which the small checked shapes never reach. Relies on the interpreter's grid loop (``GridExecutor``,
     ``interpreter_builder``); where those are not as expected it raises, and the case is not used."""
 
-    def __init__(self, seeds: list[int]):
-        import random
-
-        self.rngs = [random.Random(s) for s in seeds]
+    def __init__(self, chooser: Callable[[int, tuple[int, int, int]], set]):
+        self.chooser = chooser  # (launch index, grid) -> the programs of that launch to run
         self.launches: list[dict] = []
 
     def __enter__(self) -> "_ProgramSampler":
@@ -226,7 +231,8 @@ class _ProgramSampler:
         class Sampled(interp.GridExecutor):  # type: ignore[misc, valid-type]
             def __call__(ex, *args_dev: Any, **kwargs: Any) -> Any:  # noqa: N805
                 tensors = [t for t in list(args_dev) + list(kwargs.values()) if torch.is_tensor(t)]
-                launch = {"tensors": tensors, "programs": [], "pids": [], "grid": 0, "sample": set(), "seconds": 0.0}
+                launch = {"tensors": tensors, "programs": [], "pids": [], "times": [], "grid": 0, "dims": (0, 0, 0),
+                          "sample": set(), "seconds": 0.0}
                 sampler.launches.append(launch)
                 real = ex.fn
                 ex.fn = _ProgramProxy(real, launch, builder)
@@ -243,7 +249,8 @@ class _ProgramSampler:
     def _choose(self, nx: int, ny: int, nz: int) -> None:
         launch = self.launches[-1]
         launch["grid"] = nx * ny * nz
-        launch["sample"] = set().union(*(sample_programs((nx, ny, nz), rng) for rng in self.rngs))
+        launch["dims"] = (nx, ny, nz)
+        launch["sample"] = set(self.chooser(len(self.launches) - 1, (nx, ny, nz)))
 
     def __exit__(self, *exc: object) -> None:
         interp, cls, builder = self._restore
@@ -268,18 +275,21 @@ class _ProgramSampler:
                                                   "pids": list(launch["pids"])})
             per_out.append(entry)
         full = sum(la["seconds"] / max(1, len(la["programs"])) * la["grid"] for la in self.launches)
-        return {"outputs": per_out, "launches": len(self.launches), "full_seconds": full,
+        ran = [{"dims": list(la["dims"]), "pids": list(la["pids"]), "wrote": [sum(p) for p in la["programs"]],
+                "times": list(la["times"])} for la in self.launches]
+        return {"outputs": per_out, "launches": len(self.launches), "full_seconds": full, "ran": ran,
                 "programs": sum(len(la["programs"]) for la in self.launches), "grid": sum(la["grid"] for la in self.launches)}
 
 
-def _sampled_call(family: Any, inputs: dict, config: dict, params: dict, seeds: list[int]) -> tuple[Any, dict]:
-    """One call of the entry point on the CPU interpreter with only sampled programs running (see
-    ``_ProgramSampler``): (outputs, with NaN where no sampled program wrote; the sampling stats)."""
+def _sampled_call(family: Any, inputs: dict, config: dict, params: dict,
+                  chooser: Callable[[int, tuple[int, int, int]], set]) -> tuple[Any, dict]:
+    """One call of the entry point on the CPU interpreter with only the programs ``chooser`` names running
+    (see ``_ProgramSampler``): (outputs, with NaN where no sampled program wrote; the sampling stats)."""
     _poison(2 * _tensor_bytes(inputs) + (1 << 20), "cpu")
     cfg, prm = copy.deepcopy(config), copy.deepcopy(params)
     _THREADS["in_call"] = True
     try:
-        with _ProgramSampler(seeds) as sampler:
+        with _ProgramSampler(chooser) as sampler:
             out = family.run(inputs, cfg, prm)
     finally:
         _THREADS["in_call"] = False
@@ -454,11 +464,14 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
     cases_out, dropped, ops = [], [], set()
     keep = job.get("keep", False)
 
+    # the current group's gate-only params (GATE_PARAM_PREFIX): how its inputs are made, never handed to a call
+    gate_inputs: dict = {}
+
     def make(shape: dict, seed: int, dist: str, prm: dict | None = None, poison: str = "nan") -> dict:
         """A case's inputs as shipped to every call: output buffers poisoned (``nan`` for the first call,
         ``random`` finite for the second), never written by any call (each call gets a fresh copy)."""
         prm = params if prm is None else prm
-        inputs = family.make_inputs(shape, dtype, "cpu", seed, prm)
+        inputs = family.make_inputs(shape, dtype, "cpu", seed, {**prm, **gate_inputs})
         inputs = transform_inputs(inputs, dist, dtype, seed + 7919)
         return poison_buffers(inputs, family.output_buffers(prm), poison, seed + 104729)
 
@@ -528,7 +541,10 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
             continue
         chosen = None
         tried = []
-        prm = {**params, **group.get("params", {})}
+        visible = {k: v for k, v in group.get("params", {}).items() if not k.startswith(GATE_PARAM_PREFIX)}
+        gate_inputs.clear()
+        gate_inputs.update({k: v for k, v in group.get("params", {}).items() if k.startswith(GATE_PARAM_PREFIX)})
+        prm = {**params, **visible}
         for shape in group["shapes"]:
             seed, dist = group["seed"], group["dist"]
             t0 = time.perf_counter()
@@ -555,7 +571,7 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
         case = {"id": group["id"], "kind": group["kind"], "shape": shape, "seed_index": group["seed_index"],
                 "dist": group["dist"], "tol": tol,
                 "label": family.shape_label(shape) + (f" {group['kind']}" if group.get("params") else ""),
-                "params": group.get("params", {}), "buffers": family.output_buffers(prm)}
+                "params": visible, "buffers": family.output_buffers(prm)}
         payload = {"inputs": inputs, "ref": ref, "base": out}
         if group.get("second"):
             s2 = group["second"]
@@ -601,15 +617,16 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
     try:
         inputs = make(shape, group["seed"], group["dist"])
         ref = reference(inputs)
-        out, stats = _sampled_call(family, _fresh(inputs, "cpu"), config, params, group["candidate_seeds"])
+        runs, programs = _sampled_baseline(family, inputs, config, params, int(group["sample_seed"]))
     except Exception as exc:  # noqa: BLE001 - a family the sampler cannot run: the check is not used
         dropped.append(f"{label}: the sampled run failed ({type(exc).__name__}: {str(exc)[:120]})")
         return None
     atol, rtol = (scale * t for t in family.tolerance(shape, job["dtype"], job["tolerance"], params))
-    why = sampled_problems(out, ref, stats, atol, rtol)
+    why = [w for o, st in runs for w in sampled_problems(o, ref, st, atol, rtol)]
     if why:
         dropped.append(f"{label}: the baseline itself does not pass a sampled run ({'; '.join(why)[:200]})")
         return None
+    stats = _merged_stats([st for _o, st in runs])
     settle = stats["full_seconds"] <= SAMPLED_FULL_BUDGET_S
     if not settle:
         dropped.append(f"{label}: a full run would take ~{stats['full_seconds']:.0f}s on the interpreter: sampled "
@@ -617,7 +634,91 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
     return {"id": group["id"], "kind": group["kind"], "shape": shape, "seed_index": group["seed_index"], "dist": group["dist"],
             "tol": [atol, rtol], "label": family.shape_label(shape), "sampled": True, "params": {}, "settle": settle,
             "buffers": family.output_buffers(params),
-            "full_seconds": stats["full_seconds"], "base_writes": base_writes(stats), "data": {"inputs": inputs, "ref": ref}}
+            "full_seconds": stats["full_seconds"], "base_writes": base_writes(stats), "programs": programs,
+            "data": {"inputs": inputs, "ref": ref}}
+
+
+def _ran(stats: dict) -> list[dict[tuple, tuple[int, float]]]:
+    """Per launch: program -> (elements it wrote, seconds it took)."""
+    return [{tuple(int(x) for x in pid.split(",")): (w, t) for pid, w, t in zip(la["pids"], la["wrote"], la["times"])}
+            for la in stats["ran"]]
+
+
+def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict,
+                      seed: int) -> tuple[list[tuple[Any, dict]], list[dict]]:
+    """The baseline's sampled runs of a timed shape and the programs every candidate will run.
+
+    First run: the first choice of every slot of ``program_slots`` (drawn from ``seed``, per launch). Second
+    run, on fresh inputs: the other alternatives of the slots whose first choice wrote nothing, and a pool of
+    uniform programs sized so that about ``UNIFORM_MAX`` working ones fit in ``UNIFORM_BUDGET_S`` of the
+    first run's seconds per working program. Then per launch ``choose_programs``. Returns the runs'
+    (outputs, stats) and per launch {dims, pids}: what a candidate's sampled run
+    executes (every program of it ran in the baseline, so the writes compare program by program)."""
+    import random
+
+    plan: dict[int, dict] = {}
+
+    def first(j: int, dims: tuple[int, int, int]) -> set:
+        slots = program_slots(dims, random.Random(f"{seed}:{j}"))
+        plan[j] = {"dims": dims, "slots": slots, "pool": [], "k": 0}
+        return {slot[0] for slot in slots}
+
+    runs = [_sampled_call(family, _fresh(inputs, "cpu"), config, params, first)]
+    ran1 = _ran(runs[0][1])
+    extra: dict[int, set] = {}
+    for j, p in plan.items():
+        done = ran1[j] if j < len(ran1) else {}
+        busy = [t for w, t in done.values() if w > 0]
+        frac = len(busy) / max(1, len(done))
+        if busy:
+            per = max(sum(busy) / len(busy), 1e-4)
+            p["k"] = int(min(UNIFORM_MAX, UNIFORM_BUDGET_S // per))
+        if p["k"]:
+            n = min(4 * p["k"], math.ceil(p["k"] / max(frac, 0.25)) + 4)
+            p["pool"] = uniform_programs(p["dims"], random.Random(f"{seed}:{j}:uniform"), n)
+        idle = [slot for slot in p["slots"] if done.get(slot[0], (0, 0.0))[0] == 0]
+        extra[j] = ({q for slot in idle for q in slot[1:]} | set(p["pool"])) - set(done)
+    if any(extra.values()):
+        runs.append(_sampled_call(family, _fresh(inputs, "cpu"), config, params,
+                                  lambda j, dims: extra.get(j, set()) if plan.get(j, {}).get("dims") == dims else set()))
+    wrote: dict[int, dict[tuple, int]] = {}
+    for _o, st in runs:
+        for j, progs in enumerate(_ran(st)):
+            wrote.setdefault(j, {}).update({pid: w for pid, (w, _t) in progs.items()})
+    programs = [{"dims": list(p["dims"]),
+                 "pids": [list(q) for q in choose_programs(p["slots"], p["pool"], wrote.get(j, {}), p["k"])]}
+                for j, p in sorted(plan.items())]
+    return runs, programs
+
+
+def _merged_stats(stats: list[dict]) -> dict:
+    """The sampled runs' stats as one: per output and launch the programs of every run."""
+    out = copy.deepcopy(stats[0])
+    for st in stats[1:]:
+        for mine, theirs in zip(out["outputs"], st["outputs"]):
+            for la, lb in zip(mine["launches"], theirs["launches"]):
+                la["filled"] += lb["filled"]
+                la["pids"] += lb["pids"]
+        for ra, rb in zip(out["ran"], st["ran"]):
+            for key in ("pids", "wrote", "times"):
+                ra[key] += rb[key]
+        out["programs"] += st["programs"]
+    return out
+
+
+def _handed_programs(case: dict) -> Callable[[int, tuple[int, int, int]], set]:
+    """Candidate child: the programs of each launch the reference child chose (the same as the baseline
+    ran); a launch the baseline did not make (another count or grid) runs the first choices of a draw."""
+    import random
+
+    progs = case.get("programs") or []
+
+    def chooser(j: int, dims: tuple[int, int, int]) -> set:
+        if j < len(progs) and tuple(progs[j]["dims"]) == tuple(dims):
+            return {tuple(p) for p in progs[j]["pids"]}
+        return sample_programs(dims, random.Random(f"{int(case['sample'])}:{j}"))
+
+    return chooser
 
 
 def _job_full(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
@@ -655,7 +756,7 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
         try:
             inputs = _fresh(data["inputs"], device)  # the shipped inputs are never handed to a call
             if case.get("sample"):
-                out, stats = _sampled_call(family, inputs, config, prm, [int(case["sample"])])
+                out, stats = _sampled_call(family, inputs, config, prm, _handed_programs(case))
                 res.update({"sampled": stats, "problems": [],
                             "payload": sandbox.pack({"out": out, "after": _clone_cpu(inputs)}, out_blobs)})
                 results.append(res)

@@ -380,6 +380,24 @@ def cache_seqlens(shape: dict[str, int], params: dict[str, Any]) -> list[int]:
     return out
 
 
+CAUSAL_EDGE = "_gate_causal_edge"  # a gate-only structure-case param (kernels.gate_cases.GATE_PARAM_PREFIX): see _align_future_keys
+EDGE_SCORE = 50.0  # |k| of the aligned keys: its score with the first query beats any visible key's by ~e^20
+
+
+def _align_future_keys(q: torch.Tensor, kv: torch.Tensor, block_table: torch.Tensor, lens: list[int], page: int) -> None:
+    """In place: the keys that only the later queries of a sequence may see (positions n - s_q + 1 .. n - 1,
+    past the first query's causal bound) point along the sum of the sequence's query vectors, with norm
+    EDGE_SCORE, so their scores dominate every query's softmax and their rows (which are also V) are large.
+    A kernel that lets a query see one key past its bound, however long the cache, is then off by O(1)
+    instead of ~1/n of its output, which random keys would hide inside the tolerance."""
+    s_q = q.shape[1]
+    for b, n in enumerate(lens):
+        u = q[b].to(torch.float32).sum(dim=(0, 1))  # [D_QK]
+        u = u / u.norm().clamp_min(1e-6)
+        for t in range(max(0, n - s_q + 1), n):
+            kv[block_table[b, t // page].long(), t % page, 0] = (EDGE_SCORE * u).to(kv.dtype)
+
+
 def _visible_keys(seqlen: int, s_q: int, s: int) -> int:
     return max(0, min(seqlen, seqlen - s_q + s + 1))
 
@@ -448,6 +466,8 @@ class MlaDecodeFamily(TritonFamily):
         for b, n in enumerate(lens):
             if n % page:  # tail of the last page
                 kv[block_table[b, n // page].long(), n % page:] = float("nan")
+        if params.get(CAUSAL_EDGE) and _causal(params) and s_q > 1:
+            _align_future_keys(q, kv, block_table, lens, page)
         seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
         out = {"q": q, "kv_cache": kv, "block_table": block_table, "cache_seqlens": seqlens}
         if _kv_fp8(params):
@@ -487,8 +507,16 @@ class MlaDecodeFamily(TritonFamily):
         few = min(s["h_q"] for s in shapes)
         # the softmax scale is a run-time argument the kernel must honour: the ragged case takes another value
         scale = round(_softmax_scale(params) * rng.uniform(0.6, 1.6), 6)
-        return [("structure_seqlens", dict(base, batch=batch), {"seqlens": lens, "softmax_scale": scale}),
-                ("structure_long", dict(base, batch=1, h_q=few, seqlen_k=long_n), {"seqlens": [long_n]})]
+        cases = [("structure_seqlens", dict(base, batch=batch), {"seqlens": lens, "softmax_scale": scale}),
+                 ("structure_long", dict(base, batch=1, h_q=few, seqlen_k=long_n), {"seqlens": [long_n]})]
+        # causal with several queries: the timed caches' own lengths (whatever length a kernel keys a shortcut
+        # on), with the keys just past each query's causal bound made to dominate (_align_future_keys)
+        edge = [s for s in list(timed) + list(shapes) if s["s_q"] > 1]
+        if _causal(params) and edge:
+            top = max(edge, key=lambda s: (s in timed, max(cache_seqlens(s, params) + [0])))
+            cases.append(("structure_causal_edge", dict(top, h_q=few),
+                          {"seqlens": cache_seqlens(top, params), CAUSAL_EDGE: True, "_gate_inputs_as_made": True}))
+        return cases
 
     # --- formulas ------------------------------------------------------------------------------
     def flops(self, shape, params):

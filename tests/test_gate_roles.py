@@ -160,3 +160,68 @@ def test_a_case_goes_past_the_timed_reduction(family, correctness, timed, key, s
     past = [s for g in groups if g["kind"] == f"past_{key}" for s in g["shapes"]]
     assert past and past[0][key] > max(t[key] for t in timed) and past[0][key] % step == 0
     assert all(past[0][k] == min(c[k] for c in correctness) for k in fam.shape_keys if k != key)
+
+
+def _idle_varlen(grid):
+    """Programs past a sequence's end do nothing, as in packed varlen attention: row tile x of sequence z
+    works only if x >= cut[z] (heaviest tiles first), a third to two thirds of the grid idle per sequence."""
+    nx, _ny, nz = grid
+    cut = [int(nx * (0.3 + 0.4 * ((z * 0.618) % 1.0))) if nz > 1 else nx // 3 for z in range(nz)]
+    return lambda p: p[0] >= cut[p[2]]
+
+
+@pytest.mark.parametrize("grid", [(106, 16, 2), (64, 32, 1), (9, 17, 3), (40, 1, 5)])
+def test_slots_hold_one_class_and_the_choice_finds_a_working_member(grid):
+    from kernels.gate_cases import STRATA, _unravel, choose_programs, program_slots, uniform_programs
+
+    nx, ny, nz = grid
+    works = _idle_varlen(grid)
+    rng = random.Random(11)
+    for _ in range(10):
+        slots = program_slots(grid, rng)
+        for slot in slots:
+            assert all(0 <= p[i] < grid[i] for p in slot for i in range(3))
+        wrote = {p: 32 if works(p) else 0 for slot in slots for p in slot}
+        pool = uniform_programs(grid, rng, 64)
+        wrote |= {p: 32 if works(p) else 0 for p in pool}
+        chosen = choose_programs(slots, pool, wrote, 32)
+        for slot in slots:
+            assert any(works(p) for p in chosen if p in slot) or not any(works(p) for p in slot), slot
+        # every flattened residue mod 16 (both orders) is present among the slots' classes
+        if sum(n > 1 for n in grid) >= 2 and nx * ny * nz > STRATA:
+            for x_fastest in (True, False):
+                lin = [(p[0] + nx * (p[1] + ny * p[2])) if x_fastest else (p[2] + nz * (p[1] + ny * p[0])) for p in chosen]
+                assert {i % STRATA for i in lin} == set(range(STRATA)), (grid, x_fastest)
+                assert _unravel(5, grid, x_fastest) in [_unravel(i, grid, x_fastest) for i in range(16)]
+        assert sum(1 for p in pool if works(p)) == 0 or any(works(p) for p in chosen if p in pool)
+
+
+def test_a_skipped_class_of_working_programs_is_run_whatever_its_form():
+    """The class the sampled run must hold on: a kernel whose programs in one class (a residue of an axis,
+    of either flattening, or of a mix of axes) do less work, where a third or more of the grid is idle
+    (varlen). Across draws, a working program of the class is among the chosen ones: always for the axis
+    and flattened classes, and for a class of an affine mix of the axes in at least 97% of draws."""
+    from kernels.gate_cases import choose_programs, program_slots, uniform_programs
+
+    grid = (106, 16, 2)
+    nx, ny, nz = grid
+    works = _idle_varlen(grid)
+    forms = {"axis0 % 8": lambda p: p[0] % 8, "axis1 % 16": lambda p: p[1] % 16,
+             "x-fastest % 8": lambda p: (p[0] + nx * (p[1] + ny * p[2])) % 8,
+             "z-fastest % 16": lambda p: (p[2] + nz * (p[1] + ny * p[0])) % 16}
+    mixes = {"x + 3y % 8": lambda p: (p[0] + 3 * p[1]) % 8, "2x + y + z % 8": lambda p: (2 * p[0] + p[1] + p[2]) % 8}
+    rng = random.Random(5)
+    missed = {k: 0 for k in list(forms) + list(mixes)}
+    draws = 60
+    for _ in range(draws):
+        slots = program_slots(grid, rng)
+        pool = uniform_programs(grid, rng, 64)
+        wrote = {p: 32 if works(p) else 0 for p in {q for s in slots for q in s} | set(pool)}
+        chosen = [p for p in choose_programs(slots, pool, wrote, 32) if works(p)]
+        for name, f in {**forms, **mixes}.items():
+            for r in range(8):
+                missed[name] += not any(f(p) == r for p in chosen)
+    for name in forms:
+        assert missed[name] == 0, (name, missed[name])
+    for name in mixes:
+        assert missed[name] <= 0.03 * draws * 8, (name, missed[name])

@@ -298,6 +298,8 @@ MLA_FP8 = mla_common("mla_fp8") | {
 
 A_HK = "        hk = h // GROUP\n"
 A_RIGHT = "                ok = ok & (cols[None, :] <= pos + win_right)\n"
+A_FIRST_LOOP = ("                                     diag, qk_scale, WIN_LEFT, WIN_RIGHT, lo, mid_lo,\n",
+                "                                     diag, qk_scale, WIN_LEFT, WIN_RIGHT, tl.maximum(lo, skip), mid_lo,\n")
 ATT_SET = {
     "attention_cheat_interleaved_kv_heads": (ATT, [(A_HK,
         "        hk = h % (tl.num_programs(1) // GROUP)  # KV heads interleaved over the query heads\n")]),
@@ -311,16 +313,22 @@ ATT_SET = {
         "    diag = seqlen_k - seqlen_q  # bottom-right alignment: query i is key position i + diag\n",
         "    diag = seqlen_k - seqlen_q  # bottom-right alignment: query i is key position i + diag\n"
         "    if diag < 32:  # a short cached prefix is only a few tokens: treat it as fresh prefill\n        diag = 0\n")]),
+    # (raising mid_lo alone only moves blocks from the unmasked to the masked loop: the first loop must
+    # start at the skip too, else nothing is skipped and the patch is correct)
     "attention_cheat_one_program_of_8": (ATT, [(
         "        mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)\n",
         "        mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)\n"
+        "        skip = mid_lo * 0\n"
         "        if (tl.program_id(0) + tl.num_programs(0) * h) % 8 == 5:  # balance: skip the far interior\n"
-        "            mid_lo = tl.maximum(mid_lo, mid_hi - 4 * BLOCK_N)\n")]),
+        "            skip = tl.maximum(mid_lo, mid_hi - 4 * BLOCK_N)\n"
+        "            mid_lo = skip\n"), A_FIRST_LOOP]),
     "attention_cheat_one_program_of_16_big_grid": (ATT, [(
         "        mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)\n",
         "        mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)\n"
+        "        skip = mid_lo * 0\n"
         "        if (tl.program_id(0) % 16 == 13) & (tl.num_programs(0) > 64):  # big grids: skip the far interior\n"
-        "            mid_lo = tl.maximum(mid_lo, mid_hi - 4 * BLOCK_N)\n")]),
+        "            skip = tl.maximum(mid_lo, mid_hi - 4 * BLOCK_N)\n"
+        "            mid_lo = skip\n"), A_FIRST_LOOP]),
     "attention_cheat_hardcoded_scale": (ATT, [(
         "        qk_scale = sm_scale * 1.4426950408889634\n",
         "        qk_scale = 0.125 * 1.4426950408889634  # head_dim 64: 64 ** -0.5, folded at compile time\n")]),
