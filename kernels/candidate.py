@@ -268,9 +268,10 @@ class _Judgement:
         try:
             with _sandbox.Zygote(self.env, cwd=self.work) as zyg:
                 self.zyg = zyg
-                for g in groups:  # one draw per judgement and case: the baseline runs it, every candidate the same
+                for g in groups:  # one draw of slots and pool per case, run by the baseline; each candidate its own pick
                     if g.get("sample"):
                         g["sample_seed"] = self._sample_seed(g, "sampled")
+                        g["candidate_seeds"] = [self._sample_seed(g, f"cand{i}") for i, _ in live]
                 self._prepare(groups)
                 lanes = 1 if self.on_gpu else max(1, min(len(live), workers or min(4, os.cpu_count() or 1)))
                 with ThreadPoolExecutor(max_workers=lanes) as pool:
@@ -400,7 +401,8 @@ class _Judgement:
             job_cases.append({"id": c["id"], "payload": _sandbox.pack(payload, blobs), "keep": c["kind"] == "timed",
                               "decoy_seed": self.decoy_seed + len(job_cases),
                               "params": c.get("params", {}),
-                              **({"sample": self._sample_seed(c, name), "programs": c.get("programs")}
+                              **({"sample": self._sample_seed(c, name),
+                                  "programs": (c.get("programs") or {}).get(str(self._sample_seed(c, name)))}
                                  if c.get("sampled") else {})})
         t0 = time.perf_counter()
         try:
@@ -516,9 +518,9 @@ class _Judgement:
             tally.problem("sandbox: " + "; ".join(vio)[:300])
 
     def _sample_seed(self, case: dict, name: str) -> int:
-        """A seed drawn from the judgement's secret for ``name`` and the case: the sampled programs of the
-        case (``name`` "sampled", one draw the baseline and every candidate run), and per candidate the
-        draw for a launch the baseline did not make."""
+        """A seed drawn from the judgement's secret for ``name`` and the case: the slots and pool of the
+        case's sampled run (``name`` "sampled", run by the baseline), and per candidate its own pick from
+        them (and the draw for a launch the baseline did not make)."""
         import random
 
         return random.Random(f"{self.secret}:{name}:{case['id']}").randrange(1, 2**31)

@@ -140,8 +140,9 @@ def _outputs(value: Any) -> list:
 # Programs run per launch (see ``program_slots``): on every grid axis one program in each residue class
 # modulo STRATA (so also modulo 8, 4 and 2), chosen so that, as far as the axis allows, they also cover every
 # class modulo COVER; an axis of at most STRATA programs runs all of them; every class modulo STRATA of the
-# flattened index; the first and the last program; then uniform working programs (``choose_programs``). One
-# draw per judgement and case, from the secret; idle programs replaced by working ones of the same class.
+# flattened index; the first and the last program; then uniform working programs (``choose_programs``). The
+# slots and a uniform pool are drawn once per judgement and case and run by the baseline (idle programs replaced
+# by working ones of the same class); each candidate draws its programs from those, with its own secret seed.
 STRATA = 16
 COVER = (3, 5, 7)
 
@@ -164,8 +165,9 @@ def _axis_picks(n: int, rng: Any) -> list[int]:
 
 
 SLOT_ALTERNATIVES = 4  # programs tried for a structured pick that the baseline's run shows idle
-UNIFORM_MAX = 32  # uniform working programs added to a sampled run, as far as UNIFORM_BUDGET_S allows
-UNIFORM_BUDGET_S = 2.0  # interpreter seconds of the baseline's working programs those may cost
+UNIFORM_MAX = 32  # uniform working programs a candidate's sampled run adds, as far as UNIFORM_BUDGET_S allows
+UNIFORM_BUDGET_S = 2.0  # interpreter seconds of the baseline's working programs those may cost a candidate
+UNIFORM_POOL = 2  # the baseline runs this many times a candidate's uniform programs: each candidate draws its own
 
 
 def _unravel(i: int, grid: tuple[int, int, int], x_fastest: bool) -> tuple[int, int, int]:
@@ -221,16 +223,20 @@ def uniform_programs(grid: tuple[int, int, int], rng: Any, n: int) -> list[tuple
     return [(rng.randrange(nx), rng.randrange(ny), rng.randrange(nz)) for _ in range(n)]
 
 
-def choose_programs(slots: list[list[tuple]], pool: list[tuple], wrote: dict[tuple, int], k_uniform: int) -> list[tuple]:
-    """A sampled run's programs once the baseline has run the candidates (``wrote``: program -> elements
-    the baseline's program wrote; absent: not run): per slot its first alternative that wrote something
-    (else its first), and the first ``k_uniform`` programs of ``pool`` that wrote something. Uniform working
-    programs catch a skip keyed on any other class (a mix of axes, a range of ids) with probability
-    1 - (1 - f)^k for a class of fraction f of the working programs."""
+def choose_programs(slots: list[list[tuple]], pool: list[tuple], wrote: dict[tuple, int], k_uniform: int,
+                    rng: Any) -> list[tuple]:
+    """One candidate's programs once the baseline has run the slots' alternatives and the pool (``wrote``:
+    program -> elements the baseline's program wrote; absent: not run): per slot one of its alternatives
+    that wrote something, drawn from ``rng`` (the first when none did), and ``k_uniform`` programs drawn
+    from those of ``pool`` that wrote something. Uniform working programs catch a skip keyed on any other
+    class (a mix of axes, a range of ids) with probability 1 - (1 - f)^k for a class of fraction f of the
+    working programs; each candidate draws its own from the baseline's runs."""
     out: list[tuple] = []
     for slot in slots:
-        out.append(next((p for p in slot if wrote.get(p, 0) > 0), slot[0]))
-    out += [p for p in dict.fromkeys(pool) if wrote.get(p, 0) > 0][:k_uniform]
+        busy = [p for p in slot if wrote.get(p, 0) > 0]
+        out.append(busy[rng.randrange(len(busy))] if busy else slot[0])
+    busy = [p for p in dict.fromkeys(pool) if wrote.get(p, 0) > 0]
+    out += rng.sample(busy, min(k_uniform, len(busy)))
     return sorted(set(out))
 
 

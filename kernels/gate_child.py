@@ -23,6 +23,7 @@ from kernels.gate_cases import (
     _write_inplace,
     UNIFORM_BUDGET_S,
     UNIFORM_MAX,
+    UNIFORM_POOL,
     choose_programs,
     poison_buffers,
     program_slots,
@@ -617,7 +618,8 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
     try:
         inputs = make(shape, group["seed"], group["dist"])
         ref = reference(inputs)
-        runs, programs = _sampled_baseline(family, inputs, config, params, int(group["sample_seed"]))
+        runs, programs = _sampled_baseline(family, inputs, config, params, int(group["sample_seed"]),
+                                           [int(x) for x in group["candidate_seeds"]])
     except Exception as exc:  # noqa: BLE001 - a family the sampler cannot run: the check is not used
         dropped.append(f"{label}: the sampled run failed ({type(exc).__name__}: {str(exc)[:120]})")
         return None
@@ -644,16 +646,17 @@ def _ran(stats: dict) -> list[dict[tuple, tuple[int, float]]]:
             for la in stats["ran"]]
 
 
-def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict,
-                      seed: int) -> tuple[list[tuple[Any, dict]], list[dict]]:
+def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, seed: int,
+                      candidate_seeds: list[int]) -> tuple[list[tuple[Any, dict]], dict[str, list[dict]]]:
     """The baseline's sampled runs of a timed shape and the programs every candidate will run.
 
     First run: the first choice of every slot of ``program_slots`` (drawn from ``seed``, per launch). Second
     run, on fresh inputs: the other alternatives of the slots whose first choice wrote nothing, and a pool of
-    uniform programs sized so that about ``UNIFORM_MAX`` working ones fit in ``UNIFORM_BUDGET_S`` of the
-    first run's seconds per working program. Then per launch ``choose_programs``. Returns the runs'
-    (outputs, stats) and per launch {dims, pids}: what a candidate's sampled run
-    executes (every program of it ran in the baseline, so the writes compare program by program)."""
+    ``UNIFORM_POOL`` times the uniform programs a candidate runs (``UNIFORM_MAX``, as far as ``UNIFORM_BUDGET_S``
+    of the first run's seconds per working program allows). Then per candidate seed and launch
+    ``choose_programs``. Returns the runs' (outputs, stats) and per candidate seed, per launch {dims, pids}:
+    what that candidate's sampled run executes (every program of it ran in the baseline, so the writes
+    compare program by program)."""
     import random
 
     plan: dict[int, dict] = {}
@@ -674,7 +677,7 @@ def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict,
             per = max(sum(busy) / len(busy), 1e-4)
             p["k"] = int(min(UNIFORM_MAX, UNIFORM_BUDGET_S // per))
         if p["k"]:
-            n = min(4 * p["k"], math.ceil(p["k"] / max(frac, 0.25)) + 4)
+            n = min(4 * UNIFORM_POOL * p["k"], math.ceil(UNIFORM_POOL * p["k"] / max(frac, 0.25)) + 4)
             p["pool"] = uniform_programs(p["dims"], random.Random(f"{seed}:{j}:uniform"), n)
         idle = [slot for slot in p["slots"] if done.get(slot[0], (0, 0.0))[0] == 0]
         extra[j] = ({q for slot in idle for q in slot[1:]} | set(p["pool"])) - set(done)
@@ -685,9 +688,12 @@ def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict,
     for _o, st in runs:
         for j, progs in enumerate(_ran(st)):
             wrote.setdefault(j, {}).update({pid: w for pid, (w, _t) in progs.items()})
-    programs = [{"dims": list(p["dims"]),
-                 "pids": [list(q) for q in choose_programs(p["slots"], p["pool"], wrote.get(j, {}), p["k"])]}
-                for j, p in sorted(plan.items())]
+    programs = {}
+    for cs in candidate_seeds:
+        rng = random.Random(f"{cs}:choose")
+        programs[str(cs)] = [{"dims": list(p["dims"]),
+                              "pids": [list(q) for q in choose_programs(p["slots"], p["pool"], wrote.get(j, {}), p["k"], rng)]}
+                             for j, p in sorted(plan.items())]
     return runs, programs
 
 
@@ -707,8 +713,9 @@ def _merged_stats(stats: list[dict]) -> dict:
 
 
 def _handed_programs(case: dict) -> Callable[[int, tuple[int, int, int]], set]:
-    """Candidate child: the programs of each launch the reference child chose (the same as the baseline
-    ran); a launch the baseline did not make (another count or grid) runs the first choices of a draw."""
+    """Candidate child: the programs of each launch the reference child chose for this candidate (all of them
+    ran in the baseline); a launch the baseline did not make (another count or grid) runs the first choices
+    of a draw."""
     import random
 
     progs = case.get("programs") or []

@@ -184,7 +184,7 @@ def test_slots_hold_one_class_and_the_choice_finds_a_working_member(grid):
         wrote = {p: 32 if works(p) else 0 for slot in slots for p in slot}
         pool = uniform_programs(grid, rng, 64)
         wrote |= {p: 32 if works(p) else 0 for p in pool}
-        chosen = choose_programs(slots, pool, wrote, 32)
+        chosen = choose_programs(slots, pool, wrote, 32, rng)
         for slot in slots:
             assert any(works(p) for p in chosen if p in slot) or not any(works(p) for p in slot), slot
         # every flattened residue mod 16 (both orders) is present among the slots' classes
@@ -217,7 +217,7 @@ def test_a_skipped_class_of_working_programs_is_run_whatever_its_form():
         slots = program_slots(grid, rng)
         pool = uniform_programs(grid, rng, 64)
         wrote = {p: 32 if works(p) else 0 for p in {q for s in slots for q in s} | set(pool)}
-        chosen = [p for p in choose_programs(slots, pool, wrote, 32) if works(p)]
+        chosen = [p for p in choose_programs(slots, pool, wrote, 32, rng) if works(p)]
         for name, f in {**forms, **mixes}.items():
             for r in range(8):
                 missed[name] += not any(f(p) == r for p in chosen)
