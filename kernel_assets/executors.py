@@ -246,20 +246,22 @@ def pg_connection_bound(max_concurrent_runs: int, steps: int | None, *, executor
     """The most PostgreSQL connections a deployment opens at once (Dagster's storage and the ledger together).
 
     dagster-postgres holds no idle connection (a NullPool): a process has one open per thread doing storage
-    work, and a run worker's work is one thread per process. So:
+    work, and a run worker's work is one thread per process; while it claims or frees a pool slot it holds
+    one more, the advisory lock's (``kernel_assets.pool_storage_postgres``). So:
 
     - each run worker: its own process, plus one process per step running at once under the multiprocess
       executor (``steps``, the executor's max_concurrent); in-process runs are one process; under the k8s
-      executor each step pod is such a process;
+      executor each step pod is such a process; each of them two connections (storage work, the pool lock);
     - each of those processes may also hold ``ledger_per_process`` connections of the token ledger
       (SQLAlchemy keeps the ones it opened);
-    - the daemon: one per daemon thread; each code server: one (it marks its dead workers' runs failed);
+    - the daemon: one per daemon thread, and one for the pool lock (run monitoring frees slots); each code
+      server: one (it marks its dead workers' runs failed);
     - the webserver: three storages, each with a pool of 1 + ``--db-pool-max-overflow`` (default 20).
 
-    ``max_concurrent_runs`` x (``steps`` + 1) x (1 + ``ledger_per_process``) + daemon + code servers + webserver.
+    ``max_concurrent_runs`` x (``steps`` + 1) x (2 + ``ledger_per_process``) + daemon + 1 + code servers + webserver.
     """
     if steps is None:  # the multiprocess executor's own default: one step per CPU of the run worker's host
         steps = os.cpu_count() or 1
     per_run = 1 if executor == "in_process" else 1 + max(1, steps)
     webserver = 0 if webserver_max_overflow is None else 3 * (1 + max(0, webserver_max_overflow))
-    return max_concurrent_runs * per_run * (1 + ledger_per_process) + DAEMON_THREADS + code_servers + webserver
+    return max_concurrent_runs * per_run * (2 + ledger_per_process) + DAEMON_THREADS + 1 + code_servers + webserver

@@ -21,8 +21,10 @@ lock is released by the kernel when a holder dies. ``dagster_home/dagster.yaml``
           base_dir:
             env: DAGSTER_HOME
 
-Everything else (schema, migrations, the UI's views of pools) is Dagster's own. PostgreSQL deployments
-(``deploy/dagster.yaml``) keep Dagster's storage.
+Everything else (schema, migrations, the UI's views of pools) is Dagster's own. Dagster's PostgreSQL
+storage has the same race (its connections autocommit, so the ``FOR UPDATE`` lock ends before the write):
+``kernel_assets/pool_storage_postgres.py`` serialises the same calls with a PostgreSQL advisory lock, for
+``deploy/dagster.yaml``.
 
 This module is imported by every Dagster process of the instance (webserver, daemon, run workers): it
 imports nothing of kregress.
@@ -34,7 +36,7 @@ import fcntl
 import os
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from dagster._core.storage.base_storage import DagsterStorage
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
@@ -63,38 +65,72 @@ SLOT_WRITERS = (
 )
 
 
-class _SlotLock:
-    """An exclusive host-wide lock on one file, re-entrant within a process (threads queue on an RLock;
-    the outermost holder takes the ``flock``)."""
+class SlotLock:
+    """An exclusive lock across processes (``acquire`` returns a handle, ``release`` gives it back),
+    re-entrant within a process: threads queue on an RLock and the outermost holder takes the lock, so a
+    slot write that calls another (a claim that sizes the pool first) does not wait on itself."""
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, acquire: Callable[[], Any], release: Callable[[Any], None]):
+        self._acquire, self._release = acquire, release
         self._rlock = threading.RLock()
         self._depth = 0
-        self._fd: int | None = None
+        self._handle: Any = None
 
     @contextmanager
     def held(self) -> Iterator[None]:
         with self._rlock:
             if self._depth == 0:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self._fd = fd
+                self._handle = self._acquire()
             self._depth += 1
             try:
                 yield
             finally:
                 self._depth -= 1
-                if self._depth == 0 and self._fd is not None:
-                    fd, self._fd = self._fd, None
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_UN)
-                    finally:
-                        os.close(fd)
+                if self._depth == 0:
+                    handle, self._handle = self._handle, None
+                    self._release(handle)
+
+
+def file_lock(path: str) -> SlotLock:
+    """``SlotLock`` on an exclusive ``flock`` of ``path`` (the kernel releases it when a holder dies)."""
+
+    def acquire() -> int:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def release(fd: int) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    return SlotLock(acquire, release)
+
+
+def serialise_slot_writers(cls: type, base: type) -> type:
+    """``cls`` (a subclass of the event log ``base``) with every method of ``SLOT_WRITERS`` run under
+    ``self._slot_lock``."""
+
+    def wrap(name: str):
+        inner = getattr(base, name)
+
+        def method(self, *args, **kwargs):
+            with self._slot_lock.held():
+                return inner(self, *args, **kwargs)
+
+        method.__name__ = name
+        method.__qualname__ = f"{cls.__name__}.{name}"
+        method.__doc__ = inner.__doc__
+        return method
+
+    for name in SLOT_WRITERS:
+        setattr(cls, name, wrap(name))
+    return cls
 
 
 class PoolSafeSqliteEventLogStorage(SqliteEventLogStorage):
@@ -102,28 +138,11 @@ class PoolSafeSqliteEventLogStorage(SqliteEventLogStorage):
 
     def __init__(self, base_dir: str, inst_data=None):
         super().__init__(base_dir, inst_data=inst_data)
-        self._slot_lock = _SlotLock(os.path.join(base_dir, LOCK_NAME))
-
-    @property
-    def slot_lock_path(self) -> str:
-        return self._slot_lock.path
+        self.slot_lock_path = os.path.join(base_dir, LOCK_NAME)
+        self._slot_lock = file_lock(self.slot_lock_path)
 
 
-def _serialised(name: str):
-    inner = getattr(SqliteEventLogStorage, name)
-
-    def method(self, *args, **kwargs):
-        with self._slot_lock.held():
-            return inner(self, *args, **kwargs)
-
-    method.__name__ = name
-    method.__qualname__ = f"PoolSafeSqliteEventLogStorage.{name}"
-    method.__doc__ = inner.__doc__
-    return method
-
-
-for _name in SLOT_WRITERS:
-    setattr(PoolSafeSqliteEventLogStorage, _name, _serialised(_name))
+serialise_slot_writers(PoolSafeSqliteEventLogStorage, SqliteEventLogStorage)
 
 
 class PoolSafeSqliteStorage(DagsterSqliteStorage):

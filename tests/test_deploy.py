@@ -73,10 +73,22 @@ def has_dagster_k8s() -> bool:
 # --- dagster.yaml -------------------------------------------------------------------------------------
 
 
+STORAGE = ("kernel_assets.pool_storage_postgres", "PoolSafePostgresStorage")
+
+
+def _storage_config(raw: dict):
+    """The custom storage's config processed by its class's own schema (storage: postgres:'s)."""
+    from kernel_assets.pool_storage_postgres import PoolSafePostgresStorage
+
+    return process_config(Shape(PoolSafePostgresStorage.config_type()), raw["storage"]["custom"]["config"])
+
+
 def test_instance_yaml_passes_dagsters_own_validation():
     config, custom_class = dagster_instance_config(str(DEPLOY))
     assert custom_class is None
-    db = config["storage"]["postgres"]["postgres_db"]
+    storage = config["storage"]["custom"]
+    assert (storage["module"], storage["class"]) == STORAGE
+    db = storage["config"]["postgres_db"]
     assert {k: db[k] for k in ("hostname", "port", "username", "password", "db_name")} == {
         "hostname": {"env": "DAGSTER_PG_HOST"},
         "port": {"env": "DAGSTER_PG_PORT"},
@@ -92,13 +104,13 @@ def test_scheme_names_the_driver_dagster_postgres_installs():
     from sqlalchemy.engine import make_url
 
     config, _ = dagster_instance_config(str(DEPLOY))
-    scheme = config["storage"]["postgres"]["postgres_db"]["scheme"]
+    scheme = config["storage"]["custom"]["config"]["postgres_db"]["scheme"]
     assert make_url(f"{scheme}://u:p@h:5432/db").get_dialect().driver == "psycopg2"
 
 
 def test_instance_ref_uses_postgres_storage_and_the_run_queue(tmp_path):
     ref = InstanceRef.from_dir(str(tmp_path), config_dir=str(DEPLOY))
-    assert (ref.storage_data.module_name, ref.storage_data.class_name) == ("dagster_postgres", "DagsterPostgresStorage")
+    assert (ref.storage_data.module_name, ref.storage_data.class_name) == STORAGE
     assert ref.run_coordinator_data.class_name == "QueuedRunCoordinator"
     assert not list(DEPLOY.glob("storage*")) and not list(DEPLOY.glob("history*"))  # nothing written there
 
@@ -109,7 +121,9 @@ def test_postgres_settings_come_from_the_environment(monkeypatch):
         monkeypatch.setenv(k, v)
     result = process_config(Shape(dagster_instance_config_schema()), raw_instance_yaml())
     assert result.success, result.errors
-    db = result.value["storage"]["postgres"]["postgres_db"]
+    result = _storage_config(raw_instance_yaml())
+    assert result.success, result.errors
+    db = result.value["postgres_db"]
     assert (db["hostname"], db["port"], db["username"], db["password"], db["db_name"]) == (
         "pg.internal", 6543, "dagster", "s3cret", "kregress",
     )  # fmt: skip
@@ -119,7 +133,7 @@ def test_missing_postgres_variable_is_named(monkeypatch):
     for k in PG_ENV:
         monkeypatch.setenv(k, "5432" if k.endswith("PORT") else "x")
     monkeypatch.delenv("DAGSTER_PG_PASSWORD")
-    result = process_config(Shape(dagster_instance_config_schema()), raw_instance_yaml())
+    result = _storage_config(raw_instance_yaml())
     assert not result.success
     assert "DAGSTER_PG_PASSWORD" in " ".join(e.message for e in result.errors)
 
@@ -158,7 +172,6 @@ def test_gpu_pool_gets_one_slot_on_an_instance_with_these_settings(tmp_path):
 @pytest.mark.parametrize(
     "mutate, match",
     [
-        (lambda c: c["storage"]["postgres"]["postgres_db"].update(hostnme="x"), "hostnme"),
         (lambda c: c["run_queue"].update(max_concurrent_runs=3), "incompatible with the `concurrency > runs`"),
         (lambda c: c["concurrency"]["pools"].update(granularity="step"), "granularity"),
         (lambda c: c.update(storge={}), "storge"),
@@ -172,6 +185,19 @@ def test_dagsters_validation_is_not_vacuous(tmp_path, mutate, match):
         dagster_instance_config(str(tmp_path))
     text = str(err.value) + " ".join(e.message for e in getattr(err.value, "errors", []))
     assert match in text
+
+
+def test_a_wrong_storage_field_is_named_when_the_instance_loads(tmp_path, monkeypatch):
+    """The custom storage's config is checked by its class when an instance opens (before any connection)."""
+    for k in PG_ENV:
+        monkeypatch.setenv(k, "5432" if k.endswith("PORT") else "x")
+    cfg = raw_instance_yaml()
+    cfg["storage"]["custom"]["config"]["postgres_db"]["hostnme"] = "x"
+    assert not _storage_config(cfg).success
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(DagsterInvalidConfigError) as err:
+        DagsterInstance.from_config(str(tmp_path)).get_runs(limit=1)
+    assert "hostnme" in str(err.value) + " ".join(e.message for e in getattr(err.value, "errors", []))
 
 
 def test_readme_names_every_variable_the_config_reads():

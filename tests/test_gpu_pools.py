@@ -127,11 +127,12 @@ def test_steps_per_run_caps_the_executor():
 
 
 def test_connection_arithmetic():
-    # 8 runs x (4 step processes + the worker) x (Dagster + ledger) + 8 daemon threads + 2 code servers
-    assert pg_connection_bound(8, 4, code_servers=2) == 8 * 5 * 2 + 8 + 2
-    assert pg_connection_bound(3, None, executor="in_process", code_servers=2) == 3 * 1 * 2 + 8 + 2
+    # 8 runs x (4 step processes + the worker) x (Dagster + pool lock + ledger) + 8 daemon threads + the
+    # daemon's pool lock + 2 code servers
+    assert pg_connection_bound(8, 4, code_servers=2) == 8 * 5 * 3 + 8 + 1 + 2
+    assert pg_connection_bound(3, None, executor="in_process", code_servers=2) == 3 * 1 * 3 + 8 + 1 + 2
     # the webserver's three storage pools: 3 x (1 + --db-pool-max-overflow)
-    assert pg_connection_bound(1, 1, code_servers=0, webserver_max_overflow=4) == 2 * 2 + 8 + 15
+    assert pg_connection_bound(1, 1, code_servers=0, webserver_max_overflow=4) == 2 * 3 + 8 + 1 + 15
 
 
 # --- Kubernetes: the step pods dagster-k8s would create ---------------------------------------------------

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,3 +113,64 @@ def test_claims_at_the_same_instant_take_one_slot(tmp_path, monkeypatch):
         assigned = [s for s in storage.get_concurrency_info("gpu/race/cpu").pending_steps if s.assigned_timestamp]
         assert len(assigned) == 1 and assigned[0].run_id != f"run_{winners[0]}"
         instance.dispose()
+
+
+def _claim_pg(home: str, env: dict, barrier, i: int, q) -> None:
+    os.environ.update(env)
+    _claim(home, barrier, i, q)
+
+
+def test_postgres_claims_at_the_same_instant_take_one_slot(tmp_path, monkeypatch):
+    """The same on deploy/dagster.yaml's storage (kernel_assets/pool_storage_postgres.py) against a throwaway
+    PostgreSQL 15: Dagster's own PostgreSQL storage let more than one of six simultaneous claims hold a limit-1
+    slot in 3 of 8 tries; under the advisory lock exactly one of eight does, every time."""
+    from urllib.parse import urlparse
+
+    from kregress.testing.postgres import PgServer, pg_bin_dir
+
+    required = os.environ.get("KREGRESS_REQUIRE_POSTGRES", "") not in ("", "0")
+    psycopg = pytest.importorskip("psycopg") if not required else __import__("psycopg")
+    pytest.importorskip("dagster_postgres") if not required else __import__("dagster_postgres")
+    bindir = pg_bin_dir()
+    if bindir is None:
+        if required:
+            pytest.fail("PostgreSQL required (KREGRESS_REQUIRE_POSTGRES=1) but its server binaries are not found")
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl, postgres) not found")
+    from kernel_assets.pool_storage_postgres import PoolSafePostgresEventLogStorage
+
+    server = PgServer(bindir)
+    server.start()
+    try:
+        ctx = mp.get_context("spawn")
+        n = 8
+        for trial in range(4):
+            name = f"pool_{trial}"
+            with psycopg.connect(server.url("postgres"), autocommit=True) as con:
+                con.execute(f"CREATE DATABASE {name}")
+            u = urlparse(server.url(name))
+            env = {"DAGSTER_PG_HOST": u.hostname, "DAGSTER_PG_PORT": str(u.port), "DAGSTER_PG_USER": u.username,
+                   "DAGSTER_PG_PASSWORD": u.password or "", "DAGSTER_PG_DB": name}
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            home = tmp_path / f"home_{trial}"
+            home.mkdir()
+            shutil.copy(REPO / "deploy" / "dagster.yaml", home)
+            monkeypatch.setenv("DAGSTER_HOME", str(home))
+            instance = dg.DagsterInstance.get()
+            storage = instance.event_log_storage
+            assert isinstance(storage, PoolSafePostgresEventLogStorage)
+            storage.set_concurrency_slots("gpu/race/cpu", 1)
+            barrier, q = ctx.Barrier(n), ctx.Queue()
+            procs = [ctx.Process(target=_claim_pg, args=(str(home), env, barrier, i, q)) for i in range(n)]
+            for p in procs:
+                p.start()
+            got = dict(q.get(timeout=300) for _ in range(n))
+            for p in procs:
+                p.join(timeout=60)
+            winners = [i for i, claimed in got.items() if claimed]
+            assert len(winners) == 1, f"trial {trial}: {len(winners)} processes hold the one slot: {winners}"
+            info = storage.get_concurrency_info("gpu/race/cpu")
+            assert info.slot_count == 1 and len(info.claimed_slots) == 1 and len(info.pending_steps) == n
+            instance.dispose()
+    finally:
+        server.stop()

@@ -136,7 +136,7 @@ def batch(shared):
 def test_instance_is_postgres_with_the_queue_the_launcher_and_the_daemon(shared):
     inst = shared.instance
     assert type(inst.run_storage).__name__ == "PostgresRunStorage"
-    assert type(inst.event_log_storage).__name__ == "PostgresEventLogStorage"
+    assert type(inst.event_log_storage).__name__ == "PoolSafePostgresEventLogStorage"  # pool slots under an advisory lock
     assert type(inst.schedule_storage).__name__ == "PostgresScheduleStorage"
     assert type(inst.run_coordinator).__name__ == "QueuedRunCoordinator"
     assert type(inst.run_launcher).__name__ == "WorkerCheckingRunLauncher"
