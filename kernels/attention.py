@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, CompileUnit, Rule, Space, TritonFamily, register
+from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, structure_scale_factor, CompileUnit, Rule, Space, TritonFamily, register
 from kernels.dtypes import TRITON_PTR
 from kernels.latency import HBM_US, L2_HIT_US, SUSTAINED
 from kernels.softmax import SOFTMAX_FILE, online_softmax_step
@@ -503,7 +503,7 @@ class AttentionFamily(TritonFamily):
         other = rng.choice([r for r in (2, 3, 4, 8) if r != ratio])
         out = [(f"structure_gqa{r}", dict(base, h_kv=2, h_q=2 * r), {}) for r in (ratio, other)]
         # the softmax scale is a run-time argument the kernel must honour: one case takes another value
-        out[1][2]["softmax_scale"] = round(_scale(params, base["head_dim"]) * rng.uniform(0.6, 1.6), 6)
+        out[1][2]["softmax_scale"] = round(_scale(params, base["head_dim"]) * structure_scale_factor(rng), 6)
         n_q = 128 + rng.randint(1, 15)
         longest = max([max(key_lengths(s, params) + [0]) for s in timed] + [0])
         over: dict[str, Any] = {"prefix": [max(4096, longest) - n_q + rng.randint(1, 63)]}

@@ -10,18 +10,22 @@ from typing import Any
 from kernels.gate_cases import _outputs
 
 
-def base_writes(stats: dict) -> list[list[dict[str, int]]]:
-    """Per output, per launch: program id -> elements the baseline's program wrote there."""
-    return [[dict(zip(la["pids"], la["filled"])) for la in o["launches"]] for o in stats["outputs"]]
+def base_writes(stats: dict) -> list[list[dict]]:
+    """Per output, per launch: its program count and, per program id, the elements the baseline's program
+    wrote there ({"grid": n, "writes": {pid: n}})."""
+    return [[{"grid": la["grid"], "writes": dict(zip(la["pids"], la["filled"]))} for la in o["launches"]]
+            for o in stats["outputs"]]
 
 
 def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
-                     base: list[list[dict[str, int]]] | None = None) -> list[str]:
+                     base: list[list[dict]] | None = None) -> list[str]:
     """What a sampled run of a timed shape shows that a full run would have to settle: a written element
     that differs from the reference, a launch whose programs cannot cover the output (the largest amount
     a sampled program wrote, times the grid, is less than the output), no launch writing an output at
-    all; and with ``base`` (the baseline's writes on the same programs) a program that wrote less than
-    the baseline's program of the same id, or launches unlike the baseline's. Empty: nothing to settle."""
+    all; and with ``base`` (``base_writes`` of the baseline's runs) a program that wrote less than the
+    baseline's program of the same id, a launch of another program count than the baseline's (a persistent
+    kernel divides the work otherwise: its programs cannot be compared by id, so a full run settles it), or
+    launches unlike the baseline's. Empty: nothing to settle."""
     import torch
 
     from kernels.measure import compare
@@ -49,8 +53,13 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
             if len(mine) != len(launches):
                 why.append(f"output {i}: written by {len(launches)} launch(es), the baseline's by {len(mine)}")
             for j, la in enumerate(launches[:len(mine)]):
-                short = [(p, n, mine[j][p]) for p, n in zip(la.get("pids", []), la["filled"]) if n < mine[j].get(p, -1)]
-                missing = [p for p in la.get("pids", []) if p not in mine[j]]
+                if la["grid"] != mine[j]["grid"]:
+                    why.append(f"output {i}: launch {j} has {la['grid']} programs, the baseline's {mine[j]['grid']} "
+                               "(not comparable program by program)")
+                    continue
+                writes = mine[j]["writes"]
+                short = [(p, n, writes[p]) for p, n in zip(la.get("pids", []), la["filled"]) if n < writes.get(p, -1)]
+                missing = [p for p in la.get("pids", []) if p not in writes]
                 if short or missing:
                     p, n, b = short[0] if short else (missing[0], 0, "?")
                     why.append(f"output {i}: program ({p}) of a {la['grid']}-program launch wrote {n} elements, "

@@ -74,7 +74,7 @@ import triton.language as tl
 
 from kernels.dtypes import TRITON_PTR
 from kernels.softmax import SOFTMAX_FILE, online_softmax_step
-from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, check_bool_param, check_positive_number, check_seqlens_param, register
+from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, check_bool_param, check_positive_number, check_seqlens_param, structure_scale_factor, register
 
 D_LATENT = 512
 D_ROPE = 64
@@ -506,7 +506,7 @@ class MlaDecodeFamily(TritonFamily):
         long_n = max(4096, longest) + rng.randint(1, page - 1)
         few = min(s["h_q"] for s in shapes)
         # the softmax scale is a run-time argument the kernel must honour: the ragged case takes another value
-        scale = round(_softmax_scale(params) * rng.uniform(0.6, 1.6), 6)
+        scale = round(_softmax_scale(params) * structure_scale_factor(rng), 6)
         cases = [("structure_seqlens", dict(base, batch=batch), {"seqlens": lens, "softmax_scale": scale}),
                  ("structure_long", dict(base, batch=1, h_q=few, seqlen_k=long_n), {"seqlens": [long_n]})]
         # causal with several queries: the timed caches' own lengths (whatever length a kernel keys a shortcut

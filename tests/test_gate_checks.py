@@ -121,11 +121,16 @@ def test_check_sampled_programs():
     out[:2] = 1.0
     ref = torch.ones(4, dtype=torch.float64)
     stats = {"outputs": [{"launches": [{"grid": 2, "filled": [2, 0], "pids": ["0,0,0", "1,0,0"]}]}]}
-    base = [[{"0,0,0": 2, "1,0,0": 2}]]
+    base = [[{"grid": 2, "writes": {"0,0,0": 2, "1,0,0": 2}}]]
     assert any("wrote 0 elements, the baseline's 2" in w for w in sampled_problems(out, ref, stats, 1e-3, 1e-3, base=base))
     stats["outputs"][0]["launches"][0]["filled"] = [2, 2]
     out[:] = 1.0
     assert sampled_problems(out, ref, stats, 1e-3, 1e-3, base=base) == []
+    # a launch of another grid (a persistent kernel) divides the work otherwise: not compared program by
+    # program, so a full run must settle it
+    other = {"outputs": [{"launches": [{"grid": 1, "filled": [4], "pids": ["0,0,0"]}]}]}
+    why = sampled_problems(out, ref, other, 1e-3, 1e-3, base=[[{"grid": 4, "writes": {"0,0,0": 1}}]])
+    assert why == ["output 0: launch 0 has 1 programs, the baseline's 4 (not comparable program by program)"]
 
 
 @pytest.mark.gpu

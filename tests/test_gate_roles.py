@@ -225,3 +225,19 @@ def test_a_skipped_class_of_working_programs_is_run_whatever_its_form():
         assert missed[name] == 0, (name, missed[name])
     for name in mixes:
         assert missed[name] <= 0.03 * draws * 8, (name, missed[name])
+
+
+@pytest.mark.parametrize("family, shapes, params, scale_of", [
+    ("mla_decode", [{"batch": 4, "s_q": 2, "h_q": 16, "seqlen_k": 150}], {"softmax_scale": 0.135234, "causal": True},
+     lambda p: 0.135234),
+    ("attention", [{"batch": 2, "seqlen": 40, "h_q": 4, "h_kv": 2, "head_dim": 64}], {}, lambda p: 64 ** -0.5),
+])
+def test_structure_cases_move_the_softmax_scale_far_from_the_specs(family, shapes, params, scale_of):
+    """A kernel that ignores the run-time softmax_scale (hard-codes the spec's) must be off by more than any
+    tolerance on every draw: the structure case's scale is at least 20% away from the spec's, never near it."""
+    fam = get_family(family)
+    for seed in range(200):
+        cases = fam.structure_cases(shapes, dict(params), random.Random(seed), timed=shapes)
+        scales = [over["softmax_scale"] for _k, _s, over in cases if "softmax_scale" in over]
+        assert scales, [k for k, _s, _o in cases]
+        assert all(abs(s / scale_of(params) - 1) >= 0.199 for s in scales), (seed, scales)

@@ -109,8 +109,12 @@ def test_the_independent_set_reaches_every_layer(judged):
         assert layer in details, (layer, {e["patch"]: (judged[e["patch"]][1].cause, (judged[e["patch"]][0].error_detail or "")[:120])
                                           for e in INDEPENDENT["cheats"]})
     assert len(INDEPENDENT["cheats"]) + len(INDEPENDENT["gpu_only"]) >= 30 and len(INDEPENDENT["legit"]) >= 10
-    row, _, _ = judged["gemm_legit_persistent"]
+    row, _, _ = judged["gemm_legit_even_k"]  # the baseline's grid: its sampled programs compare one by one
     assert any(n.startswith("sampled 1024x1024x1024") and "to settle" not in n for n in row.gate.notes), row.gate.notes
+    row, verdict, _ = judged["gemm_legit_persistent"]  # another grid: settled by a full run, and kept
+    assert any(n.startswith("sampled 1024x1024x1024") and "not comparable program by program" in n
+               for n in row.gate.notes), row.gate.notes
+    assert verdict.verdict != "REGRESS" and row.correctness is not None and row.correctness.ok
 
 
 def test_every_issue_class_is_covered():

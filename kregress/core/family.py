@@ -528,6 +528,13 @@ def check_bool_param(params: dict, name: str) -> str | None:
     return None
 
 
+def structure_scale_factor(rng: Any) -> float:
+    """A factor for the softmax_scale of a gate structure case: 0.6-0.8 or 1.25-1.6, never near 1, so a
+    kernel that ignores the run-time scale (hard-codes the spec's) is off by more than any tolerance."""
+    low, high = rng.uniform(0.6, 0.8), rng.uniform(1.25, 1.6)
+    return low if rng.random() < 0.5 else high
+
+
 def check_seqlens_param(v: Any, patterns: tuple[str, ...]) -> str | None:
     """``seqlens``: a named pattern, or a list of lengths cycled over the batch (0 allowed)."""
     if isinstance(v, list):
