@@ -50,9 +50,9 @@ def versus_sweep() -> dict:
     home = tempfile.mkdtemp()
     judge_s, judge_rc, judge_out = _timed_process(kregress + ["judge", str(DEFAULT_SPEC), str(HONEST_PATCH)], home)
     notes: list[str] = []  # what the gate says of the timed shapes (sampled / full run / not sampled)
-    for rec_file in Path(home).rglob("judgement.json"):
+    for rec_file in Path(home).rglob("judge/*/report.md"):  # the gate's notes are in the judgement's report
         text = rec_file.read_text()
-        notes += sorted({m for m in re.findall(r"(?:sampled|not sampled|full run)[^\"]{0,160}", text)})
+        notes += sorted({m for m in re.findall(r"(?:sampled|not sampled|full run)[^\n]{0,160}", text)})
     line = next((ln for ln in judge_out.splitlines() if "gemm_legit_eviction_hints" in ln and ("PASS" in ln or "REGRESS" in ln
                                                                                                or "NEEDS_REVIEW" in ln)), "")
     return {"spec": DEFAULT_SPEC.name, "patch": HONEST_PATCH.name, "sweep_s": round(sweep_s, 1), "sweep_rc": sweep_rc,

@@ -165,7 +165,7 @@ def _axis_picks(n: int, rng: Any) -> list[int]:
 
 
 SLOT_ALTERNATIVES = 4  # programs tried for a structured pick that the baseline's run shows idle
-UNIFORM_MAX = 32  # uniform working programs a candidate's sampled run adds, as far as UNIFORM_BUDGET_S allows
+UNIFORM_MAX = 32  # uniform working programs a candidate's sampled run adds on a grid of 2+ varying axes, as far as UNIFORM_BUDGET_S allows
 UNIFORM_BUDGET_S = 2.0  # interpreter seconds of the baseline's working programs those may cost a candidate
 UNIFORM_POOL = 2  # the baseline runs this many times a candidate's uniform programs: each candidate draws its own
 
