@@ -80,6 +80,23 @@ def _claim(home: str, barrier, i: int, q) -> None:
     q.put((i, instance.event_log_storage.claim_concurrency_slot("gpu/race/cpu", f"run_{i}", "baseline_metrics").is_claimed))
 
 
+def _race(ctx, storage, n: int, trial: int, target, args: tuple) -> list[int]:
+    """``n`` processes run ``target(*args, barrier, i, q)`` (a claim of the limit-1 pool at one barrier):
+    exactly one may hold the slot, the others wait in the queue. Returns the winners."""
+    barrier, q = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, barrier, i, q)) for i in range(n)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=300) for _ in range(n))
+    for p in procs:
+        p.join(timeout=60)
+    winners = [i for i, claimed in got.items() if claimed]
+    assert len(winners) == 1, f"trial {trial}: {len(winners)} processes hold the one slot: {winners}"
+    info = storage.get_concurrency_info("gpu/race/cpu")
+    assert info.slot_count == 1 and len(info.claimed_slots) == 1 and len(info.pending_steps) == n
+    return winners
+
+
 def test_claims_at_the_same_instant_take_one_slot(tmp_path, monkeypatch):
     """Dagster's SQLite storage lets processes that claim a limit-1 pool at one instant all take its slot
     (measured: 2-4 of 4 on 3 of 6 tries); the shipped instance's storage (kernel_assets/pool_storage.py)
@@ -98,17 +115,7 @@ def test_claims_at_the_same_instant_take_one_slot(tmp_path, monkeypatch):
         storage = instance.event_log_storage
         assert isinstance(storage, PoolSafeSqliteEventLogStorage)
         storage.initialize_concurrency_limit_to_default("gpu/race/cpu")
-        barrier, q = ctx.Barrier(n), ctx.Queue()
-        procs = [ctx.Process(target=_claim, args=(str(home), barrier, i, q)) for i in range(n)]
-        for p in procs:
-            p.start()
-        got = dict(q.get(timeout=300) for _ in range(n))
-        for p in procs:
-            p.join(timeout=60)
-        winners = [i for i, claimed in got.items() if claimed]
-        assert len(winners) == 1, f"trial {trial}: {len(winners)} processes hold the one slot: {winners}"
-        info = storage.get_concurrency_info("gpu/race/cpu")
-        assert info.slot_count == 1 and len(info.claimed_slots) == 1 and len(info.pending_steps) == n
+        winners = _race(ctx, storage, n, trial, _claim, (str(home),))
         storage.free_concurrency_slot_for_step(f"run_{winners[0]}", "baseline_metrics")
         assigned = [s for s in storage.get_concurrency_info("gpu/race/cpu").pending_steps if s.assigned_timestamp]
         assert len(assigned) == 1 and assigned[0].run_id != f"run_{winners[0]}"
@@ -160,17 +167,7 @@ def test_postgres_claims_at_the_same_instant_take_one_slot(tmp_path, monkeypatch
             storage = instance.event_log_storage
             assert isinstance(storage, PoolSafePostgresEventLogStorage)
             storage.set_concurrency_slots("gpu/race/cpu", 1)
-            barrier, q = ctx.Barrier(n), ctx.Queue()
-            procs = [ctx.Process(target=_claim_pg, args=(str(home), env, barrier, i, q)) for i in range(n)]
-            for p in procs:
-                p.start()
-            got = dict(q.get(timeout=300) for _ in range(n))
-            for p in procs:
-                p.join(timeout=60)
-            winners = [i for i, claimed in got.items() if claimed]
-            assert len(winners) == 1, f"trial {trial}: {len(winners)} processes hold the one slot: {winners}"
-            info = storage.get_concurrency_info("gpu/race/cpu")
-            assert info.slot_count == 1 and len(info.claimed_slots) == 1 and len(info.pending_steps) == n
+            _race(ctx, storage, n, trial, _claim_pg, (str(home), env))
             instance.dispose()
     finally:
         server.stop()
