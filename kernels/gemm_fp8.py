@@ -298,12 +298,11 @@ def _randn(rows: int, cols: int, g: torch.Generator, device: str) -> torch.Tenso
     return torch.randn(rows, cols, generator=g).to(device)
 
 
-class Fp8FamilyBase(TritonFamily):
-    """What the dense and grouped FP8 families share: e4m3 inputs, K a multiple of the scale block,
-    the fp8_peak_tflops check, and the tile-order helper file in the source hash."""
+class Fp8Checks:
+    """The checks every FP8 GEMM family makes, however its kernel is written (Triton or CUDA C++): e4m3
+    inputs, K a multiple of the scale block, the fp8_peak_tflops param and the FP8 peak it sets."""
 
     dtypes = ("fp8_e4m3",)
-    helper_files = (TILES_FILE,)  # fp8_gemm_kernel calls tiles.grouped_pid
 
     def check_shape_values(self, shape):
         if shape["K"] % SCALE_BLOCK:
@@ -319,20 +318,19 @@ class Fp8FamilyBase(TritonFamily):
         return None
 
 
-class GemmFp8Family(Fp8FamilyBase):
+class DenseFp8Problem(Fp8Checks):
+    """The dense FP8 GEMM problem, apart from the kernel that solves it: its inputs (per-token A and
+    per-block B scales, DeepGEMM's layout), the exact-dequantization reference, FLOPs, bytes and tolerance.
+    The Triton family (``GemmFp8Family``) and the CUDA C++ one (``kernels.cuda.gemm_fp8_cuda``) both use it,
+    so a variant of either is checked against the same inputs and reference."""
+
     param_keys = ("fp8_peak_tflops",)
-    launch_wrappers = ("fp8_gemm_nt", "_launch", "_check_operands")  # the entry point run() calls
-    interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
-    reduction_keys = ("K",)  # the gate's least-work shape keeps the timed K
 
     def make_inputs(self, shape, dtype, device, seed, params):
         g = torch.Generator(device="cpu").manual_seed(seed)
         a, sa = per_token_cast_to_fp8(_randn(shape["M"], shape["K"], g, device))
         b, sb = per_block_cast_to_fp8(_randn(shape["N"], shape["K"], g, device))
         return {"a": a, "sa": sa, "b": b, "sb": sb}
-
-    def run(self, inputs, config, params):
-        return fp8_gemm_nt(inputs["a"], inputs["sa"], inputs["b"], inputs["sb"], config)
 
     def reference(self, inputs, params):
         return dequantize_a(inputs["a"], inputs["sa"]) @ dequantize_b(inputs["b"], inputs["sb"]).T
@@ -347,6 +345,22 @@ class GemmFp8Family(Fp8FamilyBase):
 
     def tolerance(self, shape, dtype, base_tol, params):
         return _tolerance(shape["K"], base_tol)
+
+
+class Fp8FamilyBase(Fp8Checks, TritonFamily):
+    """What the dense and grouped Triton FP8 families share: ``Fp8Checks`` and the tile-order helper file in
+    the source hash."""
+
+    helper_files = (TILES_FILE,)  # fp8_gemm_kernel calls tiles.grouped_pid
+
+
+class GemmFp8Family(DenseFp8Problem, Fp8FamilyBase):
+    launch_wrappers = ("fp8_gemm_nt", "_launch", "_check_operands")  # the entry point run() calls
+    interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
+    reduction_keys = ("K",)  # the gate's least-work shape keeps the timed K
+
+    def run(self, inputs, config, params):
+        return fp8_gemm_nt(inputs["a"], inputs["sa"], inputs["b"], inputs["sb"], config)
 
     def compile_units(self, config, dtype, params):
         return [_unit(config, LAYOUT_DENSE)]

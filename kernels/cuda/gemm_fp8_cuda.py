@@ -22,10 +22,8 @@ import sys
 
 import torch
 
-from kernels.gemm_fp8 import SCALE_BLOCK, _randn, _tolerance, dequantize_a, dequantize_b, per_block_cast_to_fp8, per_token_cast_to_fp8
-from kregress.core.family import CudaFamily, Rule, Space, check_positive_number, register
-
-FP8_PEAK_RATIO = 2.0  # e4m3 tensor-core peak vs bf16; this SIMT kernel reaches a fraction of the FFMA roof
+from kernels.gemm_fp8 import SCALE_BLOCK, DenseFp8Problem
+from kregress.core.family import CudaFamily, Rule, Space, register
 
 
 def _threads(c: dict) -> int:
@@ -79,51 +77,19 @@ def fp8_gemm_cuda(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.
     return c
 
 
-class GemmFp8CudaFamily(CudaFamily):
-    dtypes = ("fp8_e4m3",)
-    param_keys = ("fp8_peak_tflops",)
+class GemmFp8CudaFamily(DenseFp8Problem, CudaFamily):
+    """The CUDA C++ kernel of the dense FP8 GEMM; the problem (inputs, reference, checks, FLOPs, bytes,
+    tolerance) is the Triton family's (``kernels.gemm_fp8.DenseFp8Problem``)."""
+
     cuda_sources = ("gemm_fp8_cuda.cu",)
     kernel_functions = ("fp8_gemm_kernel", "e4m3_to_float")
     template_params = ("BLOCK_M", "BLOCK_N", "STAGES", "TM", "TN")
 
-    def check_shape_values(self, shape):
-        if shape["K"] % SCALE_BLOCK:
-            return f"K={shape['K']} must be a multiple of {SCALE_BLOCK} (the scale block)"
-        return None
-
-    def check_param_values(self, params):
-        if "fp8_peak_tflops" in params:
-            return check_positive_number("fp8_peak_tflops", params["fp8_peak_tflops"], " (an H100 SXM: 1979)")
-        return None
-
-    def peak_tflops(self, hw, params):
-        return float((params or {}).get("fp8_peak_tflops") or FP8_PEAK_RATIO * hw.limits.peak_tflops)
-
     def cuda_units(self, config, dtype, params):
         return [self.unit("fp8_gemm_kernel", config, threads=_threads(config))]
 
-    def make_inputs(self, shape, dtype, device, seed, params):
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        a, sa = per_token_cast_to_fp8(_randn(shape["M"], shape["K"], g, device))
-        b, sb = per_block_cast_to_fp8(_randn(shape["N"], shape["K"], g, device))
-        return {"a": a, "sa": sa, "b": b, "sb": sb}
-
     def run(self, inputs, config, params):
         return fp8_gemm_cuda(inputs["a"], inputs["sa"], inputs["b"], inputs["sb"], config)
-
-    def reference(self, inputs, params):
-        return dequantize_a(inputs["a"], inputs["sa"]) @ dequantize_b(inputs["b"], inputs["sb"]).T
-
-    def flops(self, shape, params):
-        return 2.0 * shape["M"] * shape["N"] * shape["K"]
-
-    def bytes_moved(self, shape, dtype_bytes, params):
-        M, N, K = shape["M"], shape["N"], shape["K"]
-        scales = 4 * (M * K // SCALE_BLOCK + math.ceil(N / SCALE_BLOCK) * K // SCALE_BLOCK)
-        return float(M * K + N * K + scales + 2 * M * N)
-
-    def tolerance(self, shape, dtype, base_tol, params):
-        return _tolerance(shape["K"], base_tol)
 
 
 FAMILY = register(GemmFp8CudaFamily(name="gemm_fp8_cuda", space=SPACE, shape_keys=("M", "N", "K"),
