@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from kernel_assets.agent.base import AgentContext  # noqa: E402
 from kernel_assets.agent.llm import LLMPolicy, write_narrative  # noqa: E402
-from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT, failure_lines, row_p50, summarize_history  # noqa: E402
+from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT  # noqa: E402
+from kernel_assets.profile import failure_lines, row_p50, summarize_history  # noqa: E402
 from kernel_assets.report import _md_table, tables  # noqa: E402
 from kernel_assets.sweep import verdict_for  # noqa: E402
 from kregress.core.budget import budget_scope  # noqa: E402

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from kregress.core import paths
-from kregress.core.names import RESOURCE_ENVS, STRATEGIES, resource_env
+from kregress.core.names import COMMAND_ENV, RESOURCE_ENVS, STRATEGIES, resource_env
 
 # Subcommands contributed by other modules: each exposes register(subparsers).
 PLUGINS = ("kernel_assets.cli_usage", "kernel_assets.clients.cli", "kernel_assets.cli_family", "kernel_assets.cli_replay",
@@ -44,8 +44,6 @@ HISTORY_EPILOG = "exit codes: 0 shown; 1 no sweep of that task is recorded under
 # Test hook: `step:<step_key>` (at that step's start) or `log:<text>` (after a progress line containing text)
 # makes the sweep process SIGKILL itself, as a crash would. Only tests set it.
 KILL_ENV = "KREGRESS_TEST_KILL_AT"
-# The command as the user invoked it (``invoked_as``), set by ``main`` for the report's `next:` line.
-COMMAND_ENV = "KREGRESS_COMMAND"
 
 
 def _ensure_home(arg: str | None) -> Path:

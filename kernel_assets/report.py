@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kregress.core.names import MAX_GRAPH_ROUNDS, MEASURED_EVIDENCE
+from kregress.core.names import COMMAND_ENV, MAX_GRAPH_ROUNDS, MEASURED_EVIDENCE
 from kregress.core.paths import REPO_ROOT
 from kregress.core.records import VariantResult, Verdict, config_label
 from kregress.core.spec import TaskSpec
@@ -729,8 +729,6 @@ def next_step(kind: str, spec: TaskSpec, spec_path: str, judgement: bool = False
     """What to run to see measured verdicts, when this sweep had none ('' when it had): commands a user
     can paste, with the kregress they invoked (``$KREGRESS_COMMAND``, set by the CLI; else ``kregress``)."""
     import os
-
-    from kernel_assets.cli import COMMAND_ENV
 
     if kind == "measured":
         return ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kernel_assets.profile import summarize_history
 from kregress.core.bind import BoundSpec
 from kregress.core.names import MEASURED_EVIDENCE
 from kregress.core.records import DroppedSuggestion, VariantResult, Verdict, config_label
@@ -115,8 +116,6 @@ def advance(prev: RoundState, spec: TaskSpec, round_index: int, rows: list[Varia
 
 def summarize(state: RoundState, spec: TaskSpec) -> str:
     """Trimmed top-k of what was measured plus one line per failure (bounded size)."""
-    from kernel_assets.agent.prompt import summarize_history
-
     return summarize_history(state.history, spec.search.top_k)
 
 

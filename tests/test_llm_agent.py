@@ -10,7 +10,8 @@ from gateway_helpers import make_gateway
 
 from kernel_assets.agent.base import AgentContext, Proposal, validate_and_dedupe
 from kernel_assets.agent.llm import HybridPolicy, LLMPolicy, extract_json, parse_suggestions, write_narrative
-from kernel_assets.agent.prompt import HEADER, SUGGEST_SYSTEM_PROMPT, build_suggest_messages, failure_lines, summarize_history
+from kernel_assets.agent.prompt import SUGGEST_SYSTEM_PROMPT, build_suggest_messages
+from kernel_assets.profile import HEADER, failure_lines, summarize_history
 from kregress.core.family import Family, Rule, Space
 from kregress.core.records import CompileStats, Measurement, Suggestion, VariantResult, config_hash
 from kregress.core.spec import Budget, TaskSpec

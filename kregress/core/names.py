@@ -22,6 +22,10 @@ PASS, REGRESS, NEEDS_REVIEW = "PASS", "REGRESS", "NEEDS_REVIEW"
 VERDICTS = (PASS, REGRESS, NEEDS_REVIEW)
 VerdictKind = Literal["PASS", "REGRESS", "NEEDS_REVIEW"]
 
+# The command as the user invoked it (``kernel_assets.cli.invoked_as``), set by the CLI for the report's
+# `next:` line (``kernel_assets.report.next_step``).
+COMMAND_ENV = "KREGRESS_COMMAND"
+
 # Model-call roles; each has its own keys and its own budget lines in the ledger.
 ROLES = ("suggest", "report", "review")
 Role = Literal["suggest", "report", "review"]
