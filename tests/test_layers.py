@@ -165,3 +165,98 @@ def test_core_loads_without_dagster_triton_or_torch(module):
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, f"importing {module} pulled in: {res.stdout.strip()} {res.stderr[-400:]}"
+
+
+def module_graph(root: Path = REPO) -> dict[str, set[str]]:
+    """module -> the project modules it imports (every import, inside functions too; TYPE_CHECKING skipped).
+    ``from pkg import name`` is an edge to ``pkg.name`` where that is a module, else to ``pkg``."""
+    files: dict[str, Path] = {}
+    for package in PROJECT_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).with_suffix("")
+            files[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    return {module: _imported_modules(module, path, files) for module, path in files.items()}
+
+
+def _imported_modules(module: str, path: Path, files: dict[str, Path]) -> set[str]:
+    edges: set[str] = set()
+    todo: list[ast.AST] = [ast.parse(path.read_text(), filename=str(path))]
+    while todo:
+        for child in ast.iter_child_nodes(todo.pop()):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                todo.extend(child.orelse)
+                continue
+            targets: list[str] = []
+            if isinstance(child, ast.Import):
+                targets = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = module.split(".")
+                if child.level:
+                    base = base[: len(base) - child.level + (1 if path.name == "__init__.py" else 0)]
+                    name = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    name = child.module or ""
+                targets = [f"{name}.{a.name}" if f"{name}.{a.name}" in files else name for a in child.names]
+            for t in targets:
+                while t and t not in files:  # a name inside a module: the module
+                    t = t.rpartition(".")[0]
+                if t and t != module:
+                    edges.add(t)
+            todo.append(child)
+    return edges
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_import_circles():
+    """No module reaches itself through imports, lazy ones inside functions included: each layer is a
+    stack of modules that can be read (and tested) bottom up."""
+    found = circles(module_graph())
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_circle_check_sees_a_lazy_import_through_a_package(tmp_path):
+    """The checker itself: ``from pkg import mod`` inside a function closes a circle a -> pkg.mod -> a."""
+    (tmp_path / "kernel_assets" / "pkg").mkdir(parents=True)
+    for f in ("kernel_assets/__init__.py", "kernel_assets/pkg/__init__.py"):
+        (tmp_path / f).write_text("")
+    (tmp_path / "kernel_assets/a.py").write_text("from kernel_assets.pkg.mod import X\n")
+    (tmp_path / "kernel_assets/pkg/mod.py").write_text("X = 1\n\ndef f():\n    from kernel_assets import a\n")
+    (tmp_path / "kernel_assets/b.py").write_text("from kernel_assets.a import pkg\n")
+    for p in ("kregress", "kernels", "resources"):
+        (tmp_path / p).mkdir()
+    assert circles(module_graph(tmp_path)) == [["kernel_assets.a", "kernel_assets.pkg.mod"]]
