@@ -417,6 +417,8 @@ def run_local(problem: Problem, seed: int, cap: int, method: str = "local") -> t
             break
         for s in prop.suggestions:
             key = tuple(s.config[k] for k in problem.keys)
+            if any(r.config_hash == config_hash(s.config) for r in history):
+                raise AssertionError(f"local policy proposed a measured config again: {s.variant_id} {s.config}")
             row = measure(s.variant_id, rnd, dict(s.config), s.parent)
             history.append(row)
             v = value(row)

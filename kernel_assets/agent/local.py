@@ -62,6 +62,9 @@ per process and space) get the model-based search:
   exactly equal, so on measured evidence this never fires.
 * Round 1 (the baseline alone): cover picks first (they spread over the space), then a quarter of the
   round as the baseline's nearest valid configs; cover picks until the model has ``MODEL_MIN`` points.
+  The portfolio (``kernel_assets.agent.portfolio.LOCAL_OFF``) runs the policy with uniform random picks in
+  round 1 (``start_cover`` off) and the standing cover pick only once the search has stalled (``standing``
+  off): on the recorded train spaces they did not pay.
 * Forecasts: every proposal carries ``expected_speedup`` (baseline objective / predicted objective, the
   pairwise posterior mean of log objective) and an 80% interval (``Z80`` predictive sd: the posterior
   spread of the mean plus the model's residual variance). Before the model has ``MODEL_MIN`` points
@@ -248,6 +251,8 @@ PRIOR_LOG_SD = 0.6
 ABLATIONS = {
     "line": "the line search along each tunable of a stale incumbent",
     "cover": "the three-way cover pick (round 1's spread and the standing explorer); uniform random in round 1",
+    "start_cover": "the cover in round 1 only: uniform random picks there, the standing explorer kept",
+    "standing": "the cover pick in every round: only once the search has stalled (with the switch's picks)",
     "surprise": "the restarts around the best config the model predicted far too slow",
     "switch": "the stagnation switch's three-way model draws and uniform random picks",
 }
@@ -738,7 +743,7 @@ class LocalPolicy:
             cand = unmeasured()
             k = min(n - len(picked), len(cand))
             n_near = len(picked)
-            cover = self.stagnation_switch and "cover" not in self.ablate
+            cover = self.stagnation_switch and not {"cover", "start_cover"} & self.ablate
             for i in self._explore(valid, all_rows + picked, cand, k, rng, cover) if k > 0 else []:
                 pick(i)
             picked[:] = picked[n_near:] + picked[:n_near]  # the random picks first: they cover the space
@@ -755,7 +760,9 @@ class LocalPolicy:
                 for i in nearest_to(tuple(valid.idx[root]), min(SURPRISE_SLOTS, n - len(picked))):
                     pick(i)
         s = n - len(picked)
-        k_cover = min(s, COVER_SLOTS) if self.stagnation_switch and "cover" not in self.ablate else 0  # the standing explorer, in every round
+        # the standing explorer: in every round, or ("standing" switched off) once the search has stalled
+        k_cover = (min(s, COVER_SLOTS) if self.stagnation_switch and "cover" not in self.ablate
+                   and (explore or "standing" not in self.ablate) else 0)
         k_rand = min(s - k_cover, RANDOM_SLOTS + (stale - EXPLORE_AFTER) // RANDOM_GROWTH) if explore else 0
         k_tri = min(TRIPLE_SLOTS, s - k_cover - k_rand) if explore and feats.triples() else 0
         k_pair = s - k_cover - k_rand - k_tri
