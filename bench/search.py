@@ -393,6 +393,7 @@ def run_local(problem: Problem, seed: int, cap: int, method: str = "local") -> t
         return row.measurements[0].p50_ms  # the sweep's objective: p50 of the runs
 
     history = [measure("baseline", 0, start_cfg, None)]
+    seen_hashes = {history[0].config_hash}  # no config is measured twice (asserted per proposal)
     objective = {history[0].config_hash: value(history[0])}
     seq = [problem.start]
     policy = make_policy(method, seed)
@@ -417,9 +418,10 @@ def run_local(problem: Problem, seed: int, cap: int, method: str = "local") -> t
             break
         for s in prop.suggestions:
             key = tuple(s.config[k] for k in problem.keys)
-            if any(r.config_hash == config_hash(s.config) for r in history):
-                raise AssertionError(f"local policy proposed a measured config again: {s.variant_id} {s.config}")
             row = measure(s.variant_id, rnd, dict(s.config), s.parent)
+            if row.config_hash in seen_hashes:
+                raise AssertionError(f"local policy proposed a measured config again: {s.variant_id} {s.config}")
+            seen_hashes.add(row.config_hash)
             history.append(row)
             v = value(row)
             if v is not None:

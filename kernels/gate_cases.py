@@ -177,6 +177,12 @@ def _unravel(i: int, grid: tuple[int, int, int], x_fastest: bool) -> tuple[int, 
     return (i // (ny * nz), (i // nz) % ny, i % nz)
 
 
+def several_axes(grid: tuple[int, int, int]) -> bool:
+    """Whether two or more axes of a launch grid have several programs (the id's flattenings and mixes of axes
+    are classes of their own only then: on one axis every affine class of the id is a union of residues)."""
+    return sum(n > 1 for n in grid) >= 2
+
+
 def program_slots(grid: tuple[int, int, int], rng: Any) -> list[list[tuple[int, int, int]]]:
     """The structured picks of a sampled run of a ``grid`` (nx, ny, nz) launch, each a slot: alternative
     programs in order of preference, all in the same class. The first and the last program; on every axis
@@ -202,7 +208,7 @@ def program_slots(grid: tuple[int, int, int], rng: Any) -> list[list[tuple[int, 
                 alts.append(tuple(p))
             slots.append(list(dict.fromkeys(alts)))
     total = nx * ny * nz
-    if sum(n > 1 for n in grid) >= 2 and total > STRATA:
+    if several_axes(grid) and total > STRATA:
         for x_fastest in (True, False):
             for r in rng.sample(range(STRATA), STRATA):
                 members = range(r, total, STRATA)

@@ -28,6 +28,7 @@ from kernels.gate_cases import (
     poison_buffers,
     program_slots,
     sample_programs,
+    several_axes,
     transform_inputs,
     uniform_programs,
     wide_shape,
@@ -673,9 +674,7 @@ def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, see
         done = ran1[j] if j < len(ran1) else {}
         busy = [t for w, t in done.values() if w > 0]
         frac = len(busy) / max(1, len(done))
-        # uniform programs only where two or more axes vary: on a one-axis grid every class of an affine
-        # form of the id is a union of residue classes, which the slots already hold
-        if busy and sum(n > 1 for n in p["dims"]) >= 2:
+        if busy and several_axes(p["dims"]):  # on one axis the slots already hold every class
             per = max(sum(busy) / len(busy), 1e-4)
             p["k"] = int(min(UNIFORM_MAX, UNIFORM_BUDGET_S // per))
         if p["k"]:

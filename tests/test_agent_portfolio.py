@@ -147,14 +147,14 @@ def test_the_portfolio_runs_the_local_policy_without_the_early_cover(monkeypatch
         return real(valid, seen, cand, k, rng, cover)
 
     monkeypatch.setattr(LocalPolicy, "_explore", staticmethod(spy))
-    for make in (lambda: PortfolioPolicy(seed=0), lambda: LocalPolicy(seed=0)):
+    for policy in (PortfolioPolicy, LocalPolicy):
         calls.clear()
         history = [fake_row("baseline", SPEC.baseline, 0)]
         for rnd in (1, 2):
-            p = make().propose(ctx_for(history, rnd))
+            p = policy(seed=0).propose(ctx_for(history, rnd))
             history += [fake_row(s.variant_id, s.config, rnd) for s in p.suggestions]
         covers = [c for _, c in calls]
-        if isinstance(make(), PortfolioPolicy):
+        if policy is PortfolioPolicy:
             assert calls and not any(covers), calls  # round 1 random, no standing cover in round 2
         else:
             assert covers[0] and covers.count(True) >= 2, calls  # round 1 cover, and the standing one in round 2

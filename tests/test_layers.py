@@ -71,31 +71,37 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
+def _import_nodes(tree: ast.AST):
+    """Every import statement of a module, inside functions too; the bodies of ``if TYPE_CHECKING:`` skipped."""
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _from_module(node: ast.ImportFrom, module: str, path: Path) -> str:
+    """The dotted module a ``from ... import`` reads from, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if path.name == "__init__.py" else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
     """(line, dotted name) of every import in the file, relative imports resolved, TYPE_CHECKING skipped."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     out: list[tuple[int, str]] = []
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for sub in child.orelse:
-                    visit(sub)
-                continue
-            if isinstance(child, ast.Import):
-                out.extend((child.lineno, a.name) for a in child.names)
-            elif isinstance(child, ast.ImportFrom):
-                if child.level:
-                    base = module.split(".")
-                    base = base[: len(base) - child.level + (1 if path.name == "__init__.py" else 0)]
-                    name = ".".join(base + ([child.module] if child.module else []))
-                else:
-                    name = child.module or ""
-                out.append((child.lineno, name))
-            visit(child)
-
-    visit(tree)
-    return out
+    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name) for a in node.names)
+        else:
+            out.append((node.lineno, _from_module(node, module, path)))
+    return sorted(out)
 
 
 def violations(root: Path = REPO, rules: dict[str, tuple[str, ...]] = FORBIDDEN) -> list[str]:
@@ -180,29 +186,17 @@ def module_graph(root: Path = REPO) -> dict[str, set[str]]:
 
 def _imported_modules(module: str, path: Path, files: dict[str, Path]) -> set[str]:
     edges: set[str] = set()
-    todo: list[ast.AST] = [ast.parse(path.read_text(), filename=str(path))]
-    while todo:
-        for child in ast.iter_child_nodes(todo.pop()):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                todo.extend(child.orelse)
-                continue
-            targets: list[str] = []
-            if isinstance(child, ast.Import):
-                targets = [a.name for a in child.names]
-            elif isinstance(child, ast.ImportFrom):
-                base = module.split(".")
-                if child.level:
-                    base = base[: len(base) - child.level + (1 if path.name == "__init__.py" else 0)]
-                    name = ".".join(base + ([child.module] if child.module else []))
-                else:
-                    name = child.module or ""
-                targets = [f"{name}.{a.name}" if f"{name}.{a.name}" in files else name for a in child.names]
-            for t in targets:
-                while t and t not in files:  # a name inside a module: the module
-                    t = t.rpartition(".")[0]
-                if t and t != module:
-                    edges.add(t)
-            todo.append(child)
+    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            name = _from_module(node, module, path)
+            targets = [f"{name}.{a.name}" if f"{name}.{a.name}" in files else name for a in node.names]
+        for t in targets:
+            while t and t not in files:  # a name inside a module: the module
+                t = t.rpartition(".")[0]
+            if t and t != module:
+                edges.add(t)
     return edges
 
 
