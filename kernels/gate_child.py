@@ -188,11 +188,16 @@ class _ProgramProxy:
         if tuple(self.builder.grid_idx) not in self.launch["sample"]:
             return None
         tensors = self.launch["tensors"]
-        before = [_nan_count(t) for t in tensors]
+        # the programs of a launch run one after another and nothing else writes between them, so one
+        # program's count after is the next one's before: a count per program, not two (a scan of every
+        # floating argument each; on a timed attention shape they were a quarter of a judgement)
+        before = self.launch.get("nan_after") or [_nan_count(t) for t in tensors]
         t0 = time.perf_counter()
         self.fn(**args)
         self.launch["seconds"] += time.perf_counter() - t0
-        self.launch["programs"].append([b - _nan_count(t) for b, t in zip(before, tensors)])
+        after = [_nan_count(t) for t in tensors]
+        self.launch["nan_after"] = after
+        self.launch["programs"].append([b - a for b, a in zip(before, after)])
         self.launch["pids"].append(",".join(map(str, self.builder.grid_idx)))
         self.launch["times"].append(time.perf_counter() - t0)
         return None
@@ -202,7 +207,7 @@ def _nan_count(t: Any) -> int:
     import torch
 
     with torch.utils._python_dispatch._disable_current_modes():
-        return int(torch.isnan(t).sum()) if t.is_floating_point() else 0
+        return int(torch.isnan(t).count_nonzero()) if t.is_floating_point() else 0  # 4x the speed of .sum()
 
 
 class _ProgramSampler:
