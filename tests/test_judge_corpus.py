@@ -101,7 +101,14 @@ def test_the_independent_set_reaches_every_layer(judged):
     hidden or timed shapes (sampled programs, every program of the timed grid), for precision and for the
     compiled launch: each layer of the gate catches some, and the timed shape is checked on the CPU."""
     causes = {judged[e["patch"]][1].cause for e in INDEPENDENT["cheats"]}
-    assert {"rejected", "wrong", "precision", "infeasible"} <= causes
+    assert {"rejected", "wrong", "infeasible"} <= causes
+    # the precision layer: a precision cheat's error against the calibrated tolerance depends on the secret
+    # draw, so in some judgements every one of them is caught as wrong (the stronger verdict, which their
+    # entries allow); otherwise at least one is NEEDS_REVIEW for precision (seen: a run with all five wrong)
+    imprecise = [e["patch"] for e in INDEPENDENT["cheats"] if "precision" in (e["cause"], *e.get("or", ()))]
+    assert len(imprecise) >= 3
+    got = {n: (judged[n][1].verdict, judged[n][1].cause) for n in imprecise}
+    assert "precision" in causes or all(v == ("REGRESS", "wrong") for v in got.values()), got
     details = " ".join(judged[e["patch"]][0].error_detail or "" for e in INDEPENDENT["cheats"])
     # (the timed shape itself is checked below through the notes of a legitimate patch: since the hidden case
     # past the timed K, the cheats that skip work past a length are caught there first, not on the timed shape)
