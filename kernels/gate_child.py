@@ -191,7 +191,7 @@ class _ProgramProxy:
         # the programs of a launch run one after another and nothing else writes between them, so one
         # program's count after is the next one's before: a count per program, not two (a scan of every
         # floating argument each; on a timed attention shape they were a quarter of a judgement)
-        before = self.launch.get("nan_after") or [_nan_count(t) for t in tensors]
+        before = self.launch["nan_after"] or [_nan_count(t) for t in tensors]
         t0 = time.perf_counter()
         self.fn(**args)
         self.launch["seconds"] += time.perf_counter() - t0
@@ -239,7 +239,7 @@ class _ProgramSampler:
             def __call__(ex, *args_dev: Any, **kwargs: Any) -> Any:  # noqa: N805
                 tensors = [t for t in list(args_dev) + list(kwargs.values()) if torch.is_tensor(t)]
                 launch = {"tensors": tensors, "programs": [], "pids": [], "times": [], "grid": 0, "dims": (0, 0, 0),
-                          "sample": set(), "seconds": 0.0}
+                          "sample": set(), "seconds": 0.0, "nan_after": None}
                 sampler.launches.append(launch)
                 real = ex.fn
                 ex.fn = _ProgramProxy(real, launch, builder)

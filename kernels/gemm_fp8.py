@@ -511,34 +511,35 @@ class GroupedGemmFp8Family(Fp8FamilyBase):
         return ("grp",)  # m_indices (contiguous) or masked_m (masked)
 
     def structure_cases(self, shapes, params, rng, timed=()):
-        """Masked: ``masked_m`` per expert from 0 to full (shuffled); the second draw's counts are placed by the
-        first draw's ranks reversed (the emptiest expert of one draw is the fullest of the other: a kernel that reads another
-        fixed expert's count, max or min with its own, writes past or short of ``masked_m`` in one of the two
-        whichever expert it reads); contiguous: ragged group sizes (0, below and above the 128-row
-        alignment, and one that fills its 128-row blocks exactly, last in the second draw: the layout then
-        ends on a block boundary with a valid last row). Two draws each, on the largest checked shape with
-        at least 4 groups."""
+        """Masked: ``masked_m`` per expert from 0 to full (shuffled); the second draw's counts are placed by
+        the first draw's ranks reversed, so the emptiest expert of one draw is the fullest of the other (a
+        kernel that reads another expert's count, max or min with its own, writes past or short of
+        ``masked_m`` in one of the two, whichever expert it reads). Contiguous: ragged group sizes (0, below
+        and above the 128-row alignment, and one that fills its 128-row blocks exactly, last in the second
+        draw: the layout then ends on a block boundary with a valid last row). Two draws each, on the
+        largest checked shape with at least 4 groups."""
         base = max(shapes, key=lambda s: s["groups"] * s["m"] * s["N"] * s["K"])
         shape = dict(base, groups=max(4, base["groups"]))
         G, m = shape["groups"], shape["m"]
+        masked = _layout(params) == "masked"
         out = []
         for i in range(2):
-            if _layout(params) == "masked":
+            if masked:
                 sizes = [0, m] + [rng.randint(1, max(1, m - 1)) for _ in range(G - 2)]
-                if i == 1:  # fresh counts, placed by the first draw's ranks reversed (ties in its order)
+                if i == 0:
+                    rng.shuffle(sizes)
+                else:  # fresh counts, the largest to the first draw's emptiest expert (ties in its order)
                     first = out[0][2]["group_sizes"]
-                    ranked, sizes = sorted(sizes), [0] * G
-                    for r, g in enumerate(sorted(range(G), key=lambda g: (first[g], g))):
-                        sizes[g] = ranked[G - 1 - r]
+                    order, sizes = sorted(range(G), key=lambda g: (first[g], g)), sorted(sizes, reverse=True)
+                    sizes = [sizes[order.index(g)] for g in range(G)]
             else:
                 full = ALIGN_M * rng.randint(1, 2)
                 sizes = [0, rng.randint(1, ALIGN_M - 1), ALIGN_M + rng.randint(1, ALIGN_M - 1), full]
                 sizes += [rng.randint(0, 2 * max(m, ALIGN_M)) for _ in range(G - 4)]
-            if i == 0 or _layout(params) != "masked":
                 rng.shuffle(sizes)
-            if i == 1 and _layout(params) != "masked":
-                sizes.remove(full)
-                sizes.append(full)
+                if i == 1:
+                    sizes.remove(full)
+                    sizes.append(full)
             out.append((f"structure_groups{i}", shape, {"group_sizes": sizes}))
         return out
 
