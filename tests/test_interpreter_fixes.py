@@ -5,7 +5,9 @@ Each kernel below runs twice in one child process (TRITON_INTERPRET must be set 
 decorates anything): first with Triton's interpreter as shipped, then after ``import kernels``
 (which installs the fixes). What the GPU does is the expectation: round-to-nearest-even fp32 -> bf16
 (``cvt.rn.bf16.f32``, the same as torch's ``.to(torch.bfloat16)``), a bf16 dot of the values, and a
-K loop bounded by ``tl.cdiv`` of a scalar argument.
+K loop bounded by ``tl.cdiv`` of a scalar argument. The speed fix (``nested_patch``) must leave every
+output bit-identical: an fp32 kernel whose nested helpers use the language's builtins, tensor methods,
+reductions with a combining function and a helper from a module that sees only ``triton.language.core``.
 """
 
 from __future__ import annotations
@@ -59,12 +61,63 @@ def k_loop_sum(x_ptr, out_ptr, K, BLOCK_K: tl.constexpr):
         acc += tl.load(x_ptr + k * BLOCK_K + offs, mask=k * BLOCK_K + offs < K, other=0.0)
     tl.store(out_ptr, tl.sum(acc))
 
+sys.path.insert(0, sys.argv[2])
+import core_only_helper  # a helper module that sees triton.language.core, not triton.language
+
+@triton.jit
+def _combine(a, b):
+    return a + b * 0.5
+
+@triton.jit
+def _row_step(acc, m, x, w):
+    s = tl.dot(x, w)
+    m_new = tl.maximum(m, tl.max(s, 1))
+    p = tl.exp(s - m_new[:, None])
+    acc = acc * tl.exp(m - m_new)[:, None] + tl.dot(p, w)
+    return acc, m_new, tl.reduce(p, 1, _combine)
+
+@triton.jit
+def nested_helpers(x_ptr, w_ptr, out_ptr, red_ptr, STEPS: tl.constexpr):
+    r = tl.arange(0, 16)
+    acc = tl.zeros((16, 16), dtype=tl.float32)
+    m = tl.full((16,), float("-inf"), tl.float32)
+    red = tl.zeros((16,), dtype=tl.float32)
+    for i in range(STEPS):
+        x = tl.load(x_ptr + i * 256 + r[:, None] * 16 + r[None, :])
+        w = tl.load(w_ptr + r[:, None] * 16 + r[None, :])
+        acc, m, part = _row_step(acc, m, x, w)
+        red += core_only_helper.scaled(part, 0.25) + tl.where(part > 0, part, -part).to(tl.float32)
+    tl.store(out_ptr + r[:, None] * 16 + r[None, :], acc / tl.sum(acc, 1)[:, None])
+    tl.store(red_ptr + r, red)
+
+def builtins_of_tl():
+    import inspect
+    return sorted(name for name, member in inspect.getmembers(tl) if tl.core.is_builtin(member))
+
+BUILTINS = builtins_of_tl()
+assert len(BUILTINS) > 50
+
+def patches_per_launch(steps):
+    from triton.runtime import interpreter as interp
+    original, calls = interp._patch_builtin, [0]
+    def counting(*a, **k):
+        calls[0] += 1
+        return original(*a, **k)
+    interp._patch_builtin = counting
+    try:
+        nested_helpers[(1,)](xs, ws, torch.empty(16, 16), torch.empty(16), STEPS=steps)
+    finally:
+        interp._patch_builtin = original
+    return calls[0]
+
 x = torch.from_numpy(np.load(sys.argv[1]))
 n = x.numel()
 g = torch.Generator().manual_seed(1)
 a = torch.randn(16, 16, generator=g).to(torch.bfloat16)
 b = torch.randn(16, 16, generator=g).to(torch.bfloat16)
 ks = torch.arange(1000, dtype=torch.float32)
+xs = torch.randn(6 * 256, generator=g)
+ws = torch.randn(256, generator=g) * 0.1
 
 def run():
     res = {}
@@ -83,9 +136,20 @@ def run():
         res["k_loop"] = float(out[0])
     except Exception as exc:
         res["k_loop"] = f"{type(exc).__name__}: {exc}"[:300]
+    out, red = torch.empty(16, 16), torch.empty(16)
+    nested_helpers[(2,)](xs, ws, out, red, STEPS=6)
+    res["nested"] = out.view(torch.int32).flatten().tolist() + red.view(torch.int32).tolist()
+    res["nested_ok"] = bool(torch.isfinite(out).all() and torch.isfinite(red).all() and red.abs().sum() > 0)
+    res["patches"] = [patches_per_launch(1), patches_per_launch(6)]
+    # a launch leaves the language as it found it (the launch's restore undoes every wrapper)
+    # (triton.language, which the kernel sees; a helper's patch of triton.language.core is never undone
+    # upstream, with or without the fix)
+    res["restored"] = builtins_of_tl() == BUILTINS
     return res
 
-shipped = run()
+# "fixed-first": the fixes go in before any launch (a shipped launch's helpers leave
+# triton.language.core patched for good, which would hide a fix that forgot to patch it)
+shipped = run() if sys.argv[3] != "fixed-first" else None
 import kernels  # noqa: E402  (installs kernels/interpreter.py's fixes under TRITON_INTERPRET=1)
 from kernels.interpreter import installed
 fixed = run()
@@ -135,16 +199,32 @@ def test_fp32_to_bf16_bits_is_torchs_round_to_nearest_even():
     assert fp32_to_bf16_bits(np.float32(1.0)).shape == () and fp32_to_bf16_bits(np.ones((2, 3), np.float32)).shape == (2, 3)
 
 
+_CORE_ONLY_HELPER = """
+import triton
+from triton.language import core
+
+
+@triton.jit
+def scaled(x, scale):
+    return core.where(x > 0, x, x * scale) + core.full(x.shape, 0.5, core.float32)
+"""
+
+
 @pytest.fixture(scope="module")
 def child(tmp_path_factory):
-    path = tmp_path_factory.mktemp("interp") / "x.npy"
+    tmp = tmp_path_factory.mktemp("interp")
+    path = tmp / "x.npy"
     np.save(path, _values())
+    (tmp / "core_only_helper.py").write_text(_CORE_ONLY_HELPER)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, cwd=REPO,
-                          env=env, timeout=600)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("@@")), None)
-    assert line, proc.stderr[-3000:]
-    return json.loads(line[2:])
+    res = {}
+    for order in ("shipped-first", "fixed-first"):
+        proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(tmp), order], capture_output=True,
+                              text=True, cwd=REPO, env=env, timeout=600)
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("@@")), None)
+        assert line, proc.stderr[-3000:]
+        res[order] = json.loads(line[2:])
+    return res["shipped-first"] | {"fixed_first": res["fixed-first"]["fixed"]}
 
 
 def test_bf16_casts_and_stores_round_like_the_gpu(child):
@@ -182,8 +262,26 @@ def test_k_loop_over_a_scalar_argument(child):
         assert child["shipped"]["k_loop"] == pytest.approx(sum(range(1000)))
 
 
+def test_nested_helpers_compute_the_same_and_patch_once_per_launch(child):
+    """A launch patches the language once; its helpers' calls (6 steps x 2 helpers here, one of them in a
+    module that sees only triton.language.core) no longer patch it again, and every bit of the output is
+    what the interpreter as shipped computed (fp32 throughout: the bf16 fixes do not touch it)."""
+    shipped, fixed, fresh = child["shipped"], child["fixed"], child["fixed_first"]
+    assert shipped["nested_ok"] and fixed["nested_ok"] and fresh["nested_ok"]
+    assert fixed["nested"] == shipped["nested"] and fresh["nested"] == shipped["nested"]
+    assert shipped["restored"] and fixed["restored"] and fresh["restored"]
+    assert fresh["patches"] == fixed["patches"]
+    one, six = shipped["patches"]
+    assert six > one, "the interpreter as shipped re-patches per helper call (the reason for the fix)"
+    if child["installed"]["nested_patch"] == "applied":
+        # the helper module that sees only triton.language.core still gets its patch (the launch's own
+        # patch covers triton.language): a constant number per launch, whatever the number of calls
+        f_one, f_six = fixed["patches"]
+        assert f_one == f_six < one, fixed["patches"]
+
+
 def test_fixes_record_what_they_did(child):
-    assert set(child["installed"]) == {"bf16_dot", "bf16_round", "scalar_index"}
+    assert set(child["installed"]) == {"bf16_dot", "bf16_round", "scalar_index", "nested_patch"}
     for name, what in child["installed"].items():
         assert what == "applied" or what.startswith("not needed (Triton "), (name, what)
     triton_major_minor = tuple(int(x) for x in child["triton"].split(".")[:2])
@@ -209,5 +307,5 @@ def test_worker_reports_its_versions_and_fixes(interpreter):
     import triton
 
     assert res["interpret"] is True and res["triton"] == triton.__version__
-    assert set(res["interpreter_fixes"]) == {"bf16_dot", "bf16_round", "scalar_index"}
+    assert set(res["interpreter_fixes"]) == {"bf16_dot", "bf16_round", "scalar_index", "nested_patch"}
     assert res["python"] == platform.python_version() and res["numpy"] == np.__version__
