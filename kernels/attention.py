@@ -58,7 +58,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import check_bool_param, check_positive_number, check_seqlens_param, structure_scale_factor, CompileUnit, Rule, Space, TritonFamily, register
+from kregress.core.family import (check_bool_param, check_positive_number, check_seqlens_param, reversed_rank_pair,
+                                  structure_scale_factor, CompileUnit, Rule, Space, TritonFamily, register)
 from kernels.dtypes import TRITON_PTR
 from kernels.latency import HBM_US, L2_HIT_US, SUSTAINED
 from kernels.softmax import SOFTMAX_FILE, online_softmax_step
@@ -195,6 +196,9 @@ V_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 # flash-attn build takes it; the kernel does).
 HEAD_DIM_PAIRS = tuple((d, d) for d in HEAD_DIMS) + ((64, 128), (128, 64), (192, 64), (192, 128), (128, 192))
 SEQLEN_PATTERNS = ("uniform", "spread")
+# The gate's ragged structure cases: sequences, query lengths 1..RAGGED_Q_MAX, key lengths above that (a cached
+# prefix of at least one key); small, so the interpreter runs them in well under a second
+RAGGED_BATCH, RAGGED_Q_MAX, RAGGED_K_MAX = 4, 48, 112
 PARAM_KEYS = ("causal", "window", "prefix", "seqlens", "softmax_scale", "head_dims", "head_dim_v")
 DEFAULT_HEAD_DIMS = (64, 128)
 
@@ -495,12 +499,16 @@ class AttentionFamily(TritonFamily):
         return ("cu_seqlens_q", "cu_seqlens_k")
 
     def structure_cases(self, shapes, params, rng, timed=()):
-        """The spec's GQA ratio and another one, each with 2 KV heads (a wrong KV-head map shows), and
-        one long sequence (>= 4096 keys: ~128 queries after a cached prefix, so the interpreter can afford
-        it while the mask still hides 3% of the keys from the first query) with one head."""
+        """The spec's GQA ratio and another one, each with 2 KV heads (a wrong KV-head map shows); one long
+        sequence (>= 4096 keys: ~128 queries after a cached prefix, so the interpreter can afford it while the
+        mask still hides 3% of the keys from the first query) with one head; and two ragged batches of
+        RAGGED_BATCH sequences whose query and key lengths have their ranks reversed between the two."""
         base = max(shapes, key=lambda s: s["batch"] * s["seqlen"] * s["h_q"])
         ratio = max(1, base["h_q"] // base["h_kv"])
-        other = rng.choice([r for r in (2, 3, 4, 8) if r != ratio])
+        # the other ratio: larger than the spec's and not a power of two, drawn among those (up to 12 when the
+        # spec's is below 12), so a kernel right only up to the spec's ratio, or only for powers of two
+        # (packed heads padded to one, a shift for the KV-head map), is wrong here whatever the draw
+        other = rng.choice([r for r in range(ratio + 1, max(ratio + 2, min(2 * ratio, 12)) + 1) if r & (r - 1)])
         out = [(f"structure_gqa{r}", dict(base, h_kv=2, h_q=2 * r), {}) for r in (ratio, other)]
         # the softmax scale is a run-time argument the kernel must honour: one case takes another value, on
         # inputs as made (x8 values make the softmax one-hot, where a 20% scale change hardly shows)
@@ -512,6 +520,15 @@ class AttentionFamily(TritonFamily):
         if isinstance((params or {}).get("seqlens"), list):
             over["seqlens"] = [n_q]
         out.append(("structure_long", dict(base, batch=1, seqlen=n_q, h_q=1, h_kv=1), over))
+        # ragged batches, whatever the spec's seqlens (a uniform batch hides a kernel that ignores cu_seqlens):
+        # distinct query lengths and distinct key lengths per sequence, the second draw's placed by the first's
+        # ranks reversed (kregress.core.family.reversed_rank_pair), so a kernel that takes sequence b's length
+        # (queries or keys) from another sequence, alone or in max/min with its own, is wrong in one of them
+        q_lens = reversed_rank_pair(rng, lambda: rng.sample(range(1, RAGGED_Q_MAX + 1), RAGGED_BATCH))
+        k_lens = reversed_rank_pair(rng, lambda: rng.sample(range(RAGGED_Q_MAX + 1, RAGGED_K_MAX + 1), RAGGED_BATCH))
+        for i, (lq, lk) in enumerate(zip(q_lens, k_lens)):
+            over = {"seqlens": lq, "prefix": [k - q for q, k in zip(lq, lk)]}
+            out.append((f"structure_ragged{i}", dict(base, batch=RAGGED_BATCH, seqlen=max(lq), h_q=ratio, h_kv=1), over))
         return out
 
     # --- formulas ------------------------------------------------------------------------------

@@ -49,7 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kregress.core.family import check_positive_number, check_seqlens_param, CompileUnit, Rule, Space, TritonFamily, register
+from kregress.core.family import (check_positive_number, check_seqlens_param, CompileUnit, reversed_rank_pair, Rule,
+                                  Space, TritonFamily, register)
 from kernels.latency import tile_gemm_ms
 from kernels.tiles import TILES_FILE, grouped_pid
 
@@ -521,18 +522,11 @@ class GroupedGemmFp8Family(Fp8FamilyBase):
         base = max(shapes, key=lambda s: s["groups"] * s["m"] * s["N"] * s["K"])
         shape = dict(base, groups=max(4, base["groups"]))
         G, m = shape["groups"], shape["m"]
-        masked = _layout(params) == "masked"
-        out = []
-        for i in range(2):
-            if masked:
-                sizes = [0, m] + [rng.randint(1, max(1, m - 1)) for _ in range(G - 2)]
-                if i == 0:
-                    rng.shuffle(sizes)
-                else:  # fresh counts, the largest to the first draw's emptiest expert (ties in its order)
-                    first = out[0][2]["group_sizes"]
-                    order, sizes = sorted(range(G), key=lambda g: (first[g], g)), sorted(sizes, reverse=True)
-                    sizes = [sizes[order.index(g)] for g in range(G)]
-            else:
+        if _layout(params) == "masked":
+            draws = reversed_rank_pair(rng, lambda: [0, m] + [rng.randint(1, max(1, m - 1)) for _ in range(G - 2)])
+        else:
+            draws = []
+            for i in range(2):
                 full = ALIGN_M * rng.randint(1, 2)
                 sizes = [0, rng.randint(1, ALIGN_M - 1), ALIGN_M + rng.randint(1, ALIGN_M - 1), full]
                 sizes += [rng.randint(0, 2 * max(m, ALIGN_M)) for _ in range(G - 4)]
@@ -540,8 +534,8 @@ class GroupedGemmFp8Family(Fp8FamilyBase):
                 if i == 1:
                     sizes.remove(full)
                     sizes.append(full)
-            out.append((f"structure_groups{i}", shape, {"group_sizes": sizes}))
-        return out
+                draws.append(sizes)
+        return [(f"structure_groups{i}", shape, {"group_sizes": sizes}) for i, sizes in enumerate(draws)]
 
     def flops(self, shape, params):
         return 2.0 * sum(group_sizes(shape, params)) * shape["N"] * shape["K"]

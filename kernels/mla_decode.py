@@ -74,7 +74,8 @@ import triton.language as tl
 
 from kernels.dtypes import TRITON_PTR
 from kernels.softmax import SOFTMAX_FILE, online_softmax_step
-from kregress.core.family import CompileUnit, Rule, Space, TritonFamily, check_bool_param, check_positive_number, check_seqlens_param, structure_scale_factor, register
+from kregress.core.family import (CompileUnit, Rule, Space, TritonFamily, check_bool_param, check_positive_number,
+                                  check_seqlens_param, reversed_rank_pair, structure_scale_factors, register)
 
 D_LATENT = 512
 D_ROPE = 64
@@ -494,23 +495,33 @@ class MlaDecodeFamily(TritonFamily):
         return ("block_table", "cache_seqlens")
 
     def structure_cases(self, shapes, params, rng, timed=()):
-        """Ragged cache lengths (1, a page boundary and its neighbours, random) over a batch of at least
-        4, and one long sequence (>= 4096 keys, and longer than any timed cache) with few heads; page
-        tables are shuffled by the seed."""
+        """Ragged cache lengths (1, a page boundary and one past it, random; all distinct) over a batch of at
+        least 4, twice with the ranks reversed, and one long sequence (>= 4096 keys, and longer than any timed
+        cache) with few heads; page tables are shuffled by the seed."""
         base = max(shapes, key=lambda s: s["batch"] * s["h_q"] * s["seqlen_k"])
         page = _page_size(params)
         batch = max(4, base["batch"])
-        pick = [1, page, page + 1, rng.randint(2, 3 * page)] + [rng.randint(1, 2 * base["seqlen_k"]) for _ in range(batch)]
-        lens = rng.sample(pick, batch)
+        top = max(2 * base["seqlen_k"], 3 * page, batch + 4)
+
+        def draw() -> list[int]:
+            # distinct lengths: 1, a page boundary and one past it in every draw, the rest random
+            filler = [x for x in rng.sample(range(2, top + 1), batch + 2) if x not in (page, page + 1)]
+            return [1, page, page + 1] + filler[:batch - 3]
+
+        # two draws, the second placed by the first's ranks reversed (reversed_rank_pair): a kernel that reads
+        # sequence b's cache length from another sequence (a fixed one or a neighbour, alone or in max/min
+        # with its own) is wrong for some sequence in one of the two, whatever the secret draw
+        lens = reversed_rank_pair(rng, draw)
         longest = max([max(cache_seqlens(s, params) + [0]) for s in timed] + [0])
         long_n = max(4096, longest) + rng.randint(1, page - 1)
         few = min(s["h_q"] for s in shapes)
-        # the softmax scale is a run-time argument the kernel must honour: the ragged case takes another value
-        scale = round(_softmax_scale(params) * structure_scale_factor(rng), 6)
-        # (the scale on inputs as made: x8 values make the softmax one-hot, where a 20% change hardly shows)
-        cases = [("structure_seqlens", dict(base, batch=batch), {"seqlens": lens, "softmax_scale": scale,
-                                                                 "_gate_inputs_as_made": True}),
-                 ("structure_long", dict(base, batch=1, h_q=few, seqlen_k=long_n), {"seqlens": [long_n]})]
+        # the softmax scale is a run-time argument the kernel must honour: the ragged cases take another value,
+        # one below and one above the spec's (a kernel that honours it on one side only shows), on inputs as
+        # made (x8 values make the softmax one-hot, where a 20% change hardly shows)
+        scales = [round(_softmax_scale(params) * f, 6) for f in structure_scale_factors(rng)]
+        cases = [(f"structure_seqlens{i}", dict(base, batch=batch, **({"h_q": few} if i else {})),
+                  {"seqlens": lens[i], "softmax_scale": scales[i], "_gate_inputs_as_made": True}) for i in range(2)]
+        cases.append(("structure_long", dict(base, batch=1, h_q=few, seqlen_k=long_n), {"seqlens": [long_n]}))
         # causal with several queries: the timed caches' own lengths (whatever length a kernel keys a shortcut
         # on), with the keys just past each query's causal bound made to dominate (_align_future_keys)
         edge = [s for s in list(timed) + list(shapes) if s["s_q"] > 1]

@@ -107,6 +107,105 @@ def test_masked_draws_catch_a_kernel_reading_any_other_experts_count(groups):
             assert any(read(s, g) != s[g] for s in draws for g in range(len(s))), (seed, name, draws)
 
 
+def _other_slot_readings(n: int) -> dict:
+    """Every way a kernel can take slot b's value from another slot of n: a fixed slot j (its value, or max or
+    min of it with its own) or a neighbour (b+1, b-1; wrapped or clamped)."""
+    out = {f"{op} {j}": (lambda s, b, j=j, f=f: f(s[b], s[j])) for j in range(n)
+           for op, f in (("max with", max), ("min with", min), ("value of", lambda own, other: other))}
+    out["value of b+1"] = lambda s, b: s[(b + 1) % len(s)]
+    out["value of b-1"] = lambda s, b: s[(b - 1) % len(s)]
+    out["value of b+1, clamped"] = lambda s, b: s[min(b + 1, len(s) - 1)]
+    out["value of b-1, clamped"] = lambda s, b: s[max(b - 1, 0)]
+    out["max with b+1"] = lambda s, b: max(s[b], s[(b + 1) % len(s)])
+    out["min with b-1"] = lambda s, b: min(s[b], s[(b - 1) % len(s)])
+    return out
+
+
+def _assert_some_draw_tells(draws: list[list[int]], what: str, seed: int) -> None:
+    n = len(draws[0])
+    for name, read in _other_slot_readings(n).items():
+        assert any(read(s, b) != s[b] for s in draws for b in range(n)), (seed, what, name, draws)
+
+
+def test_reversed_rank_pair_tells_every_other_slot_reading_apart():
+    """The placement itself, on distinct values and on values with a unique smallest and largest (the masked
+    layout's counts: 0, full, and repeats between)."""
+    from kregress.core.family import reversed_rank_pair
+
+    for seed in range(500):
+        rng = random.Random(seed)
+        n = 2 + seed % 7
+        draws = reversed_rank_pair(rng, lambda rng=rng, n=n: rng.sample(range(1, 100), n))
+        assert len(set(draws[0])) == len(set(draws[1])) == n
+        _assert_some_draw_tells(list(draws), "distinct", seed)
+        draws = reversed_rank_pair(rng, lambda rng=rng, n=n: [0, 9] + [rng.randint(1, 8) for _ in range(n - 2)])
+        _assert_some_draw_tells(list(draws), "unique extremes", seed)
+
+
+@pytest.mark.parametrize("params", [{}, {"seqlens": "spread", "prefix": [0, 24]}, {"seqlens": [64, 64]},
+                                    {"prefix": 32, "window": [31, 0]}])
+def test_ragged_attention_draws_catch_a_kernel_reading_another_sequences_length(params):
+    """Whatever the spec's seqlens (a uniform batch has nothing to tell apart), two ragged structure cases: a
+    kernel that takes sequence b's query or key length from another sequence (fixed, neighbour, max/min with
+    its own) or ignores cu_seqlens (a dense batch of max_seqlen rows) is wrong in one of them, every draw."""
+    fam = get_family("attention")
+    from kernels.attention import key_lengths, seq_lengths
+
+    for seed in range(300):
+        cases = fam.structure_cases([{"batch": 2, "seqlen": 64, "h_q": 8, "h_kv": 2, "head_dim": 64}], dict(params),
+                                    random.Random(seed))
+        ragged = [(shape, dict(params, **over)) for kind, shape, over in cases if kind.startswith("structure_ragged")]
+        assert len(ragged) == 2, [c[0] for c in cases]
+        for shape, p in ragged:
+            assert fam.check_params(p) is None and shape["h_q"] // shape["h_kv"] == 4  # the spec's GQA ratio kept
+        q = [seq_lengths(shape, p) for shape, p in ragged]
+        k = [key_lengths(shape, p) for shape, p in ragged]
+        assert all(len(set(x)) == len(x) >= 4 for x in q + k) and all(min(x) >= 1 for x in q)
+        _assert_some_draw_tells(q, "query lengths", seed)
+        _assert_some_draw_tells(k, "key lengths", seed)
+        # a dense batch (sequence b at b * max_seqlen): the offsets differ from cu_seqlens in both draws
+        for lens in q + k:
+            cu = [sum(lens[:b]) for b in range(len(lens))]
+            assert any(c != b * max(lens) for b, c in enumerate(cu))
+
+
+@pytest.mark.parametrize("params", [{}, {"seqlens": "spread"}, {"seqlens": [300]}, {"page_size": 16}])
+def test_mla_draws_catch_a_kernel_reading_another_sequences_cache_length(params):
+    """The MLA analogue (cache_seqlens per sequence): two draws with the ranks reversed, 1, a page boundary and
+    one past it in each, all distinct; one case scales the softmax down and the other up."""
+    fam = get_family("mla_decode")
+    if fam.check_params(dict(params)):
+        pytest.skip(f"params {params} not accepted: {fam.check_params(dict(params))}")
+    from kernels.mla_decode import _page_size, _softmax_scale
+
+    page = _page_size(params)
+    for seed in range(300):
+        cases = fam.structure_cases([{"batch": 2, "s_q": 1, "h_q": 16, "seqlen_k": 100}], dict(params),
+                                    random.Random(seed))
+        ragged = [over for kind, _shape, over in cases if kind.startswith("structure_seqlens")]
+        assert len(ragged) == 2, [c[0] for c in cases]
+        draws = [over["seqlens"] for over in ragged]
+        assert all(len(set(d)) == len(d) >= 4 and {1, page, page + 1} <= set(d) for d in draws), draws
+        _assert_some_draw_tells(draws, "cache lengths", seed)
+        factors = sorted(over["softmax_scale"] / _softmax_scale(params) for over in ragged)
+        assert factors[0] < 0.81 and factors[1] > 1.24, factors
+
+
+@pytest.mark.parametrize("ratio", [1, 2, 3, 4, 6, 8, 16])
+def test_the_other_gqa_ratio_is_larger_and_not_a_power_of_two(ratio):
+    """A kernel right only up to the spec's GQA ratio, or only for power-of-two ratios (heads packed and padded
+    to a power of two, a shift for the KV-head map), is wrong on the second GQA case, whatever the draw."""
+    fam = get_family("attention")
+    for seed in range(100):
+        cases = fam.structure_cases([{"batch": 2, "seqlen": 64, "h_q": 2 * ratio, "h_kv": 2, "head_dim": 64}], {},
+                                    random.Random(seed))
+        ratios = [shape["h_q"] // shape["h_kv"] for kind, shape, _o in cases if kind.startswith("structure_gqa")]
+        assert ratios[0] == ratio and len(ratios) == 2
+        other = ratios[1]
+        assert other > ratio and other & (other - 1), (seed, ratios)
+        assert all(fam.check_shape_values(shape) is None for kind, shape, _o in cases)
+
+
 def test_structure_cases_vary_what_indexing_depends_on():
     rng = random.Random(1)
     masked = get_family("grouped_gemm_fp8").structure_cases([{"groups": 2, "m": 40, "N": 32, "K": 128}],

@@ -528,11 +528,34 @@ def check_bool_param(params: dict, name: str) -> str | None:
     return None
 
 
+def structure_scale_factors(rng: Any) -> tuple[float, float]:
+    """Factors for the softmax_scale of gate structure cases, (0.6-0.8, 1.25-1.6): never near 1, so a kernel
+    that ignores the run-time scale (hard-codes the spec's) is off by more than any tolerance; one below and
+    one above, so one that honours it on one side only (clamps it) is too, where a family has two cases."""
+    return rng.uniform(0.6, 0.8), rng.uniform(1.25, 1.6)
+
+
 def structure_scale_factor(rng: Any) -> float:
-    """A factor for the softmax_scale of a gate structure case: 0.6-0.8 or 1.25-1.6, never near 1, so a
-    kernel that ignores the run-time scale (hard-codes the spec's) is off by more than any tolerance."""
-    low, high = rng.uniform(0.6, 0.8), rng.uniform(1.25, 1.6)
+    """One of ``structure_scale_factors``, the side drawn (a family with one scaled case)."""
+    low, high = structure_scale_factors(rng)
     return low if rng.random() < 0.5 else high
+
+
+def reversed_rank_pair(rng: Any, draw: Callable[[], list]) -> tuple[list, list]:
+    """Two draws of per-slot values (lengths, counts) for a pair of gate structure cases: ``draw()`` shuffled,
+    then a fresh ``draw()`` placed by the first's ranks reversed (its largest value where the first had its
+    smallest; ties in slot order). A kernel that takes slot b's value from another slot, a fixed one (j) or a
+    neighbour (b+1), alone or in max/min with its own, is then wrong for some slot in one of the two draws,
+    whatever the secret draw: j is not the smallest in one of them (max with j changes some slot) and not the
+    largest in one (min with j does), given distinct values in each draw."""
+    first = list(draw())
+    rng.shuffle(first)
+    order = sorted(range(len(first)), key=lambda b: (first[b], b))
+    fresh = sorted(draw(), reverse=True)
+    second = [0] * len(first)
+    for rank, b in enumerate(order):
+        second[b] = fresh[rank]
+    return first, second
 
 
 def check_seqlens_param(v: Any, patterns: tuple[str, ...]) -> str | None:
