@@ -196,9 +196,10 @@ V_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 # flash-attn build takes it; the kernel does).
 HEAD_DIM_PAIRS = tuple((d, d) for d in HEAD_DIMS) + ((64, 128), (128, 64), (192, 64), (192, 128), (128, 192))
 SEQLEN_PATTERNS = ("uniform", "spread")
-# The gate's ragged structure cases: sequences, query lengths 1..RAGGED_Q_MAX, key lengths above that (a cached
-# prefix of at least one key); small, so the interpreter runs them in well under a second
-RAGGED_BATCH, RAGGED_Q_MAX, RAGGED_K_MAX = 4, 48, 112
+# The gate's ragged structure cases: sequences, query lengths 1..RAGGED_Q_MAX, cached prefixes in steps of
+# RAGGED_PREFIX_STEP (64-79, 128-143, ...: the key lengths rank as the prefixes do); small (at most 48 queries and
+# 320 keys a sequence), so their cost is the heads'
+RAGGED_BATCH, RAGGED_Q_MAX, RAGGED_PREFIX_STEP = 4, 48, 64
 PARAM_KEYS = ("causal", "window", "prefix", "seqlens", "softmax_scale", "head_dims", "head_dim_v")
 DEFAULT_HEAD_DIMS = (64, 128)
 
@@ -505,10 +506,11 @@ class AttentionFamily(TritonFamily):
         RAGGED_BATCH sequences whose query and key lengths have their ranks reversed between the two."""
         base = max(shapes, key=lambda s: s["batch"] * s["seqlen"] * s["h_q"])
         ratio = max(1, base["h_q"] // base["h_kv"])
-        # the other ratio: larger than the spec's and not a power of two, drawn among those (up to 12 when the
-        # spec's is below 12), so a kernel right only up to the spec's ratio, or only for powers of two
-        # (packed heads padded to one, a shift for the KV-head map), is wrong here whatever the draw
-        other = rng.choice([r for r in range(ratio + 1, max(ratio + 2, min(2 * ratio, 12)) + 1) if r & (r - 1)])
+        # the other ratio: larger than the spec's and not a power of two, drawn among those up to
+        # max(2 x the spec's, 7) and at most 8 above it, so a kernel right only up to the spec's ratio, or only
+        # for powers of two (packed heads padded to one, a shift for the KV-head map), is wrong here whatever
+        # the draw (a ratio below the spec's is not drawn)
+        other = rng.choice([r for r in range(ratio + 1, min(max(2 * ratio, 7), ratio + 8) + 1) if r & (r - 1)])
         out = [(f"structure_gqa{r}", dict(base, h_kv=2, h_q=2 * r), {}) for r in (ratio, other)]
         # the softmax scale is a run-time argument the kernel must honour: one case takes another value, on
         # inputs as made (x8 values make the softmax one-hot, where a 20% scale change hardly shows)
@@ -521,14 +523,18 @@ class AttentionFamily(TritonFamily):
             over["seqlens"] = [n_q]
         out.append(("structure_long", dict(base, batch=1, seqlen=n_q, h_q=1, h_kv=1), over))
         # ragged batches, whatever the spec's seqlens (a uniform batch hides a kernel that ignores cu_seqlens):
-        # distinct query lengths and distinct key lengths per sequence, the second draw's placed by the first's
-        # ranks reversed (kregress.core.family.reversed_rank_pair), so a kernel that takes sequence b's length
-        # (queries or keys) from another sequence, alone or in max/min with its own, is wrong in one of them
+        # distinct query lengths and distinct cached prefixes per sequence, the second draw's placed by the
+        # first's ranks reversed (kregress.core.family.reversed_rank_pair). The prefixes are RAGGED_PREFIX_STEP
+        # or more apart, more than any two query lengths, so the key lengths (query + prefix) rank as the
+        # prefixes do: a kernel that takes sequence b's query length, key length or query-to-key offset (the
+        # mask's diagonal) from another sequence, alone or in max/min with its own, is wrong in one of them
+        step = RAGGED_PREFIX_STEP
         q_lens = reversed_rank_pair(rng, lambda: rng.sample(range(1, RAGGED_Q_MAX + 1), RAGGED_BATCH))
-        k_lens = reversed_rank_pair(rng, lambda: rng.sample(range(RAGGED_Q_MAX + 1, RAGGED_K_MAX + 1), RAGGED_BATCH))
-        for i, (lq, lk) in enumerate(zip(q_lens, k_lens)):
-            over = {"seqlens": lq, "prefix": [k - q for q, k in zip(lq, lk)]}
-            out.append((f"structure_ragged{i}", dict(base, batch=RAGGED_BATCH, seqlen=max(lq), h_q=ratio, h_kv=1), over))
+        prefixes = reversed_rank_pair(rng, lambda: [step * (b + 1) + rng.randint(0, step - RAGGED_Q_MAX)
+                                                    for b in range(RAGGED_BATCH)])
+        for i, (lq, pre) in enumerate(zip(q_lens, prefixes)):
+            shape = dict(base, batch=RAGGED_BATCH, seqlen=max(lq), h_q=2 * ratio, h_kv=2)
+            out.append((f"structure_ragged{i}", shape, {"seqlens": lq, "prefix": pre}))
         return out
 
     # --- formulas ------------------------------------------------------------------------------

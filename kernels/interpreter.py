@@ -203,43 +203,54 @@ def _apply_scalar_index() -> None:
 
 
 def _visible_langs(fn) -> frozenset:
-    """The language modules (``triton.language``, ``triton.language.core``) ``fn``'s globals hold: what
-    the interpreter's ``_patch_lang(fn)`` patches."""
+    """The language modules (``triton.language``, ``triton.language.core``) ``fn``'s globals hold: the modules
+    the interpreter's ``_patch_lang(fn)`` patches one by one (with ``tl.math`` and the tensor descriptors,
+    which it patches every time)."""
     import triton.language as tl
 
     return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and (v is tl or v is tl.core))
 
 
 def _apply_nested_patch() -> None:
+    import threading
+
     interp = _interp()
     original_patch = interp._patch_lang
     executor = interp.GridExecutor
+    if executor.__name__ != "GridExecutor":  # e.g. a subclass put in place by the gate's program sampler
+        raise RuntimeError(f"interp.GridExecutor is {executor.__qualname__}, not the interpreter's own class")
     original_call = executor.__call__
-    # per launch in progress (innermost last): the language modules its own patch covers, None until
-    # the launch has patched (its first _patch_lang call is its own, before any program runs)
-    launches: list[frozenset | None] = []
+    # per thread, per launch in progress (innermost last): [the launch's function, the language modules its
+    # own patch covers (None until the launch has made its patch)]
+    local = threading.local()
 
     def _patch_lang(fn):
+        launches = getattr(local, "launches", None)
         if launches:
-            covered = launches[-1]
+            entry = launches[-1]
+            own_fn, covered = entry
             if covered is None:
                 scope = original_patch(fn)
-                launches[-1] = _visible_langs(fn)
+                if fn is own_fn:  # the launch's own patch, which it restores when it ends
+                    entry[1] = _visible_langs(fn)
                 return scope
             langs = _visible_langs(fn)
-            if langs <= covered:
+            if langs and langs <= covered:
                 # the launch's wrappers are in place (it restores them when it ends); a helper's call
                 # would only find them wrapped already. Its scope is never restored upstream either.
                 return interp._LangPatchScope()
             # a helper that sees a module the launch did not patch: patched as upstream does (and, as
             # upstream, not restored), so the rest of the launch finds it patched too
             scope = original_patch(fn)
-            launches[-1] = covered | langs
+            entry[1] = covered | langs
             return scope
         return original_patch(fn)
 
     def __call__(self, *args, **kwargs):
-        launches.append(None)
+        launches = getattr(local, "launches", None)
+        if launches is None:
+            launches = local.launches = []
+        launches.append([self.fn, None])
         try:
             return original_call(self, *args, **kwargs)
         finally:

@@ -501,11 +501,11 @@ class MlaDecodeFamily(TritonFamily):
         base = max(shapes, key=lambda s: s["batch"] * s["h_q"] * s["seqlen_k"])
         page = _page_size(params)
         batch = max(4, base["batch"])
-        top = max(2 * base["seqlen_k"], 3 * page, batch + 4)
+        longest_fill = max(2 * base["seqlen_k"], page + 1 + batch)
 
         def draw() -> list[int]:
             # distinct lengths: 1, a page boundary and one past it in every draw, the rest random
-            filler = [x for x in rng.sample(range(2, top + 1), batch + 2) if x not in (page, page + 1)]
+            filler = [x for x in rng.sample(range(2, longest_fill + 1), batch + 2) if x not in (page, page + 1)]
             return [1, page, page + 1] + filler[:batch - 3]
 
         # two draws, the second placed by the first's ranks reversed (reversed_rank_pair): a kernel that reads
@@ -519,7 +519,7 @@ class MlaDecodeFamily(TritonFamily):
         # one below and one above the spec's (a kernel that honours it on one side only shows), on inputs as
         # made (x8 values make the softmax one-hot, where a 20% change hardly shows)
         scales = [round(_softmax_scale(params) * f, 6) for f in structure_scale_factors(rng)]
-        cases = [(f"structure_seqlens{i}", dict(base, batch=batch, **({"h_q": few} if i else {})),
+        cases = [(f"structure_seqlens{i}", dict(base, batch=batch),
                   {"seqlens": lens[i], "softmax_scale": scales[i], "_gate_inputs_as_made": True}) for i in range(2)]
         cases.append(("structure_long", dict(base, batch=1, h_q=few, seqlen_k=long_n), {"seqlens": [long_n]}))
         # causal with several queries: the timed caches' own lengths (whatever length a kernel keys a shortcut

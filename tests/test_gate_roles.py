@@ -160,16 +160,20 @@ def test_ragged_attention_draws_catch_a_kernel_reading_another_sequences_length(
             assert fam.check_params(p) is None and shape["h_q"] // shape["h_kv"] == 4  # the spec's GQA ratio kept
         q = [seq_lengths(shape, p) for shape, p in ragged]
         k = [key_lengths(shape, p) for shape, p in ragged]
-        assert all(len(set(x)) == len(x) >= 4 for x in q + k) and all(min(x) >= 1 for x in q)
+        offsets = [[nk - nq for nq, nk in zip(a, b)] for a, b in zip(q, k)]  # the causal/window mask's diagonal
+        assert all(len(set(x)) == len(x) >= 4 for x in q + k + offsets) and all(min(x) >= 1 for x in q)
+        assert ragged[0][0]["h_kv"] == 2 and ragged[0][0] == dict(ragged[1][0], seqlen=ragged[0][0]["seqlen"])
         _assert_some_draw_tells(q, "query lengths", seed)
         _assert_some_draw_tells(k, "key lengths", seed)
+        _assert_some_draw_tells(offsets, "query-to-key offsets", seed)
         # a dense batch (sequence b at b * max_seqlen): the offsets differ from cu_seqlens in both draws
         for lens in q + k:
             cu = [sum(lens[:b]) for b in range(len(lens))]
             assert any(c != b * max(lens) for b, c in enumerate(cu))
 
 
-@pytest.mark.parametrize("params", [{}, {"seqlens": "spread"}, {"seqlens": [300]}, {"page_size": 16}])
+@pytest.mark.parametrize("params", [{}, {"seqlens": "spread"}, {"seqlens": [300]}, {"page_size": 16},
+                                    {"page_size": 256, "causal": True}])
 def test_mla_draws_catch_a_kernel_reading_another_sequences_cache_length(params):
     """The MLA analogue (cache_seqlens per sequence): two draws with the ranks reversed, 1, a page boundary and
     one past it in each, all distinct; one case scales the softmax down and the other up."""
@@ -184,6 +188,8 @@ def test_mla_draws_catch_a_kernel_reading_another_sequences_cache_length(params)
                                     random.Random(seed))
         ragged = [over for kind, _shape, over in cases if kind.startswith("structure_seqlens")]
         assert len(ragged) == 2, [c[0] for c in cases]
+        shapes = [shape for kind, shape, _over in cases if kind.startswith("structure_seqlens")]
+        assert shapes[0] == shapes[1]  # the same launch (row tiles, splits) in both draws
         draws = [over["seqlens"] for over in ragged]
         assert all(len(set(d)) == len(d) >= 4 and {1, page, page + 1} <= set(d) for d in draws), draws
         _assert_some_draw_tells(draws, "cache lengths", seed)

@@ -272,8 +272,8 @@ def test_nested_helpers_compute_the_same_and_patch_once_per_launch(child):
     assert shipped["restored"] and fixed["restored"] and fresh["restored"]
     assert fresh["patches"] == fixed["patches"]
     one, six = shipped["patches"]
-    assert six > one, "the interpreter as shipped re-patches per helper call (the reason for the fix)"
     if child["installed"]["nested_patch"] == "applied":
+        assert six > one, "the interpreter as shipped re-patches per helper call (the reason for the fix)"
         # the helper module that sees only triton.language.core still gets its patch (the launch's own
         # patch covers triton.language): a constant number per launch, whatever the number of calls
         f_one, f_six = fixed["patches"]
