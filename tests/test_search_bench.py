@@ -326,3 +326,24 @@ def test_the_dev_set_split_is_fixed_a_third_test_by_kernel_and_gpu_and_holds_non
         assert not any(kernel == k and gpu in device for k, gpu in held_back), p.name
         source = json.loads(gzip.decompress(p.read_bytes()))["kregress_source"]
         assert source["repository"] == "AutoTuningAssociation/benchmark_hub" and len(source["sha256"]) == 64
+
+
+def test_every_seed_figures_are_geometric_means_over_seeds_then_spaces_against_the_best_kt():
+    """summarize's geometric means (a run that never reached 5% counts UNREACHED) and the split report's line:
+    per space ours over the best Kernel Tuner strategy's, then the geometric mean over the split's spaces."""
+    def runs(evals5, q100):
+        return [{"evals": [e, None], "quality": {str(b): q for b in search.BUDGETS}, "policy_s_per_round": 0.0,
+                 "policy_s_per_round_max": 0.0, "n": 400, "n_failed": 0} for e, q in zip(evals5, q100)]
+    ours = search.summarize(runs([10, 40, None], [1.0, 1.1, 1.21]))
+    assert ours["geo_evals_to_5"] == pytest.approx((10 * 40 * search.UNREACHED) ** (1 / 3))
+    assert ours["geo_quality_100"] == pytest.approx(1.1)
+    assert ours["evals_to_5"] == 40  # the median, unchanged
+    kt_a = search.summarize(runs([20, 20, 20], [1.2, 1.2, 1.2]))
+    kt_b = search.summarize(runs([5, 80, 80], [1.0, 1.0, 1.331]))  # geo 40 and 1.1
+    other = search.summarize(runs([8, 8, 8], [1.05, 1.05, 1.05]))
+    kt_c = search.summarize(runs([16, 16, 16], [1.05, 1.05, 1.05]))
+    out = {"s1": {"local": ours, "kt:a": kt_a, "kt:b": kt_b}, "s2": {"local": other, "kt:c": kt_c}}
+    line = next(x for x in search.split_report(out, {"s1": "test", "s2": "test"}) if "every seed counted" in x)
+    r5 = math.exp((math.log(ours["geo_evals_to_5"] / 20) + math.log(8 / 16)) / 2)
+    assert f"evaluations to 5% {r5:.3f}" in line and "over the 2 spaces" in line
+    assert f"best/optimum at 100 {math.exp((math.log(1.1 / 1.1) + 0) / 2):.4f}" in line

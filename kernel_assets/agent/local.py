@@ -15,8 +15,10 @@ per process and space) get the model-based search:
   failed compile or run, or a constraint broken: registers, spills, shared memory). A failure
   teaches where the feasible region ends: candidates whose predicted failure chance is above
   ``FAIL_P_MAX`` are not proposed while other candidates remain.
-* A portfolio each round of n proposals: local search around the incumbent (its ``N_LOCAL`` nearest
-  unmeasured configs by steps along the ordered values, model-free, skipping likely failures), then
+* A portfolio each round of n proposals: local search around the incumbent (``N_LOCAL`` picks, skipping
+  likely failures: model-guided coordinate descent, the best under the posterior mean among its nearest
+  unmeasured configs by steps along the ordered values and the configs that change one of its tunables
+  to any value; model-free, its nearest configs, until the model has ``MODEL_MIN`` points), then
   one Thompson draw from the posterior per remaining proposal, each taking the draw's best unmeasured
   candidate (global search; the draws' spread shrinks where the model is sure, so exploration and
   exploitation balance by themselves).
@@ -220,6 +222,7 @@ FEATURES_MAX = 2500  # cap on model width (one-hot pair blocks are dropped, larg
 CANDIDATES_MAX = 30_000  # candidates scored per round (a random subset of larger valid sets, plus the incumbents' neighbours)
 NOISE_VAR = 0.05  # residual variance of standardised log(objective): measurement noise plus model misfit
 FAIL_P_MAX = 0.5  # a candidate whose predicted chance of failing is above this is not proposed while others remain
+RING_MAX = 64  # the incumbent's nearest unmeasured configs the model ranks for the local picks
 N_LOCAL = 2  # proposals per round that are the unmeasured valid configs nearest the incumbent
 STALE_ROUNDS = 3  # rounds without a new best after which the local picks become a line search (see below)
 FIRST_NEAR_DIV = 4  # round 1: n // this nearest neighbours of the baseline, the rest random
@@ -255,6 +258,8 @@ ABLATIONS = {
     "standing": "the cover pick in every round: only once the search has stalled (with the switch's picks)",
     "surprise": "the restarts around the best config the model predicted far too slow",
     "switch": "the stagnation switch's three-way model draws and uniform random picks",
+    "near_rank": "the local picks model-free: the incumbent's nearest configs, ties in a seeded random order (no "
+                 "one-tunable line, no ranking by the model's posterior mean)",
 }
 
 
@@ -735,6 +740,20 @@ class LocalPolicy:
             score = feats.predict(line, draw)[:, 0] + 1e-9 * rng.standard_normal(len(line))
             for j in np.argsort(score)[:n_local]:
                 pick(int(line[j]))
+        elif anchor_pos is not None and len(ok_rows) >= MODEL_MIN and "near_rank" not in self.ablate:
+            # Model-guided coordinate descent: the incumbent's nearest ring (every config as near as the
+            # n_local-th nearest) and its one-tunable line (any value of one tunable: a far value on an ordered
+            # axis can be the good one), best first under the pairwise model's posterior mean.
+            ring = np.asarray(nearest_to(anchor_pos, RING_MAX), dtype=np.int64)
+            if len(ring):
+                steps = np.abs(valid.idx[ring] - np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1)
+                ring = ring[steps <= steps[min(n_local, len(ring)) - 1]]
+            on_line = (valid.idx[free] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) == 1
+            ring = np.union1d(ring, free[on_line & ~taken[free] & feasible])
+            if len(ring):
+                score = feats.predict(ring, posterior().mean[:, None])[:, 0]
+                for j in np.argsort(score, kind="stable")[:n_local]:
+                    pick(int(ring[j]))
         elif anchor_pos is not None:
             for i in nearest_to(anchor_pos, n_local):
                 pick(i)
