@@ -831,6 +831,11 @@ def check_targets(summary: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _finite(x: Any) -> bool:
+    """A positive finite number (a figure a ratio and a logarithm can take)."""
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
 def best_kt(summary: dict[str, dict[str, Any]], b: str) -> tuple[str, float] | None:
     kt = {m[3:]: s["quality"][b] for m, s in summary.items() if m.startswith("kt:") and s["seeds"]}
     return min(kt.items(), key=lambda kv: kv[1]) if kt else None
@@ -873,9 +878,9 @@ def split_report(out_json: dict[str, dict[str, Any]], split_of: dict[str, str], 
             if k5 is not None and (e5 is None or e5 > 1.5 * k5):
                 miss.append("5%>1.5xKT")
             met_all += not miss and k100 is not None
-            for key, vals in geo.items():
-                kt = [x[key] for m, x in s.items() if m.startswith("kt:") and x.get(key)]
-                if o.get(key) and kt:
+            for key, vals in geo.items():  # spaces where ours and some KT strategy have a finite figure
+                kt = [x[key] for m, x in s.items() if m.startswith("kt:") and _finite(x.get(key))]
+                if _finite(o.get(key)) and kt:
                     vals.append(math.log(o[key] / min(kt)))
             for m, d in o.get("members", {}).items():
                 if m != "start":  # the start config, evaluation 1 of every run
@@ -887,11 +892,12 @@ def split_report(out_json: dict[str, dict[str, Any]], split_of: dict[str, str], 
         lines += ["", f"{split} headline (worst space): @400 {worst['400'][0]:.3f} ({worst['400'][1]}); @100 "
                   f"{worst['100'][0]:.3f} ({worst['100'][1]}); 90th-percentile seed @400 {worst['p90'][0]:.3f} "
                   f"({worst['p90'][1]}); all targets met on {met_all} of {len(names)}"]
-        if geo["geo_evals_to_5"]:
-            r5, r100 = (math.exp(float(np.mean(geo[k]))) for k in ("geo_evals_to_5", "geo_quality_100"))
-            lines += ["", f"{split}, every seed counted (geometric means over seeds, then over the "
-                      f"{len(geo['geo_evals_to_5'])} spaces, ours over the best KT strategy's on each space): evaluations "
-                      f"to 5% {r5:.3f} (a run that never got there counts {UNREACHED}); best/optimum at 100 {r100:.4f}"]
+        if geo["geo_evals_to_5"] or geo["geo_quality_100"]:
+            r5, r100 = (f"{math.exp(float(np.mean(geo[k]))):.{d}f} ({len(geo[k])} spaces)" if geo[k] else "-"
+                        for k, d in (("geo_evals_to_5", 3), ("geo_quality_100", 4)))
+            lines += ["", f"{split}, every seed counted (geometric means over seeds, then over the spaces, ours over "
+                      f"the best KT strategy's on each space): evaluations to 5% {r5} (a run that never got there "
+                      f"counts {UNREACHED}); best/optimum at 100 {r100}"]
         if share:
             lines += ["", f"{split}: portfolio members, mean over spaces of each one's share of the evaluations, of the "
                       "gain (log best/old best), and of the runs' final best (at 100 / at the end)", "",

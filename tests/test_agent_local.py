@@ -476,7 +476,7 @@ def test_local_picks_are_model_guided_coordinate_descent():
     space = Space(params={"X": tuple(range(10)), "Y": tuple(range(10)), "Z": (0, 1, 2)})
     fam = Family(name="additive", space=space, shape_keys=("M",), headline_metric="tflops")
     every = [{"X": x, "Y": y, "Z": z} for x in range(10) for y in range(10) for z in range(3)]
-    ranks = {"ranked": [], "model-free": []}
+    ranks: dict[str, list[float]] = {"ranked": [], "model-free": []}
     for case in range(16):
         rs = np.random.default_rng(case)
         eff = {k: rs.normal(0, 0.4, len(v)) for k, v in space.params.items()}
@@ -498,11 +498,15 @@ def test_local_picks_are_model_guided_coordinate_descent():
         cands = [c for c in every if config_hash(c) not in measured
                  and (sum(c[k] != best[k] for k in c) == 1 or sum(abs(c[k] - best[k]) for k in c) == 1)]
         order = sorted(lat(c) for c in cands)
-        for name, ablate in (("ranked", ()), ("model-free", ("near_rank",))):
+        ring_steps = sorted(sum(abs(c[k] - best[k]) for k in c) for c in every if config_hash(c) not in measured)[1]
+        for name, ablate in (("ranked", ()), ("model-free", ("near_rank",)), ("ring only", ("line",))):
             ctx = AgentContext(spec=spec, family=fam, round=2, n=8, history=history,
                                objective={r.config_hash: r.measurements[0].p50_ms for r in history},
                                profile_summary="", failures=[])
             first = LocalPolicy(seed=case, ablate=ablate).propose(ctx).suggestions[0].config
+            if name == "ring only":  # the "line" knob off: the nearest ring alone
+                assert sum(abs(first[k] - best[k]) for k in first) <= ring_steps
+                continue
             assert first in cands, (name, first, best)  # on a line of the incumbent, or one step from it
             ranks[name].append(order.index(lat(first)) / len(order))
     assert np.mean(ranks["ranked"]) < 0.25 and np.mean(ranks["ranked"]) < 0.5 * np.mean(ranks["model-free"]), ranks

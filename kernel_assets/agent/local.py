@@ -223,7 +223,7 @@ CANDIDATES_MAX = 30_000  # candidates scored per round (a random subset of large
 NOISE_VAR = 0.05  # residual variance of standardised log(objective): measurement noise plus model misfit
 FAIL_P_MAX = 0.5  # a candidate whose predicted chance of failing is above this is not proposed while others remain
 RING_MAX = 64  # the incumbent's nearest unmeasured configs the model ranks for the local picks
-N_LOCAL = 2  # proposals per round that are the unmeasured valid configs nearest the incumbent
+N_LOCAL = 2  # proposals per round around the incumbent (its ring and lines, best first under the model; see below)
 STALE_ROUNDS = 3  # rounds without a new best after which the local picks become a line search (see below)
 FIRST_NEAR_DIV = 4  # round 1: n // this nearest neighbours of the baseline, the rest random
 MODEL_MIN = 4  # measured points before the model proposes (and forecasts); random picks and the prior until then
@@ -252,7 +252,7 @@ Z80 = 1.2816
 PRIOR_LOG_SD = 0.6
 # Parts of the search that can be switched off, for the ablations of bench/search.py (method local:...-name):
 ABLATIONS = {
-    "line": "the line search along each tunable of a stale incumbent",
+    "line": "the incumbent's one-tunable lines: the stale incumbent's line search, and the lines among the local picks",
     "cover": "the three-way cover pick (round 1's spread and the standing explorer); uniform random in round 1",
     "start_cover": "the cover in round 1 only: uniform random picks there, the standing explorer kept",
     "standing": "the cover pick in every round: only once the search has stalled (with the switch's picks)",
@@ -551,9 +551,9 @@ Fill = Callable[[Shared, int], list[tuple[int, str]]]
 class LocalPolicy:
     """Thompson sampling on a second-order model of the measured history, with a failure model, the
     incumbent's nearest neighbours, and a switch to wider exploration when the search stops finding
-    better configs (see the module docstring). ``stagnation_switch=False`` keeps the search as it was
-    before the switch and the explorers existed (pairwise model, nearest moves and line search, uniform
-    random picks in round 1 only): for comparisons."""
+    better configs (see the module docstring). ``stagnation_switch=False`` runs the search without the
+    switch and the explorers (pairwise model, the local picks and the stale line search, uniform random picks
+    in round 1 only): for comparisons."""
 
     name = "local"
 
@@ -726,30 +726,38 @@ class LocalPolicy:
                                       NOISE_VAR))
             return post[0]
 
-        # 1. The incumbent's nearest unmeasured neighbours that do not look like failures. Once the
+        # 1. The local picks: the incumbent's ring and lines best first under the model (model-free until it
+        # has MODEL_MIN points: the nearest unmeasured configs that do not look like failures). Once the
         # best has not moved for STALE_ROUNDS rounds: a line search instead, the unmeasured configs
         # that change ONE tunable of the incumbent to any of its values (a far value on an ordered axis
         # can be the good one: block sizes 32, 64, 128, 256 fast, those between slow), best first under
         # a posterior draw, predicted failures included (they are the incumbent's own line).
+        def lines() -> np.ndarray:
+            """The incumbent's unmeasured one-tunable lines, over the whole valid set (not only ``free``, a
+            sample of a large one)."""
+            on_line = (valid.idx != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) == 1
+            return np.flatnonzero(on_line & ~taken)
+
         line = np.zeros(0, dtype=np.int64)
         if anchor_pos is not None and stale >= STALE_ROUNDS and len(ok_rows) >= 2 and "line" not in self.ablate:
-            on_line = (valid.idx[free] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) == 1
-            line = free[on_line & ~taken[free]]
+            line = lines()
         if len(line):
             draw = posterior().draws(1, rng)
             score = feats.predict(line, draw)[:, 0] + 1e-9 * rng.standard_normal(len(line))
             for j in np.argsort(score)[:n_local]:
                 pick(int(line[j]))
         elif anchor_pos is not None and len(ok_rows) >= MODEL_MIN and "near_rank" not in self.ablate:
-            # Model-guided coordinate descent: the incumbent's nearest ring (every config as near as the
-            # n_local-th nearest) and its one-tunable line (any value of one tunable: a far value on an ordered
-            # axis can be the good one), best first under the pairwise model's posterior mean.
+            # Model-guided coordinate descent: the incumbent's nearest ring (the configs as near as the
+            # n_local-th nearest, up to RING_MAX of them) and its one-tunable lines (any value of one tunable: a
+            # far value on an ordered axis can be the good one; not with the "line" knob off), predicted failures
+            # left out, best first under the pairwise model's posterior mean.
             ring = np.asarray(nearest_to(anchor_pos, RING_MAX), dtype=np.int64)
             if len(ring):
                 steps = np.abs(valid.idx[ring] - np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1)
                 ring = ring[steps <= steps[min(n_local, len(ring)) - 1]]
-            on_line = (valid.idx[free] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) == 1
-            ring = np.union1d(ring, free[on_line & ~taken[free] & feasible])
+            if "line" not in self.ablate:
+                line = lines()
+                ring = np.union1d(ring, line[feas_all[line]])
             if len(ring):
                 score = feats.predict(ring, posterior().mean[:, None])[:, 0]
                 for j in np.argsort(score, kind="stable")[:n_local]:
