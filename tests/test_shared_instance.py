@@ -272,8 +272,14 @@ def killed(shared, model):
     compiled_before = sorted(m.split()[1] for m in shared.logs(gk_id) if m.startswith("  compiled llm_r1_"))
     assert compiled_before  # at least one variant had finished compiling
     assert "STEP_SUCCESS" not in _step_events(shared, gk_id, "round_1_variants")  # killed inside the step
-    retry = _wait(lambda: shared.instance.get_runs(filters=dg.RunsFilter(tags={"dagster/parent_run_id": gk_id})),
-                  300, "the automatic retry of the killed run")[0]
+    try:
+        retry = _wait(lambda: shared.instance.get_runs(filters=dg.RunsFilter(tags={"dagster/parent_run_id": gk_id})),
+                      300, "the automatic retry of the killed run")[0]
+    except TimeoutError as e:  # say why the retry daemon passed it over (a failure reason, a failed launch)
+        run = shared.instance.get_run_by_id(gk_id)
+        tags = {k: v for k, v in run.tags.items() if k.startswith("dagster/") and "retr" in k or "failure" in k}
+        events = [m for m in shared.logs(gk_id) if "retr" in m.lower() or "fail" in m.lower()][-12:]
+        raise TimeoutError(f"{e}: run tags {tags}; its retry and failure events {events}") from None
     statuses = shared.wait_finished([nxt_id, retry.run_id], timeout_s=1200)
     return {"gk": gk_id, "next": nxt_id, "retry": retry.run_id, "pid": pid, "held": held, "failed": failed,
             "t_kill": t_kill, "t_failed": t_failed, "t_freed": t_freed, "end_time": end_time, "statuses": statuses,
