@@ -277,7 +277,7 @@ def killed(shared, model):
                       300, "the automatic retry of the killed run")[0]
     except TimeoutError as e:  # say why the retry daemon passed it over (a failure reason, a failed launch)
         run = shared.instance.get_run_by_id(gk_id)
-        tags = {k: v for k, v in run.tags.items() if k.startswith("dagster/") and "retr" in k or "failure" in k}
+        tags = {k: v for k, v in run.tags.items() if k.startswith("dagster/") and ("retr" in k or "failure" in k)}
         events = [m for m in shared.logs(gk_id) if "retr" in m.lower() or "fail" in m.lower()][-12:]
         raise TimeoutError(f"{e}: run tags {tags}; its retry and failure events {events}") from None
     statuses = shared.wait_finished([nxt_id, retry.run_id], timeout_s=1200)

@@ -715,6 +715,7 @@ class LocalPolicy:
             mask[free[~feasible]] = True
             return valid.nearest(pos, mask, k, tie_rng)
         anchor_pos = valid.position(anchor)
+        at = np.asarray(anchor_pos, dtype=np.int16) if anchor_pos is not None else None  # its positions, as idx holds them
         n_local = max(1, n // FIRST_NEAR_DIV) if len(ok_rows) <= 1 else min(N_LOCAL, n)
         y_all = np.asarray(ok_y)
         y_mu, y_sd = (float(y_all.mean()), float(y_all.std()) or 1.0) if len(y_all) else (0.0, 1.0)
@@ -735,7 +736,7 @@ class LocalPolicy:
         def lines() -> np.ndarray:
             """The incumbent's unmeasured one-tunable lines, over the whole valid set (not only ``free``, a
             sample of a large one)."""
-            on_line = (valid.idx != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) == 1
+            on_line = (valid.idx != at).sum(axis=1) == 1
             return np.flatnonzero(on_line & ~taken)
 
         line = np.zeros(0, dtype=np.int64)
@@ -753,7 +754,7 @@ class LocalPolicy:
             # left out, best first under the pairwise model's posterior mean.
             ring = np.asarray(nearest_to(anchor_pos, RING_MAX), dtype=np.int64)
             if len(ring):
-                steps = np.abs(valid.idx[ring] - np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1)
+                steps = np.abs(valid.idx[ring] - at).sum(axis=1)
                 ring = ring[steps <= steps[min(n_local, len(ring)) - 1]]
             if "line" not in self.ablate:
                 line = lines()
@@ -824,7 +825,7 @@ class LocalPolicy:
             cand = free[~taken[free]]
             k_near = (k_tri + 1) // 2 if anchor_pos is not None else 0
             if k_near:
-                near = cand[(valid.idx[cand] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) <= TRIPLE_RADIUS]
+                near = cand[(valid.idx[cand] != at).sum(axis=1) <= TRIPLE_RADIUS]
                 if len(near) > TRIPLE_CANDIDATES_MAX:
                     near = np.sort(rng.choice(near, TRIPLE_CANDIDATES_MAX, replace=False))
                 thompson(ext, tpost, k_near, near)
