@@ -646,26 +646,45 @@ def file_stamp(path: str) -> str:
     return f"{Path(path).name}:{hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]}"
 
 
+# The libraries a method's runs depend on besides its code: a run made under other versions is not reused by
+# --runs. Kernel Tuner's strategies draw their random numbers through numpy and scipy (dual annealing, the
+# LatinHypercube samples) and bayes_opt fits through scikit-learn; the local policy draws through numpy and its
+# TPE member through Optuna. A release that draws differently gives other sequences on the same seeds.
+KT_LIBS = ("kernel_tuner", "numpy", "scipy", "scikit-learn")
+LOCAL_LIBS = ("numpy", "optuna")
+
+
+def dist_version(dist: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:
+        return None
+
+
+def versions(dists: tuple[str, ...]) -> str:
+    """``name version`` of each distribution (``name -`` when not installed), comma-separated."""
+    return ", ".join(f"{d} {dist_version(d) or '-'}" for d in dists)
+
+
 def method_stamp(method: str) -> str:
-    """What a method's runs depend on besides the file: the policy's and harness counting code for local,
-    the Kernel Tuner version for kt:, the sampler for random."""
+    """What a method's runs depend on besides the file: the policy's and harness counting code and numpy's and
+    Optuna's versions for local, the versions of Kernel Tuner and the libraries it draws through for kt:, the
+    sampler and numpy's version for random."""
     import hashlib
 
     if method == "local" or method.startswith("local:"):
         srcs = [_ROOT / "kernel_assets" / "agent" / f for f in ("local.py", "base.py", "portfolio.py", "ga.py", "tpe.py")]
-        return hashlib.sha256(b"".join(p.read_bytes() for p in srcs)).hexdigest()[:16]
+        code = hashlib.sha256(b"".join(p.read_bytes() for p in srcs)).hexdigest()[:16]
+        return f"{code}; {versions(LOCAL_LIBS)}"
     if method.startswith("kt:"):
-        return f"kernel_tuner {kt_version()}"
-    return "numpy permutation"
+        return versions(KT_LIBS)
+    return f"numpy permutation; {versions(('numpy',))}"
 
 
 def kt_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("kernel_tuner")
-    except Exception:
-        return None
+    return dist_version("kernel_tuner")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -937,7 +956,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", default=None, metavar="JSONL",
                     help="append every finished run (one seed of one method on one file) to this file, and reuse "
                          "the runs it already holds that match file contents, method, seed, cap, objective and "
-                         "the code that made them (the policy's source for local, the Kernel Tuner version for kt:)")
+                         "what made them (local: the policy's source and the numpy and Optuna versions; kt: the "
+                         "versions of Kernel Tuner, numpy, scipy and scikit-learn; random: numpy's version)")
     ap.add_argument("--report-only", action="store_true",
                     help="with --runs: report the runs that file holds and run nothing (seeds not there are left out)")
     args = ap.parse_args(argv)
@@ -1000,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
             for path, problem in _PROBLEMS.items():
                 _KT_CACHES[path] = write_kt_cache(problem, tmp)
     print(f"seeds 0..{args.seeds - 1}, cap {args.cap} evaluations, {N_PER_ROUND} proposals/round for local, "
-          f"{args.workers} worker process(es); kernel_tuner {kt_version() or 'not installed'} (simulation mode, "
+          f"{args.workers} worker process(es); {versions(KT_LIBS)} (Kernel Tuner in simulation mode, "
           f"recorded failures in its space)", flush=True)
 
     tasks = [(p, m, s, args.cap) for p in _PROBLEMS for m in methods for s in range(args.seeds)

@@ -173,6 +173,18 @@ def test_short_run_writes_the_json_schema(tmp_path, capsys):
     first = out.read_text()
     assert search.main(argv) == 0
     assert f"reused {2 * len(methods)} runs" in capsys.readouterr().out and out.read_text() == first
+    # a run made under other versions of the libraries that draw its random numbers is run again, not reused
+    stamps = {m: search.method_stamp(m) for m in methods}
+    assert "numpy" in stamps["local"] and "optuna" in stamps["local"]
+    if "kt:greedy_ils" in methods:
+        assert all(d in stamps["kt:greedy_ils"] for d in ("kernel_tuner", "numpy", "scipy", "scikit-learn"))
+    real = search.dist_version
+    try:
+        search.dist_version = lambda d: "0.0-other" if d == "numpy" else real(d)
+        assert search.main(argv) == 0
+        assert f"reused 0 runs from {runs}; {2 * len(methods)} to run" in capsys.readouterr().out
+    finally:
+        search.dist_version = real
 
 
 def test_local_policy_climbs_a_space_where_single_moves_are_invalid():
