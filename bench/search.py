@@ -968,6 +968,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown method {', '.join(bad)}; use local, random or kt:<strategy>")
     logging.getLogger("kregress.agent").setLevel(logging.WARNING)
+    # What made each method's runs, read once, before any policy code is imported or run: a run is stored
+    # under the code it ran, even when the sources are edited while the benchmark is running
+    code_stamps = {m: method_stamp(m) for m in methods}
     if args.cap < 2:
         ap.error("--cap must be at least 2")
     files = [Path(f.strip()) for a in args.replay for f in a.split(",") if f.strip()] if args.replay else []
@@ -1030,7 +1033,7 @@ def main(argv: list[str] | None = None) -> int:
     stamps = {p: file_stamp(p) for p in _PROBLEMS}
 
     def run_key(t: tuple[str, str, int, int]) -> str:
-        return json.dumps([stamps[t[0]], t[1], method_stamp(t[1]), t[2], t[3], args.objective])
+        return json.dumps([stamps[t[0]], t[1], code_stamps[t[1]], t[2], t[3], args.objective])
 
     if args.runs and Path(args.runs).exists():
         have = {}

@@ -365,3 +365,24 @@ def test_every_seed_figures_are_geometric_means_over_seeds_then_spaces_against_t
     line = next(x for x in search.split_report(out, {"s1": "test", "s2": "test", "s3": "test"})
                 if "every seed counted" in x)
     assert "(3 spaces)" in line and "1.0000 (2 spaces)" in line
+
+
+def test_runs_are_stored_under_the_code_read_before_they_ran(tmp_path, monkeypatch):
+    """The policy's sources are stamped once, before anything runs: a source edited while the benchmark runs
+    (the next variant being written) must not label the runs made by the code before the edit."""
+    f = tmp_path / "toy.json.gz"
+    write_cache(f, gz=True)
+    runs = tmp_path / "runs.jsonl"
+    calls = []
+
+    def stamp(method):  # a different stamp on every read, as if the sources changed between reads
+        calls.append(method)
+        return f"code-{len(calls)}"
+
+    monkeypatch.setattr(search, "method_stamp", stamp)
+    argv = ["--replay", str(f), "--seeds", "2", "--cap", "30", "--methods", "local,random", "--workers", "1",
+            "--runs", str(runs)]
+    assert search.main(argv) == 0
+    keys = [json.loads(line)["key"] for line in runs.read_text().splitlines()]
+    assert len(keys) == 4 and calls == ["local", "random"]
+    assert {json.loads(k)[2] for k in keys} == {"code-1", "code-2"}
