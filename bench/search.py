@@ -664,8 +664,8 @@ def dist_version(dist: str) -> str | None:
 
 
 def versions(dists: tuple[str, ...]) -> str:
-    """``name version`` of each distribution (``name -`` when not installed), comma-separated."""
-    return ", ".join(f"{d} {dist_version(d) or '-'}" for d in dists)
+    """``name version`` of each distribution (``name not installed`` when it is not), comma-separated."""
+    return ", ".join(f"{d} {dist_version(d) or 'not installed'}" for d in dists)
 
 
 def method_stamp(method: str) -> str:
