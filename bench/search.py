@@ -683,10 +683,6 @@ def method_stamp(method: str) -> str:
     return f"numpy permutation; {versions(('numpy',))}"
 
 
-def kt_version() -> str | None:
-    return dist_version("kernel_tuner")
-
-
 # -------------------------------------------------------------------------------------------------
 # Summary
 def quartiles(vals: list[int | None]) -> tuple[float, float, float]:
@@ -1015,8 +1011,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = None
     kt_error = None
     if any(m.startswith("kt:") for m in methods):
-        ver = kt_version()
-        if ver is None:
+        if dist_version("kernel_tuner") is None:
             kt_error = "kernel_tuner is not installed (the bench extra: pip install 'kernel_tuner>=1.5')"
         else:
             tmp = tempfile.mkdtemp(prefix="kregress-search-")

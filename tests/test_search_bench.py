@@ -136,7 +136,7 @@ def test_kernel_tuner_pays_for_failures_too(tmp_path):
         assert r["n"] <= n_space
 
 
-def test_short_run_writes_the_json_schema(tmp_path, capsys):
+def test_short_run_writes_the_json_schema(tmp_path, capsys, monkeypatch):
     f = tmp_path / "toy.json.gz"
     write_cache(f, gz=True)
     out = tmp_path / "out.json"
@@ -179,12 +179,9 @@ def test_short_run_writes_the_json_schema(tmp_path, capsys):
     if "kt:greedy_ils" in methods:
         assert all(d in stamps["kt:greedy_ils"] for d in ("kernel_tuner", "numpy", "scipy", "scikit-learn"))
     real = search.dist_version
-    try:
-        search.dist_version = lambda d: "0.0-other" if d == "numpy" else real(d)
-        assert search.main(argv) == 0
-        assert f"reused 0 runs from {runs}; {2 * len(methods)} to run" in capsys.readouterr().out
-    finally:
-        search.dist_version = real
+    monkeypatch.setattr(search, "dist_version", lambda d: "0.0-other" if d == "numpy" else real(d))
+    assert search.main(argv) == 0
+    assert f"reused 0 runs from {runs}; {2 * len(methods)} to run" in capsys.readouterr().out
 
 
 def test_local_policy_climbs_a_space_where_single_moves_are_invalid():
