@@ -929,7 +929,9 @@ def split_report(out_json: dict[str, dict[str, Any]], split_of: dict[str, str], 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=20, help="seeds per method, 0..N-1 (default 20)")
+    ap.add_argument("--seeds", type=int, default=20, help="seeds per method, K..K+N-1 (default 20)")
+    ap.add_argument("--first-seed", type=int, default=0, metavar="K",
+                    help="the first seed (default 0): fresh seeds check a choice made on seeds 0..N-1")
     ap.add_argument("--cap", type=int, default=500, help="evaluation cap per run, start config included (default 500)")
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                     help="comma list of local, random, kt:<strategy> (default: %(default)s)")
@@ -959,6 +961,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.report_only and not args.runs:
         ap.error("--report-only needs --runs JSONL")
+    if args.seeds < 1 or args.first_seed < 0:
+        ap.error(f"--seeds {args.seeds} --first-seed {args.first_seed}: need at least one seed, from 0 up")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in ("local", "random") and not m.startswith(("kt:", "local:"))]
     if bad:
@@ -1017,11 +1021,12 @@ def main(argv: list[str] | None = None) -> int:
             tmp = tempfile.mkdtemp(prefix="kregress-search-")
             for path, problem in _PROBLEMS.items():
                 _KT_CACHES[path] = write_kt_cache(problem, tmp)
-    print(f"seeds 0..{args.seeds - 1}, cap {args.cap} evaluations, {N_PER_ROUND} proposals/round for local, "
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    print(f"seeds {seeds[0]}..{seeds[-1]}, cap {args.cap} evaluations, {N_PER_ROUND} proposals/round for local, "
           f"{args.workers} worker process(es); {versions(KT_LIBS)} (Kernel Tuner in simulation mode, "
           f"recorded failures in its space)", flush=True)
 
-    tasks = [(p, m, s, args.cap) for p in _PROBLEMS for m in methods for s in range(args.seeds)
+    tasks = [(p, m, s, args.cap) for p in _PROBLEMS for m in methods for s in seeds
              if not (kt_error and m.startswith("kt:"))]
     tasks.sort(key=lambda t: SLOW_FIRST.index(t[1]) if t[1] in SLOW_FIRST else len(SLOW_FIRST))
     results: list[dict[str, Any]] = []

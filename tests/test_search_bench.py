@@ -383,3 +383,21 @@ def test_runs_are_stored_under_the_code_read_before_they_ran(tmp_path, monkeypat
     keys = [json.loads(line)["key"] for line in runs.read_text().splitlines()]
     assert len(keys) == 4 and calls == ["local", "random"]
     assert {json.loads(k)[2] for k in keys} == {"code-1", "code-2"}
+
+
+def test_first_seed_runs_fresh_seeds_and_reuses_them_later(tmp_path, capsys):
+    """--first-seed K runs seeds K..K+N-1 (a choice made on seeds 0..N-1 is checked on seeds it never saw); a
+    later run over 0..K+N-1 reuses them and runs only the others."""
+    f = tmp_path / "toy.json.gz"
+    write_cache(f, gz=True)
+    runs = tmp_path / "runs.jsonl"
+    base = ["--replay", str(f), "--cap", "30", "--methods", "random", "--workers", "1", "--runs", str(runs)]
+    assert search.main(base + ["--seeds", "2", "--first-seed", "3"]) == 0
+    assert "seeds 3..4," in capsys.readouterr().out
+    assert sorted(json.loads(line)["seed"] for line in runs.read_text().splitlines()) == [3, 4]
+    assert search.main(base + ["--seeds", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "reused 2 runs" in out and "3 to run" in out
+    assert sorted(json.loads(line)["seed"] for line in runs.read_text().splitlines()) == [0, 1, 2, 3, 4]
+    with pytest.raises(SystemExit):
+        search.main(base + ["--seeds", "2", "--first-seed", "-1"])
