@@ -669,13 +669,13 @@ def versions(dists: tuple[str, ...]) -> str:
 
 
 def method_stamp(method: str) -> str:
-    """What a method's runs depend on besides the file: the policy's and harness counting code and numpy's and
-    Optuna's versions for local, the versions of Kernel Tuner and the libraries it draws through for kt:, the
-    sampler and numpy's version for random."""
+    """What a method's runs depend on besides the file: the policy's code (every module of kernel_assets/agent, so
+    a new member's too) and numpy's and Optuna's versions for local, the versions of Kernel Tuner and the
+    libraries it draws through for kt:, the sampler and numpy's version for random."""
     import hashlib
 
     if method == "local" or method.startswith("local:"):
-        srcs = [_ROOT / "kernel_assets" / "agent" / f for f in ("local.py", "base.py", "portfolio.py", "ga.py", "tpe.py")]
+        srcs = sorted((_ROOT / "kernel_assets" / "agent").glob("*.py"))  # every member's module, a new one too
         code = hashlib.sha256(b"".join(p.read_bytes() for p in srcs)).hexdigest()[:16]
         return f"{code}; {versions(LOCAL_LIBS)}"
     if method.startswith("kt:"):

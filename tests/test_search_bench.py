@@ -401,3 +401,17 @@ def test_first_seed_runs_fresh_seeds_and_reuses_them_later(tmp_path, capsys):
     assert sorted(json.loads(line)["seed"] for line in runs.read_text().splitlines()) == [0, 1, 2, 3, 4]
     with pytest.raises(SystemExit):
         search.main(base + ["--seeds", "2", "--first-seed", "-1"])
+
+
+def test_local_stamp_covers_every_member_module(tmp_path, monkeypatch):
+    """A run of the local policy is stored under every module of kernel_assets/agent: a member added in a new
+    module (the portfolio imports it) makes the earlier runs stale, as an edit to an existing one does."""
+    agent = tmp_path / "kernel_assets" / "agent"
+    agent.mkdir(parents=True)
+    (agent / "local.py").write_text("x = 1\n")
+    monkeypatch.setattr(search, "_ROOT", tmp_path)
+    first = search.method_stamp("local")
+    (agent / "newmember.py").write_text("y = 2\n")
+    second = search.method_stamp("local")
+    (agent / "local.py").write_text("x = 3\n")
+    assert len({first, second, search.method_stamp("local:local+ga")}) == 3
