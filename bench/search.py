@@ -856,60 +856,73 @@ def best_kt(summary: dict[str, dict[str, Any]], b: str) -> tuple[str, float] | N
     return min(kt.items(), key=lambda kv: kv[1]) if kt else None
 
 
+def split_figures(out_json: dict[str, dict[str, Any]], split_of: dict[str, str], ours: str, split: str) -> dict[str, Any] | None:
+    """One split's figures for one method: a table row per space (and which targets it misses), the worst space
+    at 100, at 400 and for the 90th-percentile seed, how many spaces meet every target, the every-seed geometric
+    means over the best Kernel Tuner strategy's, and each portfolio member's share. None: no space of the split."""
+    names = [n for n, sp in split_of.items() if sp == split and n in out_json and ours in out_json[n]]
+    if not names:
+        return None
+    rows: list[str] = []
+    worst = {"100": (0.0, ""), "400": (0.0, ""), "p90": (0.0, "")}
+    met_all = 0
+    geo: dict[str, list[float]] = {"geo_evals_to_5": [], "geo_quality_100": []}
+    share: dict[str, list[dict[str, float]]] = {}
+    for n in sorted(names):
+        s = out_json[n]
+        o = s[ours]
+        q100, q400, p90 = o["quality"]["100"], o["quality"]["400"], o["quality_p90"]["400"]
+        for k, v in (("100", q100), ("400", q400), ("p90", p90)):
+            if v > worst[k][0]:
+                worst[k] = (v, n)
+        k100, k400 = best_kt(s, "100"), best_kt(s, "400")
+        e5 = o["evals_to_5"]
+        kt5 = [x["evals_to_5"] for m, x in s.items() if m.startswith("kt:") and x["evals_to_5"] is not None]
+        k5 = min(kt5) if kt5 else None
+        miss = []
+        if q400 > 1.02:
+            miss.append("400>1.02")
+        if k400 and q400 > k400[1] * 1.005:
+            miss.append("400>KT")
+        if k100 and q100 > k100[1]:
+            miss.append("100>KT")
+        if k5 is not None and (e5 is None or e5 > 1.5 * k5):
+            miss.append("5%>1.5xKT")
+        met_all += not miss and k100 is not None
+        for key, vals in geo.items():  # spaces where ours and some KT strategy have a finite figure
+            kt = [x[key] for m, x in s.items() if m.startswith("kt:") and _finite(x.get(key))]
+            if _finite(o.get(key)) and kt:
+                vals.append(math.log(o[key] / min(kt)))
+        for m, d in o.get("members", {}).items():
+            if m != "start":  # the start config, evaluation 1 of every run
+                share.setdefault(m, []).append(d)
+        rows.append(f"| {n.removesuffix('.json.gz')} | {q100:.3f} | {q400:.3f} | {p90:.3f} | "
+                    + (f"{k100[1]:.3f} ({k100[0]}) | {k400[1]:.3f} ({k400[0]})" if k100 and k400 else "- | -")
+                    + f" | {fmt_n(e5, 0) if e5 is not None else '>cap'} / {fmt_n(k5, 0) if k5 is not None else '-'}"
+                    + f" | {'met' if not miss else ', '.join(miss)}{'' if k100 else ' (no KT)'} |")
+    ratio = {k: (math.exp(float(np.mean(v))), len(v)) if v else None for k, v in geo.items()}
+    return {"rows": rows, "n": len(names), "met": met_all, "worst": worst, "ratio": ratio, "share": share}
+
+
 def split_report(out_json: dict[str, dict[str, Any]], split_of: dict[str, str], ours: str = "local") -> list[str]:
     """The train and test tables (one row per space: ours at 100 and 400, its 90th-percentile seed at 400, the
     best Kernel Tuner strategy at 100 and 400, evaluations to 5%, and the issue's targets), the headline (the
     worst test space) and each portfolio member's share. Markdown lines."""
     lines: list[str] = []
     for split in ("train", "test"):
-        names = [n for n, sp in split_of.items() if sp == split and n in out_json and ours in out_json[n]]
-        if not names:
+        f = split_figures(out_json, split_of, ours, split)
+        if f is None:
             continue
-        lines += ["", f"### {split} ({len(names)} spaces): {ours}, best/optimum (median of seeds)", "",
+        worst, share = f["worst"], f["share"]
+        lines += ["", f"### {split} ({f['n']} spaces): {ours}, best/optimum (median of seeds)", "",
                   "| space | @100 | @400 | p90 seed @400 | best KT @100 | best KT @400 | to 5%: ours / best KT | targets |",
-                  "|---|---|---|---|---|---|---|---|"]
-        worst = {"100": (0.0, ""), "400": (0.0, ""), "p90": (0.0, "")}
-        met_all = 0
-        geo: dict[str, list[float]] = {"geo_evals_to_5": [], "geo_quality_100": []}
-        share: dict[str, list[dict[str, float]]] = {}
-        for n in sorted(names):
-            s = out_json[n]
-            o = s[ours]
-            q100, q400, p90 = o["quality"]["100"], o["quality"]["400"], o["quality_p90"]["400"]
-            for k, v in (("100", q100), ("400", q400), ("p90", p90)):
-                if v > worst[k][0]:
-                    worst[k] = (v, n)
-            k100, k400 = best_kt(s, "100"), best_kt(s, "400")
-            e5 = o["evals_to_5"]
-            kt5 = [x["evals_to_5"] for m, x in s.items() if m.startswith("kt:") and x["evals_to_5"] is not None]
-            k5 = min(kt5) if kt5 else None
-            miss = []
-            if q400 > 1.02:
-                miss.append("400>1.02")
-            if k400 and q400 > k400[1] * 1.005:
-                miss.append("400>KT")
-            if k100 and q100 > k100[1]:
-                miss.append("100>KT")
-            if k5 is not None and (e5 is None or e5 > 1.5 * k5):
-                miss.append("5%>1.5xKT")
-            met_all += not miss and k100 is not None
-            for key, vals in geo.items():  # spaces where ours and some KT strategy have a finite figure
-                kt = [x[key] for m, x in s.items() if m.startswith("kt:") and _finite(x.get(key))]
-                if _finite(o.get(key)) and kt:
-                    vals.append(math.log(o[key] / min(kt)))
-            for m, d in o.get("members", {}).items():
-                if m != "start":  # the start config, evaluation 1 of every run
-                    share.setdefault(m, []).append(d)
-            lines.append(f"| {n.removesuffix('.json.gz')} | {q100:.3f} | {q400:.3f} | {p90:.3f} | "
-                         + (f"{k100[1]:.3f} ({k100[0]}) | {k400[1]:.3f} ({k400[0]})" if k100 and k400 else "- | -")
-                         + f" | {fmt_n(e5, 0) if e5 is not None else '>cap'} / {fmt_n(k5, 0) if k5 is not None else '-'}"
-                         + f" | {'met' if not miss else ', '.join(miss)}{'' if k100 else ' (no KT)'} |")
+                  "|---|---|---|---|---|---|---|---|", *f["rows"]]
         lines += ["", f"{split} headline (worst space): @400 {worst['400'][0]:.3f} ({worst['400'][1]}); @100 "
                   f"{worst['100'][0]:.3f} ({worst['100'][1]}); 90th-percentile seed @400 {worst['p90'][0]:.3f} "
-                  f"({worst['p90'][1]}); all targets met on {met_all} of {len(names)}"]
-        if geo["geo_evals_to_5"] or geo["geo_quality_100"]:
-            r5, r100 = (f"{math.exp(float(np.mean(geo[k]))):.{d}f} ({len(geo[k])} spaces)" if geo[k] else "-"
-                        for k, d in (("geo_evals_to_5", 3), ("geo_quality_100", 4)))
+                  f"({worst['p90'][1]}); all targets met on {f['met']} of {f['n']}"]
+        if any(f["ratio"].values()):
+            r5, r100 = (f"{r[0]:.{d}f} ({r[1]} spaces)" if r else "-"
+                        for r, d in ((f["ratio"]["geo_evals_to_5"], 3), (f["ratio"]["geo_quality_100"], 4)))
             lines += ["", f"{split}, every seed counted (geometric means over seeds, then over the spaces, ours over "
                       f"the best KT strategy's on each space): evaluations to 5% {r5} (a run that never got there "
                       f"counts {UNREACHED}); best/optimum at 100 {r100}"]
@@ -923,6 +936,29 @@ def split_report(out_json: dict[str, dict[str, Any]], split_of: dict[str, str], 
                 mean = {k: float(np.mean([x[k] for x in d])) for k in d[0]}
                 lines.append(f"| {m} | {mean['evals_100']:.0%} | {mean['evals']:.0%} | {mean['gain_100']:.0%} | "
                              f"{mean['gain']:.0%} | {mean['final_100']:.0%} | {mean['final']:.0%} |")
+    return lines
+
+
+def variants_report(out_json: dict[str, dict[str, Any]], split_of: dict[str, str], methods: list[str]) -> list[str]:
+    """One row per local method (the default and its variants, local:SPEC) and split: spaces meeting every target,
+    the worst space at 100, at 400 and for the 90th-percentile seed, and the every-seed geometric means over the
+    best Kernel Tuner strategy's. Markdown lines; empty with fewer than two local methods."""
+    ours = [m for m in methods if m == "local" or m.startswith("local:")]
+    if len(ours) < 2:
+        return []
+    lines = ["", "### local variants, every split (worst space; every seed's figures over the best KT strategy's)", "",
+             "| method | split | met | worst @100 | worst @400 | worst p90 seed @400 | to 5% / best KT | @100 / best KT |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m in ours:
+        for split in ("train", "test"):
+            f = split_figures(out_json, split_of, m, split)
+            if f is None:
+                continue
+            w = f["worst"]
+            r5, r100 = (f"{r[0]:.{d}f}" if r else "-"
+                        for r, d in ((f["ratio"]["geo_evals_to_5"], 3), (f["ratio"]["geo_quality_100"], 4)))
+            lines.append(f"| {m} | {split} | {f['met']} of {f['n']} | {w['100'][0]:.3f} | {w['400'][0]:.3f} | "
+                         f"{w['p90'][0]:.3f} | {r5} | {r100} |")
     return lines
 
 
@@ -1131,9 +1167,12 @@ def main(argv: list[str] | None = None) -> int:
         out_json[problem.name] = {m: {k: v for k, v in s.items()} for m, s in summary.items()}
     if split_of:
         ours = next((m for m in methods if m == "local" or m.startswith("local:")), None)
+        names = {Path(k).name: v for k, v in split_of.items()}
         for m in [ours] if ours else []:
-            for line in split_report(out_json, {Path(k).name: v for k, v in split_of.items()}, m):
+            for line in split_report(out_json, names, m):
                 print(line)
+        for line in variants_report(out_json, names, methods):
+            print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(out_json, indent=1, sort_keys=True))
         print(f"\nwrote {args.json}")

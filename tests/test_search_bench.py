@@ -364,6 +364,28 @@ def test_every_seed_figures_are_geometric_means_over_seeds_then_spaces_against_t
     assert "(3 spaces)" in line and "1.0000 (2 spaces)" in line
 
 
+def test_variants_report_gives_each_local_method_its_split_figures():
+    """With the default and its variants in one run, each gets a row per split with the figures of its own split
+    table: spaces meeting every target, the worst space, and the every-seed ratios; one local method, no table."""
+    def runs(evals5, q):
+        return [{"evals": [e, None], "quality": {str(b): q for b in search.BUDGETS}, "policy_s_per_round": 0.0,
+                 "policy_s_per_round_max": 0.0, "n": 400, "n_failed": 0} for e in evals5]
+    kt = search.summarize(runs([20, 20, 20], 1.01))
+    good, slow = search.summarize(runs([10, 10, 10], 1.0)), search.summarize(runs([40, 40, 40], 1.03))
+    out = {"a": {"local": good, "local:local-switch": slow, "kt:x": kt},
+           "b": {"local": good, "local:local-switch": good, "kt:x": kt}}
+    split_of = {"a": "train", "b": "test"}
+    assert search.variants_report(out, split_of, ["local", "kt:x"]) == []
+    rows = [x for x in search.variants_report(out, split_of, ["local", "local:local-switch", "kt:x"]) if x.startswith("| local")]
+    assert rows == ["| local | train | 1 of 1 | 1.000 | 1.000 | 1.000 | 0.500 | 0.9901 |",
+                    "| local | test | 1 of 1 | 1.000 | 1.000 | 1.000 | 0.500 | 0.9901 |",
+                    "| local:local-switch | train | 0 of 1 | 1.030 | 1.030 | 1.030 | 2.000 | 1.0198 |",
+                    "| local:local-switch | test | 1 of 1 | 1.000 | 1.000 | 1.000 | 0.500 | 0.9901 |"]
+    for m in ("local", "local:local-switch"):  # the same figures as the method's own split table
+        table = "\n".join(search.split_report(out, split_of, m))
+        assert f"all targets met on {rows[0 if m == 'local' else 2].split(' | ')[2]}" in table
+
+
 def test_runs_are_stored_under_the_code_read_before_they_ran(tmp_path, monkeypatch):
     """The policy's sources are stamped once, before anything runs: a source edited while the benchmark runs
     (the next variant being written) must not label the runs made by the code before the edit."""
