@@ -10,6 +10,7 @@ from kernel_assets.agent import policy_for
 from kernel_assets.agent.ga import GeneticAlgorithm
 from kernel_assets.agent.local import LocalPolicy, Shared, valid_set
 from kernel_assets.agent.portfolio import DEFAULT_MEMBERS, MEMBERS, PortfolioPolicy, allocate, member_of
+from kernel_assets.agent.ps import PatternSearch
 from kernel_assets.agent.tpe import TPE
 
 
@@ -54,12 +55,13 @@ def test_deterministic_given_seed_and_history():
 def test_the_bandit_moves_slots_to_the_member_that_sets_new_bests():
     """Rows named for ga set every new best; local's and tpe's are slower: ga's share grows, up to all of the
     round (no floor: ``MIN_SLOTS`` is 0); once ga's configs stop paying, the others come back."""
+    TRIO = ("local", "ga", "tpe")  # the bandit's mechanics, on three members
     history = [fake_row("baseline", SPEC.baseline, 0)]
     valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
     cfgs = [valid.config(i) for i in range(1, 100)]
     lat = {}
     for rnd in (1, 2, 3):
-        for k, m in enumerate(MEMBERS * 2):
+        for k, m in enumerate(TRIO * 2):
             cfg = cfgs.pop()
             row = fake_row(f"r{rnd}-{m}-{k + 1:02d}", cfg, rnd)
             v = 1.0 / (rnd * 10 + k) if m == "ga" else 50.0  # ga: ever faster; the others: slow
@@ -68,7 +70,7 @@ def test_the_bandit_moves_slots_to_the_member_that_sets_new_bests():
             history.append(row)
     ctx = ctx_for(history, 4)
     ctx.objective.update(lat)
-    share = allocate(ctx, MEMBERS)
+    share = allocate(ctx, TRIO)
     assert sum(share.values()) == 8
     assert share["ga"] > share["local"] and share["ga"] > share["tpe"], share
     for rnd in range(4, 10):  # ga takes whole rounds and finds nothing better
@@ -78,12 +80,12 @@ def test_the_bandit_moves_slots_to_the_member_that_sets_new_bests():
             history.append(row)
     later = ctx_for(history, 10)
     later.objective.update(lat)
-    back = allocate(later, MEMBERS)
+    back = allocate(later, TRIO)
     assert sum(back.values()) == 8 and back["local"] >= 1 and back["tpe"] >= 1 and back["ga"] < share["ga"], back
-    assert allocate(ctx_for(history[:1], 1), MEMBERS) == {"local": 8, "ga": 0, "tpe": 0}
+    assert allocate(ctx_for(history[:1], 1), TRIO) == {"local": 8, "ga": 0, "tpe": 0}
 
 
-@pytest.mark.parametrize("member", [GeneticAlgorithm(), TPE()], ids=lambda m: m.name)
+@pytest.mark.parametrize("member", [GeneticAlgorithm(), PatternSearch(), TPE()], ids=lambda m: m.name)
 def test_members_pick_new_valid_configs_and_skip_predicted_failures(member):
     valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
     rng = np.random.default_rng(0)
@@ -99,6 +101,42 @@ def test_members_pick_new_valid_configs_and_skip_predicted_failures(member):
     assert not taken[picks].any() and feasible[picks].all()
     assert picks == member.propose(shared, 12)  # deterministic
     assert taken.sum() == 30  # the member works on its own copy of the taken mask
+
+
+def test_pattern_search_polls_the_incumbents_axes_coarse_steps_first():
+    """ps polls one-tunable changes of the incumbent: each axis' two extremes first (a step of the whole axis,
+    clipped), then half steps, ...; once an axis' coarse polls are measured it polls finer; a new incumbent
+    starts again from the coarsest."""
+    valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
+    levels = np.asarray([len(v) for v in valid.values])
+    full = np.flatnonzero(((valid.idx > 0) & (valid.idx < levels - 1)).all(axis=1) & (levels > 2).all())
+    anchor = int(full[0]) if len(full) else len(valid) // 2
+    at = valid.idx[anchor].astype(int)
+    taken = np.zeros(len(valid), dtype=bool)
+    taken[anchor] = True
+    shared = Shared(valid, taken, [anchor], [0.0], [], [anchor], np.ones(len(valid), dtype=bool), tuple(at), 3, 2)
+    picks = PatternSearch().propose(shared, len(valid))
+    assert len(picks) == len(set(picks)) and not taken[picks].any()
+    moves = [(int(np.flatnonzero(valid.idx[i] != at)[0]), int(valid.idx[i][valid.idx[i] != at][0])) for i in picks]
+    assert all(((valid.idx[i] != at).sum() == 1) for i in picks)  # one tunable changed, always
+    extremes = set()  # every valid one-tunable change of the incumbent to an end of that tunable's axis
+    for j in range(len(levels)):
+        for v in {0, int(levels[j]) - 1} - {int(at[j])}:
+            pos = at.copy()
+            pos[j] = v
+            i = valid.row_of.get(tuple(int(x) for x in pos))
+            if i is not None:
+                extremes.add(i)
+    assert extremes
+    first_fine = next((k for k, (j, v) in enumerate(moves) if v not in (0, levels[j] - 1)), len(moves))
+    assert set(picks[:first_fine]) == extremes  # all of the extremes, before any finer step
+    # the extremes measured: the next round polls finer steps
+    taken2 = taken.copy()
+    taken2[picks[:first_fine]] = True
+    shared2 = Shared(valid, taken2, [anchor], [0.0], [], [anchor], np.ones(len(valid), dtype=bool), tuple(at), 3, 3)
+    nxt = PatternSearch().propose(shared2, 4)
+    assert nxt and all(not taken2[i] and (valid.idx[i] != at).sum() == 1 for i in nxt)
+    assert all(0 < valid.idx[i][valid.idx[i] != at][0] < levels[valid.idx[i] != at][0] - 1 for i in nxt)
 
 
 def test_ablations_switch_parts_off_and_unknown_names_are_refused():
