@@ -358,9 +358,11 @@ def make_policy(method: str, seed: int):
     bad = [k for k in knobs if k not in ABLATIONS]
     if bad:
         raise ValueError(f"{method}: unknown knob {', '.join(bad)}; use {', '.join(ABLATIONS)}")
+    names = tuple(members.split("+"))
+    if not set(names) <= set(MEMBERS):
+        raise ValueError(f"{method}: unknown member {', '.join(m for m in names if m not in MEMBERS)}; use {', '.join(MEMBERS)}")
     local = LocalPolicy(seed=seed, ablate=frozenset(knobs))
-    return PortfolioPolicy(seed=seed, members=tuple(m for m in members.split("+") if m in MEMBERS) or ("local",),
-                           local=local)
+    return PortfolioPolicy(seed=seed, members=names, local=local)
 
 
 def run_local(problem: Problem, seed: int, cap: int, method: str = "local") -> tuple[list[tuple[int, ...]], float, str]:
@@ -676,7 +678,7 @@ def method_stamp(method: str) -> str:
 
     if method == "local" or method.startswith("local:"):
         srcs = sorted((_ROOT / "kernel_assets" / "agent").glob("*.py"))  # every member's module, a new one too
-        code = hashlib.sha256(b"".join(p.read_bytes() for p in srcs)).hexdigest()[:16]
+        code = hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() + b"\0" for p in srcs)).hexdigest()[:16]
         return f"{code}; {versions(LOCAL_LIBS)}"
     if method.startswith("kt:"):
         return versions(KT_LIBS)

@@ -137,6 +137,12 @@ def test_pattern_search_polls_the_incumbents_axes_coarse_steps_first():
     nxt = PatternSearch().propose(shared2, 4)
     assert nxt and all(not taken2[i] and (valid.idx[i] != at).sum() == 1 for i in nxt)
     assert all(0 < valid.idx[i][valid.idx[i] != at][0] < levels[valid.idx[i] != at][0] - 1 for i in nxt)
+    # a new incumbent (one of the polls): its own axes' extremes first again
+    new_at = valid.idx[picks[0]].astype(int)
+    shared3 = Shared(valid, taken2, [anchor], [0.0], [], [anchor], np.ones(len(valid), dtype=bool), tuple(new_at), 3, 4)
+    for i in PatternSearch().propose(shared3, 2):
+        j = int(np.flatnonzero(valid.idx[i] != new_at)[0])
+        assert (valid.idx[i] != new_at).sum() == 1 and valid.idx[i][j] in (0, levels[j] - 1)
 
 
 def test_ablations_switch_parts_off_and_unknown_names_are_refused():

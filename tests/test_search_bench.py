@@ -437,3 +437,20 @@ def test_local_stamp_covers_every_member_module(tmp_path, monkeypatch):
     second = search.method_stamp("local")
     (agent / "local.py").write_text("x = 3\n")
     assert len({first, second, search.method_stamp("local:local+ga")}) == 3
+    (agent / "empty.py").write_text("")  # a module with no text, or text moved from one module to the next
+    (agent / "local.py").write_text("x = ")
+    (agent / "newmember.py").write_text("3\ny = 2\n")
+    assert search.method_stamp("local") not in {first, second}
+    fourth = search.method_stamp("local")
+    (agent / "empty.py").unlink()
+    assert search.method_stamp("local") != fourth
+
+
+def test_variant_methods_name_known_members_and_knobs():
+    """A typo in a variant's member or knob is an error naming it, not the default run under the variant's label."""
+    policy = search.make_policy("local:local+ga+ps-start_cover-standing", 0)
+    assert policy.members == ("local", "ga", "ps") and policy.local.ablate == {"start_cover", "standing"}
+    with pytest.raises(ValueError, match="unknown member pss"):
+        search.make_policy("local:local+ga+pss-start_cover-standing", 0)
+    with pytest.raises(ValueError, match="unknown knob nope"):
+        search.make_policy("local:local+ga-nope", 0)

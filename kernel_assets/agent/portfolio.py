@@ -12,7 +12,7 @@ Members (one module each, as Kernel Tuner keeps its strategies):
   set (``DEFAULT_MEMBERS``: on the train split it did not earn its proposals), kept for comparisons.
 
 They share one evaluated set: every member reads every measured row (whoever proposed it), and a round's
-picks are made in turn (local first, then ga, ps, tpe), each member skipping what is measured or already
+picks are made in turn (local first, then the others in the order of ``members``), each member skipping what is measured or already
 picked, so no config is measured twice. Every proposal carries the pairwise model's forecast, and its id names
 the member that proposed it (``r<round>-<member>-<k>``): the history says who found what, so the split is
 rebuilt from the history alone and the search stays deterministic given the spec's seed and resumable.
@@ -113,8 +113,9 @@ def allocate(ctx: AgentContext, members=DEFAULT_MEMBERS) -> dict[str, int]:
 
 
 class PortfolioPolicy:
-    """The local policy, a genetic algorithm and TPE under one budget, split by a bandit (see the module
-    docstring). ``members`` picks a subset (``("local",)`` is the local policy alone), for comparisons."""
+    """The local policy and the other members (the genetic algorithm; pattern search and TPE for comparisons) under
+    one budget, split by a bandit (see the module docstring). ``members`` picks a subset (``("local",)`` is the local
+    policy alone), for comparisons."""
 
     name = "local"
 

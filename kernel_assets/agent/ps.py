@@ -22,7 +22,7 @@ class PatternSearch:
 
     def propose(self, shared: Shared, k: int) -> list[int]:
         valid = shared.valid
-        if k <= 0 or shared.anchor_pos is None:
+        if k <= 0 or shared.anchor_pos is None or not valid.values:
             return []
         rng = np.random.default_rng([abs(shared.seed), shared.round, 0x5053])
         blocked = shared.taken | ~shared.feasible
