@@ -123,7 +123,8 @@ class PortfolioPolicy:
                  local: LocalPolicy | None = None):
         unknown = [m for m in members if m not in MEMBERS]
         if unknown or not members or members[0] != "local":
-            raise ValueError(f"portfolio members {members!r}: the first must be 'local', the others from {MEMBERS}")
+            why = f"unknown member {', '.join(unknown)}" if unknown else "the first must be 'local'"
+            raise ValueError(f"portfolio members {members!r}: {why}; the first must be 'local', the others from {MEMBERS}")
         self.members = tuple(members)
         self.local = local or LocalPolicy(seed=seed, ablate=LOCAL_OFF)
         self.others = {m: s for m, s in (("ga", GeneticAlgorithm()), ("ps", PatternSearch()), ("tpe", TPE())) if m in members}

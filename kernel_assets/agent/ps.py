@@ -22,21 +22,21 @@ class PatternSearch:
 
     def propose(self, shared: Shared, k: int) -> list[int]:
         valid = shared.valid
-        if k <= 0 or shared.anchor_pos is None or not valid.values:
+        if k <= 0 or shared.anchor_pos is None:
             return []
         rng = np.random.default_rng([abs(shared.seed), shared.round, 0x5053])
+        levels = [len(v) for v in valid.values]
+        axes = [int(j) for j in rng.permutation(len(levels)) if levels[j] > 1]  # a one-value tunable has no step
+        if not axes:
+            return []
         blocked = shared.taken | ~shared.feasible
         center = np.asarray(shared.anchor_pos, dtype=np.int64)
-        levels = [len(v) for v in valid.values]
-        order = rng.permutation(len(levels))
         out: list[int] = []
         top = max(levels) - 1
         frac, seen = 1.0, set()
         while len(out) < k and top * frac >= 0.5:
-            for j in order:
-                step = max(1, int(round(frac * (levels[j] - 1)))) if levels[j] > 1 else 0
-                if not step:
-                    continue
+            for j in axes:
+                step = max(1, int(round(frac * (levels[j] - 1))))
                 for sign in rng.permutation((-1, 1)):
                     pos = center.copy()
                     pos[j] = int(np.clip(pos[j] + sign * step, 0, levels[j] - 1))
