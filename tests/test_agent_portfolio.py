@@ -9,6 +9,7 @@ from test_agent_local import GEMM, SPEC, ctx_for, fake_row
 from kernel_assets.agent import policy_for
 from kernel_assets.agent.ga import GeneticAlgorithm
 from kernel_assets.agent.local import LocalPolicy, Shared, valid_set
+from kernel_assets.agent.mls import MultiStartLocalSearch
 from kernel_assets.agent.portfolio import DEFAULT_MEMBERS, MEMBERS, PortfolioPolicy, allocate, member_of
 from kernel_assets.agent.ps import PatternSearch
 from kernel_assets.agent.tpe import TPE
@@ -85,7 +86,8 @@ def test_the_bandit_moves_slots_to_the_member_that_sets_new_bests():
     assert allocate(ctx_for(history[:1], 1), TRIO) == {"local": 8, "ga": 0, "tpe": 0}
 
 
-@pytest.mark.parametrize("member", [GeneticAlgorithm(), PatternSearch(), TPE()], ids=lambda m: m.name)
+@pytest.mark.parametrize("member", [GeneticAlgorithm(), MultiStartLocalSearch(), PatternSearch(), TPE()],
+                         ids=lambda m: m.name)
 def test_members_pick_new_valid_configs_and_skip_predicted_failures(member):
     valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
     rng = np.random.default_rng(0)
@@ -143,6 +145,52 @@ def test_pattern_search_polls_the_incumbents_axes_coarse_steps_first():
     for i in PatternSearch().propose(shared3, 2):
         j = int(np.flatnonzero(valid.idx[i] != new_at)[0])
         assert (valid.idx[i] != new_at).sum() == 1 and valid.idx[i][j] in (0, levels[j] - 1)
+
+
+def _hood(valid, i) -> set[int]:
+    return {int(j) for j in np.flatnonzero((valid.idx != valid.idx[i]).sum(axis=1) == 1)}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_multi_start_local_search_climbs_its_own_points_and_restarts_at_a_local_optimum(seed):
+    """mls polls the free one-tunable changes (any value) of its own best point that no measured neighbour beats
+    (not the sweep's incumbent elsewhere); when a poll beats that point, the climb moves there; a point whose
+    neighbours are all measured is a local optimum, and the picks become new starts. With the model's forecast
+    the polls go best first under it. The class: a random start and a random far incumbent per seed."""
+    valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
+    rng = np.random.default_rng(seed)
+    feasible = np.ones(len(valid), dtype=bool)
+    start = int(rng.integers(len(valid)))
+    far = next(int(i) for i in rng.permutation(len(valid)) if (valid.idx[i] != valid.idx[start]).sum() >= 3)
+    rows = {start: -10.0, far: -20.0}  # the sweep's incumbent is another member's, three or more changes away
+    mine = {start}
+
+    def propose(rnd, k, predict=None):
+        taken = np.zeros(len(valid), dtype=bool)
+        taken[list(rows)] = True
+        ok = sorted(rows)
+        shared = Shared(valid, taken, ok, [rows[i] for i in ok], [], ok, feasible, tuple(valid.idx[far]), seed, rnd,
+                        predict=predict)
+        shared.own["mls"] = sorted(mine)
+        return MultiStartLocalSearch().propose(shared, k)
+
+    picks = propose(2, 4)
+    assert len(picks) == 4 and set(picks) <= _hood(valid, start) - set(rows)  # its own point's neighbours
+    score = {int(i): float(rng.normal()) for i in _hood(valid, start)}
+    free = sorted(_hood(valid, start) - set(rows), key=score.get)
+    assert propose(2, 3, predict=lambda r: np.asarray([score[int(i)] for i in r])) == free[:3]  # best first
+    rows.update({i: 0.0 for i in picks})  # one poll beats the point: the next round climbs from there
+    rows[picks[-1]] = -11.0
+    mine |= set(picks)
+    nxt = propose(3, 3)
+    assert len(nxt) == 3 and set(nxt) <= _hood(valid, picks[-1]) - set(rows)
+    hood = _hood(valid, picks[-1]) - set(rows)  # all its neighbours measured, worse: a local optimum
+    rows.update({i: 5.0 for i in hood})
+    mine |= hood
+    fresh = propose(4, 3)
+    assert len(fresh) == 3 and not set(fresh) & set(rows)
+    climbs = set().union(*(_hood(valid, i) for i in mine))
+    assert len(climbs) < len(valid) // 2 and not set(fresh) <= climbs  # new starts: uniform, not the climbs' edges
 
 
 def test_ablations_switch_parts_off_and_unknown_names_are_refused():

@@ -542,6 +542,8 @@ class Shared:
     seed: int
     round: int
     own: dict[str, list[int]] = field(default_factory=dict)  # member -> the measured rows it proposed, in order
+    # rows -> the pairwise model's posterior mean of their standardised log objective (None: too few points)
+    predict: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 # fill(shared, k) -> up to k (row, member name) picks not taken: the portfolio's other members
@@ -693,8 +695,10 @@ class LocalPolicy:
             """The other members fill the round; every pick gets the pairwise model's forecast."""
             members = [self.name] * len(picked)
             if fill is not None and len(picked) < ctx.n:
+                model = (lambda rows: feats.predict(np.asarray(rows), posterior().mean[:, None])[:, 0]
+                         ) if len(ok_rows) >= MODEL_MIN else None
                 shared = Shared(valid, taken, ok_rows, ok_y, fail_rows, list(all_rows), feas_all, anchor_pos,
-                                int(base_seed), ctx.round)
+                                int(base_seed), ctx.round, predict=model)
                 mine = set(picked)  # fill marks its picks taken as it goes (members pick in turn)
                 for i, m in fill(shared, ctx.n - len(picked)):
                     if i not in mine:
