@@ -454,3 +454,56 @@ def test_variant_methods_name_known_members_and_knobs():
         search.make_policy("local:local+ga+pss-start_cover-standing", 0)
     with pytest.raises(ValueError, match="unknown knob nope"):
         search.make_policy("local:local+ga-nope", 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_protocol_odds_apply_the_split_tables_targets_to_drawn_seeds(seed):
+    """protocol_odds draws k of each method's seeds and applies the split table's targets to the medians. Drawing
+    every seed gives each space exactly the table's verdict (random figures, runs that never got to 5% among them,
+    so the censored medians are checked too); a method better on every figure meets every draw; a space where a
+    method has fewer than k seeds is left out."""
+    rng = np.random.default_rng(seed)
+    n = 7 + seed % 4
+
+    def runs(name, method, k=n, scale=1.0):
+        out = []
+        for s in range(k):
+            e5 = None if rng.random() < 0.3 else int(rng.integers(2, 60) * scale)
+            q100 = 1.0 + scale * float(rng.exponential(0.03))
+            out.append({"file": f"/x/{name}", "method": method, "seed": s, "evals": [e5, None], "n": 400, "n_failed": 0,
+                        "quality": {"50": q100 * 1.1, "100": q100, "200": q100, "400": 1.0 + (q100 - 1.0) / 3},
+                        "policy_s_per_round": 0.0, "policy_s_per_round_max": 0.0})
+        return out
+
+    names = [f"s{i}.json.gz" for i in range(4)]
+    results = [r for nm in names for m in ("local", "kt:a", "kt:b") for r in runs(nm, m)]
+    split_of = {nm: ("train" if i < 2 else "test") for i, nm in enumerate(names)}
+    odds = search.protocol_odds(results, split_of, "local", n, draws=50, seed=seed)
+    out_json = {nm: {m: search.summarize([r for r in results if r["file"].endswith(nm) and r["method"] == m])
+                     for m in ("local", "kt:a", "kt:b")} for nm in names}
+    for split in ("train", "test"):
+        f = search.split_figures(out_json, split_of, "local", split)
+        verdict = {row.split(" | ")[0][2:]: row.endswith("| met |") for row in f["rows"]}
+        assert {nm.removesuffix(".json.gz"): p for nm, p in odds[split]["spaces"].items()} == {
+            k: float(v) for k, v in verdict.items()}
+        assert odds[split]["all"] == float(all(verdict.values()))
+    # fewer seeds drawn: a chance between 0 and 1, and every space met at most as often as the least likely one
+    part = search.protocol_odds(results, split_of, "local", n - 3, draws=200, seed=seed)
+    for f in part.values():
+        assert all(0.0 <= p <= 1.0 for p in f["spaces"].values()) and f["all"] <= min(f["spaces"].values()) + 1e-12
+    # a method ahead on every figure (fewer evaluations, closer to the optimum) meets every draw
+    best = [dict(r, method="local:best", evals=[1, None], quality={b: 1.0 for b in r["quality"]})
+            for r in results if r["method"] == "local"]
+    sure = search.protocol_odds(results + best, split_of, "local:best", n - 3, draws=100, seed=seed)
+    assert all(f["all"] == 1.0 for f in sure.values())
+    # a space where ours has fewer seeds than k is left out
+    short = [r for r in results if not (r["file"].endswith(names[0]) and r["method"] == "local" and r["seed"] >= 2)]
+    assert names[0] not in search.protocol_odds(short, split_of, "local", 3, draws=10)["train"]["spaces"]
+
+
+def test_odds_needs_the_dev_set_and_more_seeds_than_it_draws(capsys):
+    for argv in (["--odds", "10", "--seeds", "10", "--dev", "test"], ["--odds", "5", "--seeds", "10"],
+                 ["--odds", "0", "--seeds", "10", "--dev", "test"]):
+        with pytest.raises(SystemExit):
+            search.main(argv)
+        assert "--odds" in capsys.readouterr().err
