@@ -40,7 +40,7 @@ per process and space) get the model-based search:
   for every ``RANDOM_GROWTH`` further rounds without a new best. Measured with bench/search.py and the
   synthetic spaces of bench/synth_spaces.py (lone optimum, three-way interaction): without the switch
   the 5-seed median best/optimum at 400 evaluations stays at the plateau, 1.189 and 1.195; with it,
-  1.000 on both (see the README's figures for 20 seeds).
+  1.000 on both (figures for 20 seeds in bench/SEARCH.md).
 * Two standing explorers, in every round from the second, because a trap must be found before the
   search has stalled on it, not after (bench/synth_spaces.py's three-way spaces, small and medium: the
   paying cell first sampled within 100 evaluations on 1 and 5 of 20 seeds when exploration waited for

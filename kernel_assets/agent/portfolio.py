@@ -10,7 +10,7 @@ Members (one module each, as Kernel Tuner keeps its strategies):
   it finds a lone optimum the others miss, but over the train split it cost more than it found; figures below);
 * ``ps``: a batch compass (pattern) search around the incumbent, each axis' extremes first, then finer steps
   (``kernel_assets.agent.ps``); not in the default set (stop 44: on the train split it did not earn its proposals,
-  figures in the README);
+  figures in bench/SEARCH.md);
 * ``tpe``: Optuna's multivariate TPE over every measured config (``kernel_assets.agent.tpe``); not in the default
   set (``DEFAULT_MEMBERS``: on the train split it did not earn its proposals), kept for comparisons.
 
@@ -68,7 +68,7 @@ PRIOR_EVALS = 8.0  # ... per this many evaluations, for every member
 # recorded train spaces, 10 seeds).
 MIN_SLOTS = 0  # proposals per round every member keeps
 # Parts of the local policy the portfolio runs without, chosen on the train split (bench/search.py --dev train,
-# 10 seeds, cap 400; README "Train and test"): the three-way cover's picks in round 1 (uniform random picks
+# 10 seeds, cap 400; bench/SEARCH.md): the three-way cover's picks in round 1 (uniform random picks
 # there) and its standing pick in every round before the search stalls (it still runs with the stagnation
 # switch once the best has not moved for three rounds). Built for planted traps, they did not pay on recorded
 # spaces: with them the portfolio met the targets on 10 of 15 train spaces, without them (and without the
