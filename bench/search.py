@@ -1153,20 +1153,23 @@ def main(argv: list[str] | None = None) -> int:
         return json.dumps([stamps[t[0]], t[1], code_stamps[t[1]], t[2], t[3], args.objective])
 
     if args.runs and Path(args.runs).exists():
-        have = {}
+        have, skipped = {}, 0
         for line in Path(args.runs).read_text().splitlines():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                continue  # a line cut short by an interrupted run
-            if "key" in row and "evals" in row:
+                row = None  # a line cut short by an interrupted run
+            if isinstance(row, dict) and "key" in row and "evals" in row:
                 have[row["key"]] = row
+            elif line.strip():
+                skipped += 1
         reused = [dict(have[run_key(t)], file=t[0]) for t in tasks if run_key(t) in have]
         tasks = [t for t in tasks if run_key(t) not in have]
         results += reused
         print(f"reused {len(reused)} runs from {args.runs}; {0 if args.report_only else len(tasks)} to run"
-              + (f" ({len(tasks)} missing runs left out: --report-only)" if args.report_only and tasks else ""),
-              flush=True)
+              + (f" ({len(tasks)} missing runs left out: --report-only)" if args.report_only and tasks else "")
+              + (f"; {skipped} line(s) there are not runs (cut short by an interrupted run?) and were skipped"
+                 if skipped else ""), flush=True)
     if args.report_only:
         tasks = []
     sink = open(args.runs, "a") if args.runs else None

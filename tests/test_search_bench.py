@@ -423,6 +423,12 @@ def test_first_seed_runs_fresh_seeds_and_reuses_them_later(tmp_path, capsys):
     assert sorted(json.loads(line)["seed"] for line in runs.read_text().splitlines()) == [0, 1, 2, 3, 4]
     with pytest.raises(SystemExit):
         search.main(base + ["--seeds", "2", "--first-seed", "-1"])
+    # lines that are not runs (a line cut short by a killed run, a stray value) are skipped and counted
+    with runs.open("a") as fh:
+        fh.write('{"file": "x", "key": \n123\n[1, 2]\n')
+    assert search.main(base + ["--seeds", "5", "--report-only"]) == 0
+    out = capsys.readouterr().out
+    assert "reused 5 runs" in out and "3 line(s) there are not runs" in out
 
 
 def test_local_stamp_covers_every_member_module(tmp_path, monkeypatch):
