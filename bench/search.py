@@ -72,8 +72,9 @@ seeds, then over the split's spaces, ours over the best Kernel Tuner strategy's 
 5%, a run that never got there counting ``UNREACHED``, and best/optimum at 100; medians of ten seeds move by a
 third between near-identical variants, these by a few per cent), and each portfolio member's share of the
 evaluations, of the gain and of the runs' final best. With ``--odds K`` (run more seeds than K): the chance that a
-protocol of K seeds meets the targets, per space and for every space of a split at once, from draws of K of each
-method's seeds (``protocol_odds``; the issue's protocol is ten seeds).
+protocol of K fresh seeds meets the targets, per space and for every space of a split at once, from bootstrap
+draws of K of each method's runs (``protocol_odds``; the issue's protocol is ten seeds), for every local and
+Kernel Tuner method (a Kernel Tuner method against the best of the three, itself drawn again among them).
 
 Synthetic spaces (``--synthetic DIR``): bench/synth_spaces.py writes Kernel Tuner cache files with a planted
 lone optimum, a three-way interaction, an optimum on the edge of a failure region, failures independent
@@ -875,12 +876,15 @@ def misses(q100: float, q400: float, e5: float, k100: float | None, k400: float 
 
 
 def protocol_odds(results: list[dict[str, Any]], split_of: dict[str, str], ours: str, k: int, draws: int = 2000,
-                  seed: int = 0) -> dict[str, dict[str, Any]]:
-    """How likely a protocol of ``k`` seeds is to meet the targets, from runs over more seeds: each draw takes ``k``
-    of each method's seeds on each space at random (without replacement; each method's own draw, as fresh seeds
-    would be) and applies the targets of ``misses`` to the medians, as the split tables do. Per split: every space's
-    chance to meet all its targets, and the chance that every space of the split does in one draw (spaces drawn
-    independently). Spaces where a method has fewer than ``k`` seeds are left out."""
+                  seed: int = 0, replace: bool = True) -> dict[str, dict[str, Any]]:
+    """How likely a protocol of ``k`` fresh seeds is to meet the targets, from runs over more seeds: each draw takes
+    ``k`` of each method's runs on each space at random (a bootstrap: with replacement, so a draw varies as much as
+    ``k`` fresh seeds would; ``replace=False`` draws distinct seeds, and with ``k`` equal to the seeds run gives the
+    split table's own verdict) and applies the targets of ``misses`` to the medians, as the split tables do; each
+    method gets its own draw. Per split: every space's chance to meet all its targets, the chance that every space
+    of the split does in one draw (spaces drawn independently), their expected number, and what was left out: a
+    space where ``ours`` has fewer than ``k`` runs or no Kernel Tuner method has ``k``, a Kernel Tuner method short
+    of ``k`` runs on a space (it then counts in neither the best Kernel Tuner figures nor the chance)."""
     rng = np.random.default_rng(seed)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in results:
@@ -891,7 +895,10 @@ def protocol_odds(results: list[dict[str, Any]], split_of: dict[str, str], ours:
     def medians(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         """Per draw, the medians of ``k`` of the rows: best/optimum at 100 and 400, evaluations to 5% (as
         ``quartiles`` takes them: inf for a run that never got there, order statistics once a draw holds one)."""
-        pick = np.argsort(rng.random((draws, len(rows))), axis=1)[:, :k]
+        if replace:
+            pick = rng.integers(0, len(rows), (draws, k))
+        else:
+            pick = np.argsort(rng.random((draws, len(rows))), axis=1)[:, :k]
         out = {}
         for key, vals in (("100", [r["quality"]["100"] for r in rows]), ("400", [r["quality"]["400"] for r in rows]),
                           ("e5", [math.inf if r["evals"][i5] is None else r["evals"][i5] for r in rows])):
@@ -904,32 +911,43 @@ def protocol_odds(results: list[dict[str, Any]], split_of: dict[str, str], ours:
     out: dict[str, dict[str, Any]] = {}
     for split in ("train", "test"):
         met_by_space: dict[str, np.ndarray] = {}
+        left_out: list[str] = []
         for name in sorted(n for n, sp in split_of.items() if sp == split):
             mine = runs.get((name, ours), [])
-            kt = {m: rows for (n, m), rows in runs.items() if n == name and m.startswith("kt:") and len(rows) >= k}
+            kt_all = {m: rows for (n, m), rows in runs.items() if n == name and m.startswith("kt:") and m != ours}
+            kt = {m: rows for m, rows in kt_all.items() if len(rows) >= k}
+            left_out += [f"{name}: {m} ({len(rows)} runs)" for m, rows in kt_all.items() if len(rows) < k]
+            if ours.startswith("kt:") and len(mine) >= k:
+                kt[ours] = mine  # a Kernel Tuner method held to the targets: itself drawn again among the best three
             if len(mine) < k or not kt:
+                left_out.append(f"{name} ({ours}: {len(mine)} runs, Kernel Tuner methods with {k}: {len(kt)})")
                 continue
             o = medians(mine)
             theirs = [medians(rows) for rows in kt.values()]
             best = {key: np.min([t[key] for t in theirs], axis=0) for key in ("100", "400", "e5")}
             met_by_space[name] = np.asarray([not misses(o["100"][d], o["400"][d], o["e5"][d], best["100"][d],
                                                         best["400"][d], best["e5"][d]) for d in range(draws)])
-        if met_by_space:
-            every = np.all(np.stack(list(met_by_space.values())), axis=0)
-            out[split] = {"spaces": {n: float(v.mean()) for n, v in met_by_space.items()}, "all": float(every.mean()),
-                          "expected_met": float(sum(v.mean() for v in met_by_space.values()))}
+        if met_by_space or left_out:
+            every = np.all(np.stack(list(met_by_space.values())), axis=0) if met_by_space else np.zeros(0)
+            out[split] = {"spaces": {n: float(v.mean()) for n, v in met_by_space.items()},
+                          "all": float(every.mean()) if len(every) else math.nan,
+                          "expected_met": float(sum(v.mean() for v in met_by_space.values())), "left_out": left_out}
     return out
 
 
-def odds_report(odds: dict[str, dict[str, Any]], ours: str, k: int, seeds: int) -> list[str]:
-    """Markdown lines for ``protocol_odds``: a row per space with its chance, then the split's."""
+def odds_report(odds: dict[str, dict[str, Any]], ours: str, k: int, table: bool = True) -> list[str]:
+    """Markdown lines for ``protocol_odds``: a row per space with its chance (``table``), then the split's, then
+    what was left out."""
     lines: list[str] = []
     for split, f in odds.items():
-        lines += ["", f"### {split}: the chance that {k} seeds of {ours} meet the targets (drawn from {seeds} seeds a "
-                  "method)", "", "| space | all targets met |", "|---|---|"]
-        lines += [f"| {n.removesuffix('.json.gz')} | {p:.0%} |" for n, p in sorted(f["spaces"].items(), key=lambda kv: kv[1])]
-        lines += ["", f"{split}: every space met in {f['all']:.0%} of the draws; spaces met {f['expected_met']:.1f} of "
-                  f"{len(f['spaces'])} on average"]
+        if table and f["spaces"]:
+            lines += ["", f"### {split}: the chance that {k} fresh seeds of {ours} meet the targets (bootstrap draws of "
+                      "each method's runs)", "", "| space | all targets met |", "|---|---|"]
+            lines += [f"| {n.removesuffix('.json.gz')} | {p:.0%} |" for n, p in sorted(f["spaces"].items(), key=lambda kv: kv[1])]
+            lines.append("")
+        head = (f"every space met in {f['all']:.0%} of the draws; spaces met {f['expected_met']:.1f} of "
+                f"{len(f['spaces'])} on average" if f["spaces"] else "no space has the runs for odds")
+        lines.append(f"{split}, {ours}, {k} seeds: {head}" + (f"; left out: {'; '.join(f['left_out'])}" if f["left_out"] else ""))
     return lines
 
 
@@ -1068,8 +1086,9 @@ def main(argv: list[str] | None = None) -> int:
                          "what made them (local: the policy's source and the numpy and Optuna versions; kt: the "
                          "versions of Kernel Tuner, numpy, scipy and scikit-learn; random: numpy's version)")
     ap.add_argument("--odds", type=int, default=None, metavar="K",
-                    help="with --dev: also the chance that a protocol of K seeds meets the targets on each space and on "
-                         "every space of a split, from draws of K of the run's seeds (run more seeds than K)")
+                    help="with --dev: also the chance that a protocol of K fresh seeds meets the targets on each space "
+                         "and on every space of a split, for every local and Kernel Tuner method, from bootstrap draws "
+                         "of K of each method's runs (run more seeds than K)")
     ap.add_argument("--report-only", action="store_true",
                     help="with --runs: report the runs that file holds and run nothing (seeds not there are left out)")
     args = ap.parse_args(argv)
@@ -1077,6 +1096,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--report-only needs --runs JSONL")
     if args.seeds < 1 or args.first_seed < 0:
         ap.error(f"--seeds {args.seeds} --first-seed {args.first_seed}: need at least one seed, from 0 up")
+    if args.odds is not None and not any(m.strip().startswith("kt:") for m in args.methods.split(",")):
+        ap.error(f"--odds {args.odds}: the targets are against Kernel Tuner's strategies; add kt: methods to --methods "
+                 "(e.g. kt:genetic_algorithm,kt:pso,kt:dual_annealing)")
     if args.odds is not None and not (args.dev and 1 <= args.odds < args.seeds):
         ap.error(f"--odds {args.odds}: needs --dev and fewer seeds than --seeds ({args.seeds}), at least 1: it draws "
                  f"{args.odds} of each method's {args.seeds} seeds")
@@ -1257,10 +1279,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(line)
         for line in variants_report(out_json, names, methods):
             print(line)
-        if args.odds and ours:
-            for m in [x for x in methods if x == "local" or x.startswith("local:")]:
-                for line in odds_report(protocol_odds(results, names, m, args.odds), m, args.odds, args.seeds):
-                    print(line)
+        if args.odds:  # every method: ours with a table per split, Kernel Tuner's held to the same targets
+            for m in methods:
+                if m.startswith(("local", "kt:")):
+                    for line in odds_report(protocol_odds(results, names, m, args.odds), m, args.odds,
+                                            table=not m.startswith("kt:")):
+                        print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(out_json, indent=1, sort_keys=True))
         print(f"\nwrote {args.json}")

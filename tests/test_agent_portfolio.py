@@ -176,6 +176,15 @@ def test_multi_start_local_search_climbs_its_own_points_and_restarts_at_a_local_
 
     picks = propose(2, 4)
     assert len(picks) == 4 and set(picks) <= _hood(valid, start) - set(rows)  # its own point's neighbours
+    # two climbs, neither beaten: the better point's neighbours are polled
+    other = next(int(i) for i in rng.permutation(len(valid)) if min((valid.idx[i] != valid.idx[j]).sum()
+                                                                    for j in (start, far)) >= 3)
+    mine.add(other)
+    for y_other, want in ((-9.0, start), (-12.0, other)):
+        rows[other] = y_other
+        assert set(propose(2, 3)) <= _hood(valid, want) - set(rows)
+    mine.discard(other)
+    del rows[other]
     score = {int(i): float(rng.normal()) for i in _hood(valid, start)}
     free = sorted(_hood(valid, start) - set(rows), key=score.get)
     assert propose(2, 3, predict=lambda r: np.asarray([score[int(i)] for i in r])) == free[:3]  # best first

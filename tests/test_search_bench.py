@@ -484,7 +484,7 @@ def test_protocol_odds_apply_the_split_tables_targets_to_drawn_seeds(seed):
     names = [f"s{i}.json.gz" for i in range(4)]
     results = [r for nm in names for m in ("local", "kt:a", "kt:b") for r in runs(nm, m)]
     split_of = {nm: ("train" if i < 2 else "test") for i, nm in enumerate(names)}
-    odds = search.protocol_odds(results, split_of, "local", n, draws=50, seed=seed)
+    odds = search.protocol_odds(results, split_of, "local", n, draws=50, seed=seed, replace=False)
     out_json = {nm: {m: search.summarize([r for r in results if r["file"].endswith(nm) and r["method"] == m])
                      for m in ("local", "kt:a", "kt:b")} for nm in names}
     for split in ("train", "test"):
@@ -493,10 +493,14 @@ def test_protocol_odds_apply_the_split_tables_targets_to_drawn_seeds(seed):
         assert {nm.removesuffix(".json.gz"): p for nm, p in odds[split]["spaces"].items()} == {
             k: float(v) for k, v in verdict.items()}
         assert odds[split]["all"] == float(all(verdict.values()))
-    # fewer seeds drawn: a chance between 0 and 1, and every space met at most as often as the least likely one
+    # a bootstrap of fewer seeds: a chance between 0 and 1, every space at once at most as often as the least likely
+    # one, the expected number met the sum of the chances
     part = search.protocol_odds(results, split_of, "local", n - 3, draws=200, seed=seed)
     for f in part.values():
         assert all(0.0 <= p <= 1.0 for p in f["spaces"].values()) and f["all"] <= min(f["spaces"].values()) + 1e-12
+        assert f["expected_met"] == pytest.approx(sum(f["spaces"].values())) and not f["left_out"]
+    # a Kernel Tuner method held to the same targets gets its odds too (itself drawn again among the best)
+    assert set(search.protocol_odds(results, split_of, "kt:a", n - 3, draws=20)["test"]["spaces"]) == set(names[2:])
     # a method ahead on every figure (fewer evaluations, closer to the optimum) meets every draw
     best = [dict(r, method="local:best", evals=[1, None], quality={b: 1.0 for b in r["quality"]})
             for r in results if r["method"] == "local"]
@@ -504,12 +508,23 @@ def test_protocol_odds_apply_the_split_tables_targets_to_drawn_seeds(seed):
     assert all(f["all"] == 1.0 for f in sure.values())
     # a space where ours has fewer seeds than k is left out
     short = [r for r in results if not (r["file"].endswith(names[0]) and r["method"] == "local" and r["seed"] >= 2)]
-    assert names[0] not in search.protocol_odds(short, split_of, "local", 3, draws=10)["train"]["spaces"]
+    got = search.protocol_odds(short, split_of, "local", 3, draws=10)["train"]
+    assert names[0] not in got["spaces"] and any(x.startswith(names[0]) for x in got["left_out"])
+    # a Kernel Tuner method short of seeds on a space is left out there, and said
+    short_kt = [r for r in results if not (r["file"].endswith(names[1]) and r["method"] == "kt:b" and r["seed"] >= 2)]
+    got = search.protocol_odds(short_kt, split_of, "local", 3, draws=10)["train"]
+    assert names[1] in got["spaces"] and got["left_out"] == [f"{names[1]}: kt:b (2 runs)"]
+    lines = "\n".join(search.odds_report({"train": got}, "local", 3))
+    assert "left out: s1.json.gz: kt:b (2 runs)" in lines and "| space | all targets met |" in lines
+    alone = search.protocol_odds([r for r in results if r["method"] == "local"], split_of, "local", 3, draws=10)
+    assert not alone["train"]["spaces"] and "no space has the runs for odds" in "\n".join(
+        search.odds_report(alone, "local", 3))
 
 
 def test_odds_needs_the_dev_set_and_more_seeds_than_it_draws(capsys):
     for argv in (["--odds", "10", "--seeds", "10", "--dev", "test"], ["--odds", "5", "--seeds", "10"],
-                 ["--odds", "0", "--seeds", "10", "--dev", "test"]):
+                 ["--odds", "0", "--seeds", "10", "--dev", "test"],
+                 ["--odds", "3", "--seeds", "10", "--dev", "test", "--methods", "local"]):
         with pytest.raises(SystemExit):
             search.main(argv)
         assert "--odds" in capsys.readouterr().err

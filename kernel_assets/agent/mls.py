@@ -4,12 +4,14 @@
 Climbs from random starts, each to a local optimum, so that the portfolio searches basins other than the one its
 incumbent sits in. A climb's neighbourhood is Hamming's: the valid configs that change one tunable to any of its
 values. The climbs are the member's own configs (the measured configs it proposed) and the measured configs one
-change away from them, whoever measured those. Each round it polls the free neighbours of the best of them that
-no measured neighbour beats and that still has free neighbours, best first under the local policy's pairwise
-model (``Shared.predict``; a seeded random order before the model has points): a climb moves as soon as one of
-its polls beats its point, and the next round starts from there. When no such point is
-left (every climb has reached a local optimum, or it has none yet), the rest of its picks are new starts: uniform
-random configs. Free: not taken (measured, or picked earlier this round) and not predicted to fail. Stateless:
+change away from them, whoever measured those. Each round it polls the free neighbours of one point, the best of
+them that no measured neighbour beats and that still has free neighbours, best first under the local policy's
+pairwise model (``Shared.predict``; a seeded random order before the model has points): a climb moves as soon as
+one of its polls beats its point, and the next round starts from there. The rest of its picks are new starts,
+uniform random configs: all of them when no such point is left (every climb has reached a local optimum, or it
+has none yet), and those beyond the point's free neighbours (one climb a round). A point beaten by a measured
+config that is not in the climbs (two changes from the member's own configs) ends that climb: the config is the
+other members' to climb. Free: not taken (measured, or picked earlier this round) and not predicted to fail. Stateless:
 everything is read off the shared evaluated set, so the search stays deterministic given the seed and resumable.
 Configs are rows of the enumerated valid set (``kernel_assets.agent.local.ValidSet``).
 """

@@ -53,8 +53,8 @@ MEMBERS = ("local", "ga", "mls", "ps", "tpe")  # every member there is
 # and 0.9730. ``members=("local", "ga", "ps")`` (bench method local:local+ga+ps-start_cover-standing) runs it.
 # The multi-start local search is left out too (stop 45, bench/search.py --dev all --seeds 40, cap 400): on milo
 # convolution MI50, whose optimum is a lone config (the sweep's other members end on a plateau at 1.061), its climbs
-# reach the optimum within 400 evaluations on 18 of 40 seeds against the default's 7 (Kernel Tuner's dual annealing
-# 20), but it takes 15% of the first 100 evaluations for 3% of the gain: over the train split 12 of 15 met either
+# get within 1% of the optimum within 400 evaluations on 18 of 40 seeds against the default's 7 (Kernel Tuner's dual
+# annealing 19), but it takes 15% of the first 100 evaluations for 3% of the gain: over the train split 12 of 15 met either
 # way, every seed's evaluations to 5% and best/optimum at 100 0.785 and 0.9798 of the best Kernel Tuner strategy's
 # against the default's 0.761 and 0.9730 (test, run beside: 9 of 11 either way, 0.867 / 0.9778 against 0.860 /
 # 0.9792). ``members=("local", "ga", "mls")`` (bench method local:local+ga+mls-start_cover-standing) runs it.
@@ -124,9 +124,9 @@ def allocate(ctx: AgentContext, members=DEFAULT_MEMBERS) -> dict[str, int]:
 
 
 class PortfolioPolicy:
-    """The local policy and the other members (the genetic algorithm; pattern search and TPE for comparisons) under
-    one budget, split by a bandit (see the module docstring). ``members`` picks a subset (``("local",)`` is the local
-    policy alone), for comparisons."""
+    """The local policy and the other members (the genetic algorithm; multi-start local search, pattern search and TPE
+    for comparisons) under one budget, split by a bandit (see the module docstring). ``members`` picks a subset
+    (``("local",)`` is the local policy alone), for comparisons."""
 
     name = "local"
 
