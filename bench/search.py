@@ -347,6 +347,11 @@ def run_random(problem: Problem, seed: int, cap: int) -> tuple[list[tuple[int, .
     return seq, s / max(1, len(seq) - 1) * N_PER_ROUND, ""
 
 
+def is_local(method: str) -> bool:
+    """``local`` (the portfolio) or a variant of it, ``local:SPEC``."""
+    return method == "local" or method.startswith("local:")
+
+
 def make_policy(method: str, seed: int):
     """The policy a ``local`` method names: ``local`` is what strategy local runs (the portfolio); ``local:SPEC``
     a variant for comparisons and ablations, SPEC = members joined by ``+`` (the first ``local``), then knobs of
@@ -599,7 +604,7 @@ def run_task(task: tuple[str, str, int, int]) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         extra: dict[str, Any] = {}
-        if method == "local" or method.startswith("local:"):
+        if is_local(method):
             seq, per_round, note, extra = run_local(problem, seed, cap, method)
         elif method == "random":
             seq, per_round, note = run_random(problem, seed, cap)
@@ -677,7 +682,7 @@ def method_stamp(method: str) -> str:
     libraries it draws through for kt:, the sampler and numpy's version for random."""
     import hashlib
 
-    if method == "local" or method.startswith("local:"):
+    if is_local(method):
         srcs = sorted((_ROOT / "kernel_assets" / "agent").glob("*.py"))  # every member's module, a new one too
         code = hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() + b"\0" for p in srcs)).hexdigest()[:16]
         return f"{code}; {versions(LOCAL_LIBS)}"
@@ -1037,7 +1042,7 @@ def variants_report(out_json: dict[str, dict[str, Any]], split_of: dict[str, str
     """One row per local method (the default and its variants, local:SPEC) and split: spaces meeting every target,
     the worst space at 100, at 400 and for the 90th-percentile seed, and the every-seed geometric means over the
     best Kernel Tuner strategy's. Markdown lines; empty with fewer than two local methods."""
-    ours = [m for m in methods if m == "local" or m.startswith("local:")]
+    ours = [m for m in methods if is_local(m)]
     if len(ours) < 2:
         return []
     lines = ["", "### local variants, every split (worst space; every seed's figures over the best KT strategy's)", "",
@@ -1096,13 +1101,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--report-only needs --runs JSONL")
     if args.seeds < 1 or args.first_seed < 0:
         ap.error(f"--seeds {args.seeds} --first-seed {args.first_seed}: need at least one seed, from 0 up")
-    if args.odds is not None and not any(m.strip().startswith("kt:") for m in args.methods.split(",")):
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.odds is not None and not any(m.startswith("kt:") for m in methods):
         ap.error(f"--odds {args.odds}: the targets are against Kernel Tuner's strategies; add kt: methods to --methods "
                  "(e.g. kt:genetic_algorithm,kt:pso,kt:dual_annealing)")
     if args.odds is not None and not (args.dev and 1 <= args.odds < args.seeds):
         ap.error(f"--odds {args.odds}: needs --dev and fewer seeds than --seeds ({args.seeds}), at least 1: it draws "
                  f"{args.odds} of each method's {args.seeds} seeds")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in ("local", "random") and not m.startswith(("kt:", "local:"))]
     if bad:
         ap.error(f"unknown method {', '.join(bad)}; use local, random or kt:<strategy>")
@@ -1148,7 +1153,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         _PROBLEMS[problem.path] = problem
         tables[problem.path] = table
-        if any(m == "local" or m.startswith("local:") for m in methods):
+        if any(is_local(m) for m in methods):
             prepare_local(problem)
 
     tmp = None
@@ -1272,7 +1277,7 @@ def main(argv: list[str] | None = None) -> int:
             print("note:", n)
         out_json[problem.name] = {m: {k: v for k, v in s.items()} for m, s in summary.items()}
     if split_of:
-        ours = next((m for m in methods if m == "local" or m.startswith("local:")), None)
+        ours = next((m for m in methods if is_local(m)), None)
         names = {Path(k).name: v for k, v in split_of.items()}
         for m in [ours] if ours else []:
             for line in split_report(out_json, names, m):
@@ -1281,7 +1286,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         if args.odds:  # every method: ours with a table per split, Kernel Tuner's held to the same targets
             for m in methods:
-                if m.startswith(("local", "kt:")):
+                if is_local(m) or m.startswith("kt:"):
                     for line in odds_report(protocol_odds(results, names, m, args.odds), m, args.odds,
                                             table=not m.startswith("kt:")):
                         print(line)
