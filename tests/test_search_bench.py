@@ -514,11 +514,26 @@ def test_protocol_odds_apply_the_split_tables_targets_to_drawn_seeds(seed):
     short_kt = [r for r in results if not (r["file"].endswith(names[1]) and r["method"] == "kt:b" and r["seed"] >= 2)]
     got = search.protocol_odds(short_kt, split_of, "local", 3, draws=10)["train"]
     assert names[1] in got["spaces"] and got["left_out"] == [f"{names[1]}: kt:b (2 runs)"]
-    lines = "\n".join(search.odds_report({"train": got}, "local", 3))
-    assert "left out: s1.json.gz: kt:b (2 runs)" in lines and "| space | all targets met |" in lines
+    lines = "\n".join(search.odds_report({"local": {"train": got}}, 3))
+    assert "left out: s1.json.gz: kt:b (2 runs)" in lines and "| space | local |" in lines
     alone = search.protocol_odds([r for r in results if r["method"] == "local"], split_of, "local", 3, draws=10)
     assert not alone["train"]["spaces"] and "no space has the runs for odds" in "\n".join(
-        search.odds_report(alone, "local", 3))
+        search.odds_report({"local": alone}, 3))
+    # several methods: one table per split, a column each (ours first), its chances in its column; a space a
+    # method has no odds for is a dash, and each method's line for the split follows
+    both = {"local": part, "kt:a": search.protocol_odds(results, split_of, "kt:a", n - 3, draws=20)}
+    both["kt:a"]["test"]["spaces"].pop(names[3])
+    text = search.odds_report(both, n - 3)
+    for split in ("train", "test"):
+        at = text.index(next(x for x in text if x.startswith(f"### {split}:")))
+        assert text[at + 2] == "| space | local | kt:a |"
+        rows = {r.split(" | ")[0][2:]: r.split(" | ")[1:] for r in text[at + 4:] if r.startswith("| s")}
+        for nm in names[:2] if split == "train" else names[2:]:
+            got_l, got_k = rows[nm.removesuffix(".json.gz")]
+            assert got_l == f"{part[split]['spaces'][nm]:.0%}"
+            want_k = both["kt:a"][split]["spaces"].get(nm)
+            assert got_k.rstrip(" |") == ("-" if want_k is None else f"{want_k:.0%}")
+        assert any(x.startswith(f"{split}, kt:a, {n - 3} seeds:") for x in text)
 
 
 def test_odds_needs_the_dev_set_and_more_seeds_than_it_draws(capsys):
