@@ -550,6 +550,161 @@ class Shared:
 Fill = Callable[[Shared, int], list[tuple[int, str]]]
 
 
+class _Round:
+    """One round of the enumerated search: what the history says (which rows are taken, which ran and their log
+    objectives, which failed), the features, the candidates (a seeded sample of a large valid set), the failure
+    model's verdict on them, the incumbent's position, the pairwise model (fitted once, when first needed), and
+    the picks so far. Built from the history alone, so a round is the same whenever it is rebuilt."""
+
+    def __init__(self, ctx: AgentContext, valid: ValidSet, anchor: dict, bad: set[str], base_seed: int,
+                 notes: list[str]):
+        self.ctx, self.valid, self.seed = ctx, valid, int(base_seed)
+        self.rng = np.random.default_rng([abs(int(base_seed)), int(ctx.round), 0x10CA1])
+        self.tie_rng = random.Random(int(self.rng.integers(2**31)))
+        self.taken = taken = np.zeros(len(valid), dtype=bool)
+        self.ok_rows: list[int] = []
+        self.ok_y: list[float] = []
+        self.all_rows: list[int] = []  # every measured row, in the order measured (ok and failed)
+        self.picked: list[int] = []
+        self.post: list[Posterior] = []
+        fail, ok_v = [], []
+        for row in ctx.history:
+            pos = valid.position(row.config)
+            i = valid.row_of.get(pos) if pos is not None else None
+            if i is None or taken[i]:
+                continue
+            taken[i] = True
+            self.all_rows.append(i)
+            fail.append(1.0 if row.config_hash in bad else 0.0)
+            value = ctx.objective.get(row.config_hash)
+            if value is not None and math.isfinite(value) and value > 0 and not row.error:
+                self.ok_rows.append(i)
+                self.ok_y.append(math.log(value))
+                ok_v.append(value)
+        self.fail_rows = [r for r, f in zip(self.all_rows, fail) if f]
+        self.exhausted = bool(taken.all()) or self._skip_inert(ok_v, notes)
+        if self.exhausted:
+            return
+        self.feats = _features(valid)
+        free = np.flatnonzero(~taken)
+        if len(free) > CANDIDATES_MAX:
+            free = np.sort(self.rng.choice(free, CANDIDATES_MAX, replace=False))
+        self.free = free
+        # Failure model: which candidates look like the failures seen so far.
+        fail_p = np.zeros(len(free))
+        if any(fail) and len(self.all_rows) >= 2:
+            t = np.asarray(fail)
+            base = float(t.mean())
+            fpost = Posterior(self.feats.design(np.asarray(self.all_rows)), t - base, self.feats.prior_var, 0.1)
+            fail_p = base + self.feats.predict(free, fpost.mean[:, None])[:, 0]
+        self.feasible = fail_p <= FAIL_P_MAX
+        self.feas_all = np.ones(len(valid), dtype=bool)
+        self.feas_all[free] = self.feasible
+        self.anchor_pos = valid.position(anchor)
+        # the incumbent's positions, as idx holds them
+        self.at = np.asarray(self.anchor_pos, dtype=np.int16) if self.anchor_pos is not None else None
+        y_all = np.asarray(self.ok_y)
+        self.y_mu, self.y_sd = (float(y_all.mean()), float(y_all.std()) or 1.0) if len(y_all) else (0.0, 1.0)
+        self.y_std = (y_all - self.y_mu) / self.y_sd  # the standardised log objectives the models are fitted to
+
+    def _skip_inert(self, ok_v: list[float], notes: list[str]) -> bool:
+        """Moves that cannot change the objective: values of a tunable that have only ever given exactly the same
+        objective (model evidence blind to them) make configs equivalent; one of each class is enough. Marks the
+        configs equivalent to a measured one taken, with a note; True when nothing is left."""
+        valid, taken, ok_rows = self.valid, self.taken, self.ok_rows
+        classes = value_classes(valid.idx[ok_rows], np.asarray(ok_v), [len(v) for v in valid.values]) if ok_rows else None
+        if classes is None:
+            return False
+        code = np.zeros(len(valid), dtype=np.int64)
+        for j, cls in enumerate(classes):
+            code = code * len(cls) + cls[valid.idx[:, j]]
+        same = np.isin(code, code[np.asarray(ok_rows)]) & ~taken
+        if not same.any():
+            return False
+        inert = [f"{k} {'/'.join(str(valid.values[j][v]) for v in range(len(cls)) if cls[v] == c)}"
+                 for j, (k, cls) in enumerate(zip(valid.keys, classes))
+                 for c in sorted(set(cls.tolist())) if (cls == c).sum() > 1]
+        notes.append(f"skipped {int(same.sum())} configs that differ from measured ones only in values that "
+                     f"have always given exactly the same objective ({'; '.join(inert)})")
+        taken |= same
+        return bool(taken.all())
+
+    def pick(self, i: int) -> None:
+        self.taken[i] = True
+        self.picked.append(int(i))
+
+    def posterior(self) -> Posterior:
+        """The pairwise model's posterior, fitted to the rows that ran (once a round)."""
+        if not self.post:
+            self.post.append(Posterior(self.feats.design(np.asarray(self.ok_rows)), self.y_std, self.feats.prior_var,
+                                       NOISE_VAR))
+        return self.post[0]
+
+    def unmeasured(self) -> np.ndarray:
+        """The free configs not yet taken that do not look like failures (all of them when none is left)."""
+        cand = self.free[self.feasible & ~self.taken[self.free]]
+        return cand if len(cand) else self.free[~self.taken[self.free]]
+
+    def nearest_to(self, pos, k: int) -> list[int]:
+        """Up to k unmeasured configs nearest ``pos`` that do not look like failures."""
+        mask = self.taken.copy()
+        mask[self.free[~self.feasible]] = True
+        return self.valid.nearest(pos, mask, k, self.tie_rng)
+
+    def lines(self) -> np.ndarray:
+        """The incumbent's unmeasured one-tunable lines, over the whole valid set (not only ``free``, a sample of
+        a large one)."""
+        on_line = (self.valid.idx != self.at).sum(axis=1) == 1
+        return np.flatnonzero(on_line & ~self.taken)
+
+    def thompson(self, model: Features, mpost: Posterior, k: int, cand: np.ndarray) -> None:
+        """``k`` picks from ``cand``, each the best candidate of one posterior draw (predicted failures last)."""
+        if k <= 0 or not len(cand):
+            return
+        pred = model.predict(cand, mpost.draws(k, self.rng))
+        pred += 1e-9 * self.rng.standard_normal(pred.shape)  # seeded tie break
+        pred[~self.feas_all[cand]] += 1e6  # failures-to-be last, while anything else remains
+        for c in range(k):
+            col = pred[:, c].copy()
+            col[self.taken[cand]] = np.inf
+            j = int(np.argmin(col))
+            if not math.isfinite(col[j]):
+                break
+            self.pick(cand[j])
+
+    def finish(self, name: str, fill: Fill | None
+               ) -> tuple[list[dict[str, int]], list[tuple[float, float] | None], list[str]]:
+        """The other members fill the round (``fill``, the portfolio); every pick gets the pairwise model's
+        forecast; the member that picked each."""
+        ctx, members = self.ctx, [name] * len(self.picked)
+        if fill is not None and len(self.picked) < ctx.n:
+            model = (lambda rows: self.feats.predict(np.asarray(rows), self.posterior().mean[:, None])[:, 0]
+                     ) if len(self.ok_rows) >= MODEL_MIN else None
+            shared = Shared(self.valid, self.taken, self.ok_rows, self.ok_y, self.fail_rows, list(self.all_rows),
+                            self.feas_all, self.anchor_pos, self.seed, ctx.round, predict=model)
+            mine = set(self.picked)  # fill marks its picks taken as it goes (members pick in turn)
+            for i, m in fill(shared, ctx.n - len(self.picked)):
+                if i not in mine:
+                    mine.add(i)
+                    self.pick(i)
+                    members.append(m)
+        return [self.valid.config(i) for i in self.picked], self.forecasts(), members
+
+    def forecasts(self) -> list[tuple[float, float] | None]:
+        """Each pick's forecast of log(variant) - log(baseline) under the pairwise model: the posterior mean, and
+        the predictive sd (posterior spread of the mean plus the model's residual variance ``NOISE_VAR``, in log
+        units). None before the model has ``MODEL_MIN`` measured points."""
+        base = baseline_value(self.ctx)
+        if not self.picked or len(self.ok_rows) < MODEL_MIN or base is None:
+            return [None] * len(self.picked)
+        post = self.posterior()
+        rows = np.asarray(self.picked)
+        mean = self.y_mu + self.y_sd * self.feats.predict(rows, post.mean[:, None])[:, 0]
+        var = self.y_sd ** 2 * (post.variance(self.feats.design(rows)) + NOISE_VAR)
+        lb = math.log(base)
+        return [(float(m - lb), float(math.sqrt(v))) for m, v in zip(mean, var)]
+
+
 class LocalPolicy:
     """Thompson sampling on a second-order model of the measured history, with a failure model, the
     incumbent's nearest neighbours, and a switch to wider exploration when the search stops finding
@@ -627,222 +782,111 @@ class LocalPolicy:
                             n_own: int | None = None, fill: Fill | None = None,
                             ) -> tuple[list[dict[str, int]], list[tuple[float, float] | None], list[str]]:
         """The round's picks (configs) and each one's forecast of log(variant / baseline objective) as
-        (mean, sd), None where the model has too few points (the caller uses the prior forecast)."""
+        (mean, sd), None where the model has too few points (the caller uses the prior forecast); and the member
+        that picked each. In order: the local picks around the incumbent (``_local_picks``); until the model has
+        a few points, random picks; from then on the model's picks (``_model_picks``); the other members last."""
         notes = notes if notes is not None else []
-        rng = np.random.default_rng([abs(int(base_seed)), int(ctx.round), 0x10CA1])
-        tie_rng = random.Random(int(rng.integers(2**31)))
-        taken = np.zeros(len(valid), dtype=bool)
-        ok_rows, ok_y, ok_v, all_rows, fail = [], [], [], [], []
-        for row in ctx.history:
-            pos = valid.position(row.config)
-            i = valid.row_of.get(pos) if pos is not None else None
-            if i is None:
-                continue
-            if taken[i]:
-                continue
-            taken[i] = True
-            failed = row.config_hash in bad
-            all_rows.append(i)
-            fail.append(1.0 if failed else 0.0)
-            value = ctx.objective.get(row.config_hash)
-            if value is not None and math.isfinite(value) and value > 0 and not row.error:
-                ok_rows.append(i)
-                ok_y.append(math.log(value))
-                ok_v.append(value)
-        picked: list[int] = []
-
-        def pick(i: int) -> None:
-            taken[i] = True
-            picked.append(int(i))
-
+        r = _Round(ctx, valid, anchor, bad, base_seed, notes)
         n = ctx.n if n_own is None else min(n_own, ctx.n)
-        if taken.all():
+        if r.exhausted:
             return [], [], []
-        # Moves that cannot change the objective: values of a tunable that have only ever given exactly the
-        # same objective (model evidence blind to them) make configs equivalent; one of each class is enough.
-        classes = value_classes(valid.idx[ok_rows], np.asarray(ok_v), [len(v) for v in valid.values]) if ok_rows else None
-        if classes is not None:
-            code = np.zeros(len(valid), dtype=np.int64)
-            for j, cls in enumerate(classes):
-                code = code * len(cls) + cls[valid.idx[:, j]]
-            same = np.isin(code, code[np.asarray(ok_rows)]) & ~taken
-            if same.any():
-                inert = [f"{k} {'/'.join(str(valid.values[j][v]) for v in range(len(cls)) if cls[v] == c)}"
-                         for j, (k, cls) in enumerate(zip(valid.keys, classes))
-                         for c in sorted(set(cls.tolist())) if (cls == c).sum() > 1]
-                notes.append(f"skipped {int(same.sum())} configs that differ from measured ones only in values that "
-                             f"have always given exactly the same objective ({'; '.join(inert)})")
-                taken |= same
-                if taken.all():
-                    return [], [], []
-        feats = _features(valid)
-        free = np.flatnonzero(~taken)
-        if len(free) > CANDIDATES_MAX:
-            free = np.sort(rng.choice(free, CANDIDATES_MAX, replace=False))
-        # Failure model: which candidates look like the failures seen so far.
-        fail_p = np.zeros(len(free))
-        if any(fail) and len(all_rows) >= 2:
-            t = np.asarray(fail)
-            base = float(t.mean())
-            fpost = Posterior(feats.design(np.asarray(all_rows)), t - base, feats.prior_var, 0.1)
-            fail_p = base + feats.predict(free, fpost.mean[:, None])[:, 0]
-        feasible = fail_p <= FAIL_P_MAX
-        feas_all = np.ones(len(valid), dtype=bool)
-        feas_all[free] = feasible
-        fail_rows = [r for r, f in zip(all_rows, fail) if f]
+        n_local = max(1, n // FIRST_NEAR_DIV) if len(r.ok_rows) <= 1 else min(N_LOCAL, n)
+        self._local_picks(r, n_local, stale)
+        if len(r.ok_rows) < max(MODEL_MIN, ctx.n // 2):
+            # Until the model has a few points: space-filling random picks, first (they cover the space).
+            cand = r.unmeasured()
+            k = min(n - len(r.picked), len(cand))
+            n_near = len(r.picked)
+            cover = self.stagnation_switch and not {"cover", "start_cover"} & self.ablate
+            for i in self._explore(valid, r.all_rows + r.picked, cand, k, r.rng, cover) if k > 0 else []:
+                r.pick(i)
+            r.picked[:] = r.picked[n_near:] + r.picked[:n_near]
+        else:
+            self._model_picks(r, n, stale)
+        return r.finish(self.name, fill)
 
-        def finish() -> tuple[list[dict[str, int]], list[tuple[float, float] | None], list[str]]:
-            """The other members fill the round; every pick gets the pairwise model's forecast."""
-            members = [self.name] * len(picked)
-            if fill is not None and len(picked) < ctx.n:
-                model = (lambda rows: feats.predict(np.asarray(rows), posterior().mean[:, None])[:, 0]
-                         ) if len(ok_rows) >= MODEL_MIN else None
-                shared = Shared(valid, taken, ok_rows, ok_y, fail_rows, list(all_rows), feas_all, anchor_pos,
-                                int(base_seed), ctx.round, predict=model)
-                mine = set(picked)  # fill marks its picks taken as it goes (members pick in turn)
-                for i, m in fill(shared, ctx.n - len(picked)):
-                    if i not in mine:
-                        mine.add(i)
-                        pick(i)
-                        members.append(m)
-            configs, fcs = self._with_forecasts(valid, feats, picked, post, len(ok_rows), y_mu, y_sd, ctx, ok_rows, ok_y)
-            return configs, fcs, members
-
-        def unmeasured() -> np.ndarray:
-            """The free configs not yet taken that do not look like failures (all of them when none is left)."""
-            cand = free[feasible & ~taken[free]]
-            return cand if len(cand) else free[~taken[free]]
-
-        def nearest_to(pos, k: int) -> list[int]:
-            """Up to k unmeasured configs nearest ``pos`` that do not look like failures."""
-            mask = taken.copy()
-            mask[free[~feasible]] = True
-            return valid.nearest(pos, mask, k, tie_rng)
-        anchor_pos = valid.position(anchor)
-        at = np.asarray(anchor_pos, dtype=np.int16) if anchor_pos is not None else None  # its positions, as idx holds them
-        n_local = max(1, n // FIRST_NEAR_DIV) if len(ok_rows) <= 1 else min(N_LOCAL, n)
-        y_all = np.asarray(ok_y)
-        y_mu, y_sd = (float(y_all.mean()), float(y_all.std()) or 1.0) if len(y_all) else (0.0, 1.0)
-        post: list[Posterior] = []  # the pairwise model's posterior, fitted once, when first needed
-
-        def posterior() -> Posterior:
-            if not post:
-                post.append(Posterior(feats.design(np.asarray(ok_rows)), (y_all - y_mu) / y_sd, feats.prior_var,
-                                      NOISE_VAR))
-            return post[0]
-
-        # 1. The local picks: the incumbent's ring and lines best first under the model (model-free until it
-        # has MODEL_MIN points: the nearest unmeasured configs that do not look like failures). Once the
-        # best has not moved for STALE_ROUNDS rounds: a line search instead, the unmeasured configs
-        # that change ONE tunable of the incumbent to any of its values (a far value on an ordered axis
-        # can be the good one: block sizes 32, 64, 128, 256 fast, those between slow), best first under
-        # a posterior draw, predicted failures included (they are the incumbent's own line).
-        def lines() -> np.ndarray:
-            """The incumbent's unmeasured one-tunable lines, over the whole valid set (not only ``free``, a
-            sample of a large one)."""
-            on_line = (valid.idx != at).sum(axis=1) == 1
-            return np.flatnonzero(on_line & ~taken)
-
+    def _local_picks(self, r: _Round, n_local: int, stale: int) -> None:
+        """The local picks: the incumbent's ring and lines best first under the model (model-free until it has
+        MODEL_MIN points: the nearest unmeasured configs that do not look like failures). Once the best has not
+        moved for STALE_ROUNDS rounds: a line search instead, the unmeasured configs that change ONE tunable of
+        the incumbent to any of its values (a far value on an ordered axis can be the good one: block sizes 32,
+        64, 128, 256 fast, those between slow), best first under a posterior draw, predicted failures included
+        (they are the incumbent's own line)."""
+        if r.anchor_pos is None:
+            return
         line = np.zeros(0, dtype=np.int64)
-        if anchor_pos is not None and stale >= STALE_ROUNDS and len(ok_rows) >= 2 and "line" not in self.ablate:
-            line = lines()
+        if stale >= STALE_ROUNDS and len(r.ok_rows) >= 2 and "line" not in self.ablate:
+            line = r.lines()
         if len(line):
-            draw = posterior().draws(1, rng)
-            score = feats.predict(line, draw)[:, 0] + 1e-9 * rng.standard_normal(len(line))
+            draw = r.posterior().draws(1, r.rng)
+            score = r.feats.predict(line, draw)[:, 0] + 1e-9 * r.rng.standard_normal(len(line))
             for j in np.argsort(score)[:n_local]:
-                pick(int(line[j]))
-        elif anchor_pos is not None and len(ok_rows) >= MODEL_MIN and "near_rank" not in self.ablate:
+                r.pick(int(line[j]))
+        elif len(r.ok_rows) >= MODEL_MIN and "near_rank" not in self.ablate:
             # Model-guided coordinate descent: the incumbent's nearest ring (the configs as near as the
             # n_local-th nearest, up to RING_MAX of them) and its one-tunable lines (any value of one tunable: a
             # far value on an ordered axis can be the good one; not with the "line" knob off), predicted failures
             # left out, best first under the pairwise model's posterior mean.
-            ring = np.asarray(nearest_to(anchor_pos, RING_MAX), dtype=np.int64)
+            ring = np.asarray(r.nearest_to(r.anchor_pos, RING_MAX), dtype=np.int64)
             if len(ring):
-                steps = np.abs(valid.idx[ring] - at).sum(axis=1)
+                steps = np.abs(r.valid.idx[ring] - r.at).sum(axis=1)
                 ring = ring[steps <= steps[min(n_local, len(ring)) - 1]]
             if "line" not in self.ablate:
-                line = lines()
-                ring = np.union1d(ring, line[feas_all[line]])
+                line = r.lines()
+                ring = np.union1d(ring, line[r.feas_all[line]])
             if len(ring):
-                score = feats.predict(ring, posterior().mean[:, None])[:, 0]
+                score = r.feats.predict(ring, r.posterior().mean[:, None])[:, 0]
                 for j in np.argsort(score, kind="stable")[:n_local]:
-                    pick(int(ring[j]))
-        elif anchor_pos is not None:
-            for i in nearest_to(anchor_pos, n_local):
-                pick(i)
-        # 2. Until the model has a few points: space-filling random picks.
-        if len(ok_rows) < max(MODEL_MIN, ctx.n // 2):
-            cand = unmeasured()
-            k = min(n - len(picked), len(cand))
-            n_near = len(picked)
-            cover = self.stagnation_switch and not {"cover", "start_cover"} & self.ablate
-            for i in self._explore(valid, all_rows + picked, cand, k, rng, cover) if k > 0 else []:
-                pick(i)
-            picked[:] = picked[n_near:] + picked[:n_near]  # the random picks first: they cover the space
-            return finish()
-        # 3. Thompson sampling: one posterior draw per remaining proposal, its best candidate. A search that
-        # has stopped finding better configs (STALE_ROUNDS rounds) spends part of each round on exploration
-        # the pairwise model cannot do: draws from a model with three-way blocks (a combination of three
-        # values that pays only together, which the pairwise model has averaged away), and a diverse pick.
+                    r.pick(int(ring[j]))
+        else:
+            for i in r.nearest_to(r.anchor_pos, n_local):
+                r.pick(i)
+
+    def _model_picks(self, r: _Round, n: int, stale: int) -> None:
+        """The rest of a round once the model has a few points: Thompson sampling, one posterior draw per
+        remaining proposal, its best candidate. A search that has stopped finding better configs (STALE_ROUNDS
+        rounds) spends part of each round on exploration the pairwise model cannot do: draws from a model with
+        three-way blocks (a combination of three values that pays only together, which the pairwise model has
+        averaged away), and a diverse pick. The standing second local search (around the best config the model did
+        not expect: another basin) and the standing explorer come first and last."""
         explore = self.stagnation_switch and stale >= EXPLORE_AFTER and "switch" not in self.ablate
-        # A standing second local search: around the best config the model did not expect (another basin).
-        if self.stagnation_switch and SURPRISE_SLOTS and anchor_pos is not None and "surprise" not in self.ablate:
-            root = self._surprise_root(valid, posterior(), ok_rows, anchor_pos)
+        if self.stagnation_switch and SURPRISE_SLOTS and r.anchor_pos is not None and "surprise" not in self.ablate:
+            root = self._surprise_root(r.valid, r.posterior(), r.ok_rows, r.anchor_pos)
             if root is not None:
-                for i in nearest_to(tuple(valid.idx[root]), min(SURPRISE_SLOTS, n - len(picked))):
-                    pick(i)
-        s = n - len(picked)
+                for i in r.nearest_to(tuple(r.valid.idx[root]), min(SURPRISE_SLOTS, n - len(r.picked))):
+                    r.pick(i)
+        s = n - len(r.picked)
         # the standing explorer: in every round, or ("standing" switched off) once the search has stalled
         k_cover = (min(s, COVER_SLOTS) if self.stagnation_switch and "cover" not in self.ablate
                    and (explore or "standing" not in self.ablate) else 0)
         k_rand = min(s - k_cover, RANDOM_SLOTS + (stale - EXPLORE_AFTER) // RANDOM_GROWTH) if explore else 0
-        k_tri = min(TRIPLE_SLOTS, s - k_cover - k_rand) if explore and feats.triples() else 0
-        k_pair = s - k_cover - k_rand - k_tri
-
-        def thompson(model: Features, mpost: Posterior, k: int, cand: np.ndarray) -> None:
-            if k <= 0 or not len(cand):
-                return
-            pred = model.predict(cand, mpost.draws(k, rng))
-            pred += 1e-9 * rng.standard_normal(pred.shape)  # seeded tie break
-            pred[~feasible_of(cand)] += 1e6  # failures-to-be last, while anything else remains
-            for c in range(k):
-                col = pred[:, c].copy()
-                col[taken[cand]] = np.inf
-                j = int(np.argmin(col))
-                if not math.isfinite(col[j]):
-                    break
-                pick(cand[j])
-
-        def feasible_of(cand: np.ndarray) -> np.ndarray:
-            return feas_all[cand]
-
-        thompson(feats, posterior(), k_pair, free)
+        k_tri = min(TRIPLE_SLOTS, s - k_cover - k_rand) if explore and r.feats.triples() else 0
+        r.thompson(r.feats, r.posterior(), s - k_cover - k_rand - k_tri, r.free)
         if k_tri:
-            trip = feats.triples()
+            trip = r.feats.triples()
             if len(trip) > TRIPLE_BLOCKS_MAX:
-                trip = [trip[i] for i in sorted(rng.choice(len(trip), TRIPLE_BLOCKS_MAX, replace=False))]
-            ext = feats.with_triples(valid, trip, TRIPLE_PRIOR_VAR)
-            tpost = Posterior(ext.design(np.asarray(ok_rows)), (y_all - y_mu) / y_sd, ext.prior_var, NOISE_VAR)
+                trip = [trip[i] for i in sorted(r.rng.choice(len(trip), TRIPLE_BLOCKS_MAX, replace=False))]
+            ext = r.feats.with_triples(r.valid, trip, TRIPLE_PRIOR_VAR)
+            tpost = Posterior(ext.design(np.asarray(r.ok_rows)), r.y_std, ext.prior_var, NOISE_VAR)
             # Half the draws (rounded up) pick within TRIPLE_RADIUS changes of the incumbent: an interaction
             # that pays may be one the incumbent nearly has (the pairwise model priced each pair as a loss);
             # the others anywhere: one seen once, far from the incumbent, is exploited where it was seen.
-            cand = free[~taken[free]]
-            k_near = (k_tri + 1) // 2 if anchor_pos is not None else 0
+            cand = r.free[~r.taken[r.free]]
+            k_near = (k_tri + 1) // 2 if r.anchor_pos is not None else 0
             if k_near:
-                near = cand[(valid.idx[cand] != at).sum(axis=1) <= TRIPLE_RADIUS]
+                near = cand[(r.valid.idx[cand] != r.at).sum(axis=1) <= TRIPLE_RADIUS]
                 if len(near) > TRIPLE_CANDIDATES_MAX:
-                    near = np.sort(rng.choice(near, TRIPLE_CANDIDATES_MAX, replace=False))
-                thompson(ext, tpost, k_near, near)
+                    near = np.sort(r.rng.choice(near, TRIPLE_CANDIDATES_MAX, replace=False))
+                r.thompson(ext, tpost, k_near, near)
             if len(cand) > TRIPLE_CANDIDATES_MAX:
-                cand = np.sort(rng.choice(cand, TRIPLE_CANDIDATES_MAX, replace=False))
-            thompson(ext, tpost, k_tri - k_near, cand)
+                cand = np.sort(r.rng.choice(cand, TRIPLE_CANDIDATES_MAX, replace=False))
+            r.thompson(ext, tpost, k_tri - k_near, cand)
         # The explorers that no model can mislead: the three-way cover, then (a stalled search) uniform random
         # picks, which no structure biases (a lone optimum is anywhere; the cover prefers unusual configs).
         for k, cover in ((k_cover, True), (k_rand, False)):
             if k:
-                for i in self._explore(valid, all_rows + picked, unmeasured(), k, rng, cover):
-                    pick(int(i))
-        return finish()
+                for i in self._explore(r.valid, r.all_rows + r.picked, r.unmeasured(), k, r.rng, cover):
+                    r.pick(int(i))
 
     @staticmethod
     def _explore(valid: ValidSet, seen: list[int], cand: np.ndarray, k: int, rng: np.random.Generator,
@@ -905,24 +949,6 @@ class LocalPolicy:
         if not ok.any():
             return None
         return int(rows[np.flatnonzero(ok)[np.argmin(ys[ok])]])
-
-    @staticmethod
-    def _with_forecasts(valid, feats, picked, post, n_ok, y_mu, y_sd, ctx, ok_rows, ok_y):
-        """The picks as configs, each with the pairwise model's forecast of log(variant) - log(baseline):
-        the posterior mean, and the predictive sd (posterior spread of the mean plus the model's residual
-        variance ``NOISE_VAR``, in log units). None before the model has ``MODEL_MIN`` measured points."""
-        configs = [valid.config(i) for i in picked]
-        base = baseline_value(ctx)
-        if not picked or n_ok < MODEL_MIN or base is None:
-            return configs, [None] * len(picked)
-        if not post:
-            post.append(Posterior(feats.design(np.asarray(ok_rows)), (np.asarray(ok_y) - y_mu) / y_sd,
-                                  feats.prior_var, NOISE_VAR))
-        rows = np.asarray(picked)
-        mean = y_mu + y_sd * feats.predict(rows, post[0].mean[:, None])[:, 0]
-        var = y_sd ** 2 * (post[0].variance(feats.design(rows)) + NOISE_VAR)
-        lb = math.log(base)
-        return configs, [(float(m - lb), float(math.sqrt(v))) for m, v in zip(mean, var)]
 
     def _propose_sampled(self, ctx: AgentContext, anchor: dict, seed: int) -> list[dict[str, int]]:
         """Spaces too large to enumerate: one-step neighbours of the incumbent, then constrained TPE
