@@ -368,7 +368,10 @@ def make_policy(method: str, seed: int):
     if bad:
         raise ValueError(f"{method}: unknown knob {', '.join(bad)}; use {', '.join(ABLATIONS)}")
     local = LocalPolicy(seed=seed, ablate=frozenset(knobs))
-    return PortfolioPolicy(seed=seed, members=tuple(members.split("+")), local=local)  # it refuses an unknown member
+    try:
+        return PortfolioPolicy(seed=seed, members=tuple(members.split("+")), local=local)
+    except ValueError as exc:  # an unknown member
+        raise ValueError(f"{method}: {exc}") from None
 
 
 def run_local(problem: Problem, seed: int, cap: int, method: str = "local") -> tuple[list[tuple[int, ...]], float, str]:
@@ -1130,6 +1133,24 @@ def main(argv: list[str] | None = None) -> int:
     code_stamps = {m: method_stamp(m) for m in methods}
     if args.cap < 2:
         ap.error("--cap must be at least 2")
+    for m in methods:  # a local variant that names an unknown member or knob is refused here, not once per run
+        if is_local(m):
+            try:
+                make_policy(m, 0)
+            except ValueError as exc:
+                ap.error(f"--methods: {exc}")
+    strategy_map = None
+    if any(m.startswith("kt:") for m in methods):
+        try:
+            from kernel_tuner.interface import strategy_map
+        except ImportError:  # no Kernel Tuner: its methods are reported as not run
+            pass
+    unknown_kt = [m for m in methods if m.startswith("kt:") and strategy_map is not None and m[3:] not in strategy_map]
+    if unknown_kt:
+        ap.error(f"--methods {', '.join(unknown_kt)}: not a Kernel Tuner strategy; use kt:NAME, NAME one of "
+                 f"{', '.join(sorted(strategy_map))}")
+    if args.runs and (Path(args.runs).is_dir() or not Path(args.runs).resolve().parent.is_dir()):
+        ap.error(f"--runs {args.runs}: give a file (JSON lines, created when missing) in a folder that exists")
     files = [Path(f.strip()) for a in args.replay for f in a.split(",") if f.strip()] if args.replay else []
     split_of: dict[str, str] = {}
     if args.dev:

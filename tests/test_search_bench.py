@@ -462,6 +462,25 @@ def test_variant_methods_name_known_members_and_knobs():
         search.make_policy("local:local+ga-nope", 0)
 
 
+def test_the_command_line_refuses_what_no_run_could_use(tmp_path, capsys):
+    """A typo in a method, or --runs naming a folder or a file in a missing folder, stops the bench before any
+    run, with the option and the fix named (it used to fail every run, or raise IsADirectoryError at the end)."""
+    space = str(search.DEV_DIR / "pnpoly_RTX_Titan.json.gz")
+    cases = [(["--methods", "local:local+pss"], "unknown member pss"), (["--methods", "local:local-nope"], "unknown knob nope"),
+             (["--runs", str(tmp_path)], "give a file"), (["--runs", str(tmp_path / "no" / "r.jsonl")], "give a file")]
+    try:
+        import kernel_tuner  # noqa: F401
+        cases.append((["--methods", "local,kt:psoo"], "kt:psoo: not a Kernel Tuner strategy"))
+    except ImportError:
+        pass
+    for extra, says in cases:
+        with pytest.raises(SystemExit):
+            search.main(["--replay", space, "--seeds", "1", "--methods", "local", *extra])
+        err = capsys.readouterr().err
+        assert says in err and ("--methods" in err or "--runs" in err)
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_protocol_odds_apply_the_split_tables_targets_to_drawn_seeds(seed):
     """protocol_odds draws k of each method's seeds and applies the split table's targets to the medians. Drawing
