@@ -8,9 +8,17 @@ from test_agent_local import GEMM, SPEC, ctx_for, fake_row
 
 from kernel_assets.agent import policy_for
 from kernel_assets.agent.ga import GeneticAlgorithm
-from kernel_assets.agent.local import LocalPolicy, Shared, valid_set
+from kernel_assets.agent.local import EXPLORE_AFTER, LocalPolicy, Shared, valid_set
 from kernel_assets.agent.mls import MultiStartLocalSearch
-from kernel_assets.agent.portfolio import DEFAULT_MEMBERS, MEMBERS, PortfolioPolicy, allocate, member_of
+from kernel_assets.agent.portfolio import (
+    DEFAULT_MEMBERS,
+    LATE_MEMBERS,
+    MEMBERS,
+    PortfolioPolicy,
+    allocate,
+    has_stalled,
+    member_of,
+)
 from kernel_assets.agent.ps import PatternSearch
 from kernel_assets.agent.tpe import TPE
 
@@ -30,20 +38,60 @@ def test_strategy_local_runs_the_portfolio():
 
 
 def test_members_share_one_evaluated_set_no_repeats_in_space_each_with_a_forecast():
-    history, proposals = run_rounds(5)
+    rounds = 8
+    history, proposals = run_rounds(rounds)
     hashes = [r.config_hash for r in history]
-    assert len(hashes) == len(set(hashes)) == 1 + 5 * 8  # no config measured twice, whichever member
+    assert len(hashes) == len(set(hashes)) == 1 + rounds * 8  # no config measured twice, whichever member
     seen = set()
-    for p in proposals:
+    for rnd, p in enumerate(proposals, start=1):
         assert len(p.suggestions) == 8 and not p.dropped
+        stalled = has_stalled(ctx_for(history[:1 + 8 * (rnd - 1)], rnd))
         for s in p.suggestions:
             assert GEMM.space.check(s.config) is None
             assert s.expected_speedup and s.expected_speedup_low <= s.expected_speedup <= s.expected_speedup_high
             seen.add(member_of(s.variant_id))
+            assert stalled or member_of(s.variant_id) not in LATE_MEMBERS  # a late member: only after a stall
     assert all(s.variant_id.startswith("r1-local-") for s in proposals[0].suggestions)  # round 1: local's spread
+    assert has_stalled(ctx_for(history, rounds + 1))  # this smooth space is worked out within the rounds run
     assert seen == set(MEMBERS)  # every member proposed something after round 1
     assert {member_of(s.variant_id) for p in run_rounds(3, members=DEFAULT_MEMBERS)[1] for s in p.suggestions} == {
-        "local", "ga"}  # the default: TPE left out (see portfolio.DEFAULT_MEMBERS)
+        "local", "ga"}  # the default: TPE and ps left out, mls not yet (no stall in three rounds)
+
+
+def test_a_late_member_joins_once_the_best_has_not_moved_for_explore_after_rounds():
+    """``has_stalled`` reads the history alone: the sweep's best has gone EXPLORE_AFTER finished rounds without
+    improving at some point (it stays true after a later improvement). Until then a late member has no share; from
+    then on it gets its rate like the others (no yield yet: the prior's, above a member that took rounds without a
+    new best)."""
+    valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
+    cfgs = [valid.config(i) for i in range(1, 200)]
+    history = [fake_row("baseline", SPEC.baseline, 0)]
+    lat = {history[0].config_hash: 10.0}
+
+    def add(rnd: int, value, who=("local", "ga")) -> None:
+        for k in range(8):
+            row = fake_row(f"r{rnd}-{who[k % len(who)]}-{k + 1:02d}", cfgs.pop(), rnd)
+            row.measurements[0].p50_ms = lat[row.config_hash] = value(k)
+            history.append(row)
+
+    def ctx(rnd):
+        c = ctx_for(history, rnd)
+        c.objective.update(lat)
+        return c
+
+    for rnd in range(1, 1 + EXPLORE_AFTER):
+        add(rnd, lambda k, rnd=rnd: 10.0 - rnd)  # a new best every round
+        assert not has_stalled(ctx(rnd + 1)) and allocate(ctx(rnd + 1))["mls"] == 0
+    for rnd in range(1 + EXPLORE_AFTER, 1 + 2 * EXPLORE_AFTER):
+        assert not has_stalled(ctx(rnd)) and allocate(ctx(rnd))["mls"] == 0
+        add(rnd, lambda k: 50.0)  # nothing better
+    share = allocate(ctx(1 + 2 * EXPLORE_AFTER))
+    assert has_stalled(ctx(1 + 2 * EXPLORE_AFTER)) and sum(share.values()) == 8 and share["mls"] >= 1, share
+    # the late member's configs set a new best: the sweep has stalled once, so it stays in, and its yield counts
+    add(1 + 2 * EXPLORE_AFTER, lambda k: 1.0 - 0.01 * k, who=("mls",))
+    later = allocate(ctx(2 + 2 * EXPLORE_AFTER))
+    assert has_stalled(ctx(2 + 2 * EXPLORE_AFTER)) and later["mls"] > share["mls"], (share, later)
+    assert set(allocate(ctx(2 + 2 * EXPLORE_AFTER), ("local", "ga"))) == {"local", "ga"}  # not a member: no entry
 
 
 def test_deterministic_given_seed_and_history():

@@ -6,8 +6,9 @@ Members (one module each, as Kernel Tuner keeps its strategies):
   model, the incumbent's neighbours, restarts around surprising configs);
 * ``ga``: a steady-state genetic algorithm over the best measured configs (``kernel_assets.agent.ga``);
 * ``mls``: a multi-start local search (Kernel Tuner's ``greedy_mls``): climbs from random starts to local optima,
-  its polls best first under the local policy's model (``kernel_assets.agent.mls``); not in the default set (stop 45:
-  it finds a lone optimum the others miss, but over the train split it cost more than it found; figures below);
+  its polls best first under the local policy's model (``kernel_assets.agent.mls``); it joins once the sweep has
+  stalled (``LATE_MEMBERS``: it finds basins the others miss, a lone optimum among them, but before the incumbent's
+  basin is worked out its climbs cost more than they find; figures below);
 * ``ps``: a batch compass (pattern) search around the incumbent, each axis' extremes first, then finer steps
   (``kernel_assets.agent.ps``); not in the default set (stop 44: on the train split it did not earn its proposals,
   figures in bench/SEARCH.md);
@@ -24,7 +25,9 @@ The split of a round's n proposals (a bandit over the members' recent yield): a 
 discounted gain (for each of its configs that set a new best of the sweep, log(old best / new best); a round
 ``t`` rounds ago weighs ``DISCOUNT ** t``) per discounted evaluation, both with a prior (``PRIOR_GAIN`` per
 ``PRIOR_EVALS``). The proposals go by rate, largest remainder first, with no floor (``MIN_SLOTS``): a member
-whose configs stop paying falls back towards the prior and the others come back. Round 1 (the baseline alone,
+whose configs stop paying falls back towards the prior and the others come back. A member of ``LATE_MEMBERS`` has no
+share until the sweep's best has gone ``EXPLORE_AFTER`` rounds without improving (``has_stalled``), then its rate
+like the others'. Round 1 (the baseline alone,
 nothing to learn from) is the local policy's start: uniform random picks and the baseline's neighbours (the
 portfolio runs the local policy without the parts in ``LOCAL_OFF``).
 """
@@ -36,7 +39,7 @@ import re
 
 from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.agent.ga import GeneticAlgorithm
-from kernel_assets.agent.local import LocalPolicy, Shared
+from kernel_assets.agent.local import EXPLORE_AFTER, LocalPolicy, Shared
 from kernel_assets.agent.mls import MultiStartLocalSearch
 from kernel_assets.agent.ps import PatternSearch
 from kernel_assets.agent.tpe import TPE
@@ -51,14 +54,17 @@ MEMBERS = ("local", "ga", "mls", "ps", "tpe")  # every member there is
 # the best Kernel Tuner strategy's against 0.684 and 0.9695; over the fresh seeds 20-39 it was ahead (13 against
 # 11, 0.852 and 0.9751 against 0.858 and 0.9792): over all 40, 13 against 12 met, 0.791 and 0.9766 against 0.761
 # and 0.9730. ``members=("local", "ga", "ps")`` (bench method local:local+ga+ps-start_cover-standing) runs it.
-# The multi-start local search is left out too (stop 45, bench/search.py --dev all --seeds 40, cap 400): on milo
-# convolution MI50, whose optimum is a lone config (the sweep's other members end on a plateau at 1.061), its climbs
-# get within 1% of the optimum within 400 evaluations on 18 of 40 seeds against the default's 7 (Kernel Tuner's dual
-# annealing 19), but it takes 15% of the first 100 evaluations for 3% of the gain: over the train split 12 of 15 met either
-# way, every seed's evaluations to 5% and best/optimum at 100 0.785 and 0.9798 of the best Kernel Tuner strategy's
-# against the default's 0.761 and 0.9730 (test, run beside: 9 of 11 either way, 0.867 / 0.9778 against 0.860 /
-# 0.9792). ``members=("local", "ga", "mls")`` (bench method local:local+ga+mls-start_cover-standing) runs it.
-DEFAULT_MEMBERS = ("local", "ga")
+# The multi-start local search is in, from the sweep's first stall (``LATE_MEMBERS``; stop 46, bench/search.py --dev
+# all, cap 400, bench/SEARCH.md). From round 2 (stop 45) it took 15% of the first 100 evaluations for 3% of the gain:
+# over the train split, seeds 0-39, every seed's evaluations to 5% and best/optimum at 100 0.785 and 0.9798 of the
+# best Kernel Tuner strategy's against 0.761 and 0.9730 without it. Joining once the best has not moved for
+# EXPLORE_AFTER rounds (the incumbent's basin worked out, when climbs elsewhere pay), over seeds 0-39 0.746 and
+# 0.9731, 13 of 15 train spaces met against 12; over the fresh seeds 40-59 0.775 and 0.9815 against 0.802 and 0.9814,
+# 13 against 12; on milo convolution MI50, whose optimum is a lone config, within 1% of it at 400 on 19 of 40 seeds
+# against 7 (Kernel Tuner's dual annealing 19). Test, run beside: 0.849 / 0.9808 against 0.860 / 0.9792 (seeds
+# 0-39), 0.816 / 0.9753 against 0.835 / 0.9745 (40-59), 9 and 10 of 11 either way.
+DEFAULT_MEMBERS = ("local", "ga", "mls")
+LATE_MEMBERS = frozenset({"mls"})  # members that join the split once the sweep has stalled (``has_stalled``)
 DISCOUNT = 0.8  # per round: the bandit follows what pays now
 PRIOR_GAIN = 0.02  # prior gain (log units) ...
 PRIOR_EVALS = 8.0  # ... per this many evaluations, for every member
@@ -104,29 +110,49 @@ def yields(ctx: AgentContext, members=DEFAULT_MEMBERS) -> tuple[dict[str, float]
     return gain, evals
 
 
+def has_stalled(ctx: AgentContext) -> bool:
+    """Whether the sweep's best has at some point gone ``EXPLORE_AFTER`` finished rounds without improving (the
+    local policy's stagnation switch fires then too): from then on ``LATE_MEMBERS`` join the split."""
+    best_of: dict[int, float] = {}
+    for row in ctx.history:
+        v = ctx.objective.get(row.config_hash)
+        if v is not None and math.isfinite(v) and v > 0 and not row.error:
+            best_of[row.round] = min(best_of.get(row.round, math.inf), v)
+    best, since = math.inf, 0
+    for rnd in range(ctx.round):
+        v = best_of.get(rnd, math.inf)
+        best, since = (v, 0) if v < best else (best, since + 1)
+        if since >= EXPLORE_AFTER:
+            return True
+    return False
+
+
 def allocate(ctx: AgentContext, members=DEFAULT_MEMBERS) -> dict[str, int]:
     """How many of the round's ``ctx.n`` proposals each member makes."""
     n = ctx.n
     if ctx.round <= 1 or n < len(members):
         return {m: (n if m == members[0] else 0) for m in members}
-    gain, evals = yields(ctx, members)
-    rate = {m: (gain[m] + PRIOR_GAIN) / (evals[m] + PRIOR_EVALS) for m in members}
-    share = dict.fromkeys(members, MIN_SLOTS)
-    rest = n - MIN_SLOTS * len(members)
+    live = tuple(members) if has_stalled(ctx) else tuple(m for m in members if m not in LATE_MEMBERS)
+    gain, evals = yields(ctx, live)
+    rate = {m: (gain[m] + PRIOR_GAIN) / (evals[m] + PRIOR_EVALS) for m in live}
+    share = dict.fromkeys(members, 0)
+    for m in live:
+        share[m] = MIN_SLOTS
+    rest = n - MIN_SLOTS * len(live)
     total = sum(rate.values())
-    exact = {m: rest * rate[m] / total for m in members}
-    for m in members:
+    exact = {m: rest * rate[m] / total for m in live}
+    for m in live:
         share[m] += int(exact[m])
     left = n - sum(share.values())
-    for m in sorted(members, key=lambda m: (-(exact[m] - int(exact[m])), members.index(m)))[:left]:
+    for m in sorted(live, key=lambda m: (-(exact[m] - int(exact[m])), live.index(m)))[:left]:
         share[m] += 1
     return share
 
 
 class PortfolioPolicy:
-    """The local policy and the other members (the genetic algorithm; multi-start local search, pattern search and TPE
-    for comparisons) under one budget, split by a bandit (see the module docstring). ``members`` picks a subset
-    (``("local",)`` is the local policy alone), for comparisons."""
+    """The local policy and the other members (the genetic algorithm and, once the sweep has stalled, the multi-start
+    local search; pattern search and TPE for comparisons) under one budget, split by a bandit (see the module
+    docstring). ``members`` picks a subset (``("local",)`` is the local policy alone), for comparisons."""
 
     name = "local"
 
