@@ -1235,11 +1235,14 @@ def main(argv: list[str] | None = None) -> int:
         tasks = []
     sink = open(args.runs, "a") if args.runs else None
 
+    kept, before = [0], len(results)
+
     def keep(t: tuple[str, str, int, int], row: dict[str, Any]) -> None:
         results.append(row)
         if sink and "evals" in row:
             sink.write(json.dumps(dict(row, key=run_key(t))) + "\n")
             sink.flush()
+            kept[0] += 1
 
     try:
         if args.workers > 1:
@@ -1249,6 +1252,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             for t in tasks:
                 keep(t, run_task(t))
+    except KeyboardInterrupt:  # Ctrl-C: say what is kept and how to go on, not a traceback
+        done = len(results) - before
+        where = (f"{kept[0]} finished runs are kept in {args.runs}; the same command resumes and runs only the rest"
+                 if sink else "nothing is kept (with --runs FILE finished runs are kept and a rerun resumes)")
+        print(f"\ninterrupted after {done} of {len(tasks)} runs: {where}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     finally:
         if sink:
             sink.close()

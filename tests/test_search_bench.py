@@ -562,3 +562,29 @@ def test_odds_needs_the_dev_set_and_more_seeds_than_it_draws(capsys):
         with pytest.raises(SystemExit):
             search.main(argv)
         assert "--odds" in capsys.readouterr().err
+
+
+def test_ctrl_c_keeps_the_finished_runs_says_so_and_the_same_command_resumes(tmp_path):
+    """SIGINT in the middle of a benchmark: exit 130 with one line naming what is kept and how to go on (no
+    traceback); the rerun reuses every kept run and runs only the rest."""
+    import signal
+    import subprocess
+    import time
+
+    runs = tmp_path / "runs.jsonl"
+    cmd = [sys.executable, str(Path(search.__file__)), "--replay", str(search.DEV_DIR / "pnpoly_RTX_Titan.json.gz"),
+           "--seeds", "40", "--cap", "400", "--methods", "local", "--workers", "1", "--runs", str(runs)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not runs.exists() or not runs.read_text().count("\n")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    kept = runs.read_text().count("\n")
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and f"{kept} finished runs are kept in {runs}" in err, err
+    assert 1 <= kept < 40
+    done = subprocess.run(cmd[:cmd.index("--seeds") + 1] + [str(kept + 1)] + cmd[cmd.index("--seeds") + 2:],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"reused {kept} runs from {runs}; 1 to run" in done.stdout
