@@ -74,7 +74,8 @@ third between near-identical variants, these by a few per cent), and each portfo
 evaluations, of the gain and of the runs' final best. With ``--odds K`` (run more seeds than K): the chance that a
 protocol of K fresh seeds meets the targets, per space and for every space of a split at once, from bootstrap
 draws of K of each method's runs (``protocol_odds``; the issue's protocol is ten seeds), for every local and
-Kernel Tuner method (a Kernel Tuner method against the best of the three, itself drawn again among them).
+Kernel Tuner method (a Kernel Tuner method against the best of the Kernel Tuner methods run, itself drawn again
+among them).
 
 Synthetic spaces (``--synthetic DIR``): bench/synth_spaces.py writes Kernel Tuner cache files with a planted
 lone optimum, a three-way interaction, an optimum on the edge of a failure region, failures independent
@@ -954,7 +955,7 @@ def odds_report(odds: dict[str, dict[str, dict[str, Any]]], k: int) -> list[str]
         if names:
             first = odds[methods[0]].get(split, {}).get("spaces", {})
             lines += ["", f"### {split}: the chance that {k} fresh seeds meet the targets (bootstrap draws of each "
-                      "method's runs; a Kernel Tuner method against the best of the three, itself drawn again among "
+                      "method's runs; a Kernel Tuner method against the best of the Kernel Tuner methods run, itself drawn again among "
                       "them)", "", "| space | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
             for n in sorted(names, key=lambda n: (first.get(n, 2.0), n)):
                 cells = [o.get(split, {}).get("spaces", {}).get(n) for o in odds.values()]
@@ -1247,15 +1248,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.workers > 1:
             with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("fork")) as pool:
-                for t, row in zip(tasks, pool.map(run_task, tasks, chunksize=1)):
-                    keep(t, row)
+                try:
+                    for t, row in zip(tasks, pool.map(run_task, tasks, chunksize=1)):
+                        keep(t, row)
+                except KeyboardInterrupt:  # no new runs start; the pool's exit waits only for those running
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
         else:
             for t in tasks:
                 keep(t, run_task(t))
     except KeyboardInterrupt:  # Ctrl-C: say what is kept and how to go on, not a traceback
         done = len(results) - before
-        where = (f"{kept[0]} finished runs are kept in {args.runs}; the same command resumes and runs only the rest"
-                 if sink else "nothing is kept (with --runs FILE finished runs are kept and a rerun resumes)")
+        where = (f"{kept[0]} more finished runs kept in {args.runs} ({len(results) - done + kept[0]} there in all); the "
+                 "same command resumes and runs only the rest" if sink
+                 else "nothing is kept (with --runs FILE finished runs are kept and a rerun resumes)")
         print(f"\ninterrupted after {done} of {len(tasks)} runs: {where}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     finally:
@@ -1339,4 +1345,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:  # outside the runs: loading the spaces, or the report after them
+        print("\ninterrupted outside the runs (loading the spaces or writing the report); with --runs FILE every "
+              "finished run is kept there and the same command resumes",
+              file=sys.stderr, flush=True)
+        raise SystemExit(130) from None

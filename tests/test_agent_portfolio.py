@@ -17,6 +17,7 @@ from kernel_assets.agent.portfolio import (
     PortfolioPolicy,
     allocate,
     has_stalled,
+    live_members,
     member_of,
 )
 from kernel_assets.agent.ps import PatternSearch
@@ -92,6 +93,44 @@ def test_a_late_member_joins_once_the_best_has_not_moved_for_explore_after_round
     later = allocate(ctx(2 + 2 * EXPLORE_AFTER))
     assert has_stalled(ctx(2 + 2 * EXPLORE_AFTER)) and later["mls"] > share["mls"], (share, later)
     assert set(allocate(ctx(2 + 2 * EXPLORE_AFTER), ("local", "ga"))) == {"local", "ga"}  # not a member: no entry
+
+
+def test_a_late_member_waits_for_a_stall_counted_as_the_local_policy_counts_it():
+    """Before a stall a late member has no share and no place in the count that decides whether a round is split at
+    all; it proposes only for slots the others cannot fill (the genetic algorithm has no config to breed from while
+    nothing has run), so a round is never cut short, and the note says who proposed what. A sweep where nothing has
+    run stalls when the local policy's stale count says so (from the baseline's round), not a round earlier."""
+    valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
+    cfgs = [valid.config(i) for i in range(1, 60)]
+    base = fake_row("baseline", SPEC.baseline, 0)
+    base.error = "compile failed"
+    history = [base]
+    for rnd in (1, 2, 3):
+        for k in range(8):
+            row = fake_row(f"r{rnd}-{('local', 'ga')[k % 2]}-{k + 1:02d}", cfgs.pop(), rnd)
+            row.error = "run failed"
+            history.append(row)
+    for rnd in (2, 3, 4):
+        ctx = ctx_for(history[:1 + 8 * (rnd - 1)], rnd)
+        stale = rnd - 1  # the local policy's count with no best: ctx.round - 1 - 0
+        assert has_stalled(ctx) == (stale >= EXPLORE_AFTER), rnd
+        assert live_members(ctx) == (DEFAULT_MEMBERS if rnd >= 4 else ("local", "ga"))
+        share = allocate(ctx)
+        assert sum(share.values()) == 8 and (share["mls"] == 0) == (rnd < 4), (rnd, share)
+        prop = PortfolioPolicy(seed=3).propose(ctx)
+        picks = [member_of(s.variant_id) for s in prop.suggestions]
+        assert len(picks) == 8 and "ga" not in picks, (rnd, picks)  # nothing ran: nothing to breed from
+        assert picks.count("local") == share["local"] and picks.count("mls") == 8 - share["local"], (rnd, picks)
+        note = prop.notes[-1]
+        assert note.startswith(f"portfolio: local {share['local']}, ga {share['ga']}, mls {share['mls']}")
+        assert f"(proposed: local {share['local']}, mls {8 - share['local']})" in note, note
+    # two proposals a round, before a stall: the two live members split them (the late one is not counted)
+    few = ctx_for(history[:1 + 8], 2)
+    few.n = 2
+    assert allocate(few) == {"local": 1, "ga": 1, "mls": 0}
+    # a plain round (every member filled its share) has no "proposed" part
+    plain = run_rounds(3, members=DEFAULT_MEMBERS)[1]
+    assert all("proposed" not in p.notes[-1] for p in plain)
 
 
 def test_deterministic_given_seed_and_history():

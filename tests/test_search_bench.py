@@ -582,7 +582,7 @@ def test_ctrl_c_keeps_the_finished_runs_says_so_and_the_same_command_resumes(tmp
     out, err = proc.communicate(timeout=60)
     kept = runs.read_text().count("\n")
     assert proc.returncode == 130, (out, err)
-    assert "Traceback" not in err and f"{kept} finished runs are kept in {runs}" in err, err
+    assert "Traceback" not in err and f"{kept} more finished runs kept in {runs} ({kept} there in all)" in err, err
     assert 1 <= kept < 40
     done = subprocess.run(cmd[:cmd.index("--seeds") + 1] + [str(kept + 1)] + cmd[cmd.index("--seeds") + 2:],
                           capture_output=True, text=True, timeout=300)

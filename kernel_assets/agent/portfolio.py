@@ -27,7 +27,7 @@ discounted gain (for each of its configs that set a new best of the sweep, log(o
 ``PRIOR_EVALS``). The proposals go by rate, largest remainder first, with no floor (``MIN_SLOTS``): a member
 whose configs stop paying falls back towards the prior and the others come back. A member of ``LATE_MEMBERS`` has no
 share until the sweep's best has gone ``EXPLORE_AFTER`` rounds without improving (``has_stalled``), then its rate
-like the others'. Round 1 (the baseline alone,
+like the others'; before that it proposes only for slots the others cannot fill (a round is never cut short). Round 1 (the baseline alone,
 nothing to learn from) is the local policy's start: uniform random picks and the baseline's neighbours (the
 portfolio runs the local policy without the parts in ``LOCAL_OFF``).
 """
@@ -111,28 +111,35 @@ def yields(ctx: AgentContext, members=DEFAULT_MEMBERS) -> tuple[dict[str, float]
 
 
 def has_stalled(ctx: AgentContext) -> bool:
-    """Whether the sweep's best has at some point gone ``EXPLORE_AFTER`` finished rounds without improving (the
-    local policy's stagnation switch fires then too): from then on ``LATE_MEMBERS`` join the split."""
+    """Whether the sweep's best has at some point gone ``EXPLORE_AFTER`` finished rounds without improving, counted as
+    the local policy counts its stale rounds (so its stagnation switch fires at the same round; a sweep where nothing
+    has run yet counts from the baseline's round): from then on ``LATE_MEMBERS`` join the split."""
     best_of: dict[int, float] = {}
     for row in ctx.history:
         v = ctx.objective.get(row.config_hash)
         if v is not None and math.isfinite(v) and v > 0 and not row.error:
             best_of[row.round] = min(best_of.get(row.round, math.inf), v)
-    best, since = math.inf, 0
+    best, best_round = math.inf, 0
     for rnd in range(ctx.round):
         v = best_of.get(rnd, math.inf)
-        best, since = (v, 0) if v < best else (best, since + 1)
-        if since >= EXPLORE_AFTER:
+        if v < best:
+            best, best_round = v, rnd
+        elif rnd - best_round >= EXPLORE_AFTER:
             return True
     return False
 
 
+def live_members(ctx: AgentContext, members=DEFAULT_MEMBERS) -> tuple[str, ...]:
+    """The members with a say this round: all of them once the sweep has stalled, else those not in ``LATE_MEMBERS``."""
+    return tuple(members) if has_stalled(ctx) else tuple(m for m in members if m not in LATE_MEMBERS)
+
+
 def allocate(ctx: AgentContext, members=DEFAULT_MEMBERS) -> dict[str, int]:
-    """How many of the round's ``ctx.n`` proposals each member makes."""
+    """How many of the round's ``ctx.n`` proposals each member makes (a member not live this round: none)."""
     n = ctx.n
-    if ctx.round <= 1 or n < len(members):
+    live = live_members(ctx, members)
+    if ctx.round <= 1 or n < len(live):
         return {m: (n if m == members[0] else 0) for m in members}
-    live = tuple(members) if has_stalled(ctx) else tuple(m for m in members if m not in LATE_MEMBERS)
     gain, evals = yields(ctx, live)
     rate = {m: (gain[m] + PRIOR_GAIN) / (evals[m] + PRIOR_EVALS) for m in live}
     share = dict.fromkeys(members, 0)
@@ -179,7 +186,8 @@ class PortfolioPolicy:
                 if i is not None:
                     shared.own.setdefault(m, []).append(i)
             out: list[tuple[int, str]] = []
-            # each member its share, then (a member that ran out of configs) the others take the rest
+            # each member its share, then the slots a member could not fill go to whichever can, a late member included
+            # (the genetic algorithm has nothing to breed from while nothing has run): a round is never cut short
             for want in ([share[m] for m in order], [k] * len(order)):
                 for m, w in zip(order, want):
                     got = self.others[m].propose(shared, min(w, k - len(out)))
@@ -191,5 +199,9 @@ class PortfolioPolicy:
             return out
 
         prop = self.local.propose(ctx, n_own=share["local"], fill=fill if order else None)
-        prop.notes.append("portfolio: " + ", ".join(f"{m} {share[m]}" for m in self.members))
+        made = {m: sum(member_of(s.variant_id) == m for s in prop.suggestions) for m in self.members}
+        note = "portfolio: " + ", ".join(f"{m} {share[m]}" for m in self.members)
+        if any(made[m] > share[m] for m in order):  # slots another member could not fill
+            note += " (proposed: " + ", ".join(f"{m} {made[m]}" for m in self.members if made[m]) + ")"
+        prop.notes.append(note)
         return prop
