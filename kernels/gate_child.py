@@ -192,14 +192,18 @@ class _ProgramProxy:
         # program's count after is the next one's before: a count per program, not two (a scan of every
         # floating argument each; on a timed attention shape they were a quarter of a judgement)
         before = self.launch["nan_after"] or [_nan_count(t) for t in tensors]
-        t0 = time.perf_counter()
+        # CPU seconds of this process, not wall seconds: what a program costs decides how many programs a candidate
+        # runs and whether a suspicion escalates to a full run, and that must not change with the machine's load
+        # (under a second job on the same cores the wall clock doubled, fewer programs were drawn, and a cheat
+        # that skips the programs past 40 went unseen). The sandboxed child runs one thread (OMP_NUM_THREADS=1).
+        t0 = time.process_time()
         self.fn(**args)
-        self.launch["seconds"] += time.perf_counter() - t0
+        self.launch["seconds"] += time.process_time() - t0
         after = [_nan_count(t) for t in tensors]
         self.launch["nan_after"] = after
         self.launch["programs"].append([b - a for b, a in zip(before, after)])
         self.launch["pids"].append(",".join(map(str, self.builder.grid_idx)))
-        self.launch["times"].append(time.perf_counter() - t0)
+        self.launch["times"].append(time.process_time() - t0)
         return None
 
 

@@ -198,3 +198,31 @@ def test_gate_modules_have_no_import_circles_and_stay_small():
     for f in GATE_FILES:
         if f != "kregress/core/records.py":
             assert len((REPO / f).read_text().splitlines()) <= 880, f
+
+
+def test_a_sampled_programs_cost_is_cpu_time_so_load_does_not_change_what_is_sampled():
+    """How many programs a candidate's sampled run draws, and whether a suspicion escalates to a full run, follow
+    the baseline's cost per program; that cost is the child's CPU seconds, so a second job on the same cores (the
+    child waiting off the CPU, as a sleep is) leaves it, and with it the verdict, unchanged. A program that spins
+    on the CPU is charged what it spins."""
+    import time
+
+    from kernels.gate_child import _ProgramProxy
+
+    class Builder:
+        grid_idx = (0, 0, 0)
+
+    def waits() -> None:
+        time.sleep(0.3)
+
+    def spins() -> None:
+        end = time.process_time() + 0.1
+        while time.process_time() < end:
+            pass
+
+    for fn, low, high in ((waits, 0.0, 0.05), (spins, 0.09, 0.3)):
+        launch = {"tensors": [], "programs": [], "pids": [], "times": [], "sample": {(0, 0, 0)}, "seconds": 0.0,
+                  "nan_after": None}
+        _ProgramProxy(fn, launch, Builder())()
+        assert low <= launch["times"][0] <= high and low <= launch["seconds"] <= high, (fn.__name__, launch)
+        assert launch["pids"] == ["0,0,0"] and launch["programs"] == [[]]
