@@ -574,7 +574,10 @@ def test_ctrl_c_keeps_the_finished_runs_says_so_and_the_same_command_resumes(tmp
     runs = tmp_path / "runs.jsonl"
     cmd = [sys.executable, str(Path(search.__file__)), "--replay", str(search.DEV_DIR / "pnpoly_RTX_Titan.json.gz"),
            "--seeds", "40", "--cap", "400", "--methods", "local", "--workers", "1", "--runs", str(runs)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal sends it: a test run in the background (a non-interactive shell's `&`) inherits SIGINT
+    # ignored, and Python then leaves it ignored; the child restores the default first
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not runs.exists() or not runs.read_text().count("\n")):
         time.sleep(0.2)
