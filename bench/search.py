@@ -951,14 +951,15 @@ def odds_report(odds: dict[str, dict[str, dict[str, Any]]], k: int) -> list[str]
     lines: list[str] = []
     methods = list(odds)
     for split in dict.fromkeys(sp for o in odds.values() for sp in o):
-        names = sorted({n for o in odds.values() for n in o.get(split, {}).get("spaces", {})})
+        spaces = [o.get(split, {}).get("spaces", {}) for o in odds.values()]  # per method, in the columns' order
+        names = sorted({n for sp in spaces for n in sp})
         if names:
-            first = odds[methods[0]].get(split, {}).get("spaces", {})
+            first = spaces[0]
             lines += ["", f"### {split}: the chance that {k} fresh seeds meet the targets (bootstrap draws of each "
                       "method's runs; a Kernel Tuner method against the best of the Kernel Tuner methods run, itself drawn again among "
                       "them)", "", "| space | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
             for n in sorted(names, key=lambda n: (first.get(n, 2.0), n)):
-                cells = [o.get(split, {}).get("spaces", {}).get(n) for o in odds.values()]
+                cells = [sp.get(n) for sp in spaces]
                 lines.append(f"| {n.removesuffix('.json.gz')} | " + " | ".join("-" if c is None else f"{c:.0%}"
                                                                               for c in cells) + " |")
             lines.append("")
@@ -1259,7 +1260,7 @@ def main(argv: list[str] | None = None) -> int:
                 keep(t, run_task(t))
     except KeyboardInterrupt:  # Ctrl-C: say what is kept and how to go on, not a traceback
         done = len(results) - before
-        where = (f"{kept[0]} more finished runs kept in {args.runs} ({len(results) - done + kept[0]} there in all); the "
+        where = (f"{kept[0]} more finished runs kept in {args.runs} ({before + kept[0]} there in all); the "
                  "same command resumes and runs only the rest" if sink
                  else "nothing is kept (with --runs FILE finished runs are kept and a rerun resumes)")
         print(f"\ninterrupted after {done} of {len(tasks)} runs: {where}", file=sys.stderr, flush=True)

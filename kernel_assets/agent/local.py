@@ -566,7 +566,7 @@ class _Round:
         self.ok_y: list[float] = []
         self.all_rows: list[int] = []  # every measured row, in the order measured (ok and failed)
         self.picked: list[int] = []
-        self.post: list[Posterior] = []
+        self._post: Posterior | None = None  # fitted once, when first needed
         fail, ok_v = [], []
         for row in ctx.history:
             pos = valid.position(row.config)
@@ -635,10 +635,10 @@ class _Round:
 
     def posterior(self) -> Posterior:
         """The pairwise model's posterior, fitted to the rows that ran (once a round)."""
-        if not self.post:
-            self.post.append(Posterior(self.feats.design(np.asarray(self.ok_rows)), self.y_std, self.feats.prior_var,
-                                       NOISE_VAR))
-        return self.post[0]
+        if self._post is None:
+            self._post = Posterior(self.feats.design(np.asarray(self.ok_rows)), self.y_std, self.feats.prior_var,
+                                   NOISE_VAR)
+        return self._post
 
     def unmeasured(self) -> np.ndarray:
         """The free configs not yet taken that do not look like failures (all of them when none is left)."""

@@ -91,14 +91,20 @@ def member_of(variant_id: str) -> str | None:
     return m.group(1) if m and m.group(1) in MEMBERS else None
 
 
+def ran_value(ctx: AgentContext, row) -> float | None:
+    """The objective of a row that ran (finite, positive, no error); None for any other row."""
+    v = ctx.objective.get(row.config_hash)
+    return v if v is not None and math.isfinite(v) and v > 0 and not row.error else None
+
+
 def yields(ctx: AgentContext, members=DEFAULT_MEMBERS) -> tuple[dict[str, float], dict[str, float]]:
     """(discounted gain, discounted evaluations) per member, from the history in measurement order."""
     gain = dict.fromkeys(members, 0.0)
     evals = dict.fromkeys(members, 0.0)
     best = math.inf
     for row in ctx.history:
-        v = ctx.objective.get(row.config_hash)
-        ok = v is not None and math.isfinite(v) and v > 0 and not row.error
+        v = ran_value(ctx, row)
+        ok = v is not None
         m = member_of(row.variant_id) if row.round > 0 else None
         if m in gain:
             w = DISCOUNT ** max(0, ctx.round - 1 - row.round)
@@ -116,8 +122,8 @@ def has_stalled(ctx: AgentContext) -> bool:
     has run yet counts from the baseline's round): from then on ``LATE_MEMBERS`` join the split."""
     best_of: dict[int, float] = {}
     for row in ctx.history:
-        v = ctx.objective.get(row.config_hash)
-        if v is not None and math.isfinite(v) and v > 0 and not row.error:
+        v = ran_value(ctx, row)
+        if v is not None:
             best_of[row.round] = min(best_of.get(row.round, math.inf), v)
     best, best_round = math.inf, 0
     for rnd in range(ctx.round):
@@ -142,9 +148,7 @@ def allocate(ctx: AgentContext, members=DEFAULT_MEMBERS) -> dict[str, int]:
         return {m: (n if m == members[0] else 0) for m in members}
     gain, evals = yields(ctx, live)
     rate = {m: (gain[m] + PRIOR_GAIN) / (evals[m] + PRIOR_EVALS) for m in live}
-    share = dict.fromkeys(members, 0)
-    for m in live:
-        share[m] = MIN_SLOTS
+    share = {m: MIN_SLOTS if m in live else 0 for m in members}
     rest = n - MIN_SLOTS * len(live)
     total = sum(rate.values())
     exact = {m: rest * rate[m] / total for m in live}
