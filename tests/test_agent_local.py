@@ -405,12 +405,12 @@ def test_the_cover_picks_configs_with_unmeasured_three_way_cells():
     but a few), and it is deterministic given the generator's seed."""
     import numpy as np
 
-    from kernel_assets.agent.local import ValidSet, _triple_cells
+    from kernel_assets.agent.local import ValidSet, _value_cells
     from kregress.core.family import Space
 
     space = Space(params={"A": (0, 1), "B": (0, 1), "C": (0, 1), "D": (0, 1, 2, 3)})
     valid = ValidSet(space, {})
-    cells = _triple_cells(valid)
+    cells = _value_cells(valid, 3)
     assert len(cells) == 4 and sorted(n for _, n in cells) == [8, 16, 16, 16]
 
     def covered(rows) -> int:
@@ -418,8 +418,8 @@ def test_the_cover_picks_configs_with_unmeasured_three_way_cells():
 
     seen = [0]
     cand = np.arange(1, len(valid))
-    picks = LocalPolicy._explore(valid, seen, cand, 8, np.random.default_rng(7), True)
-    assert picks == LocalPolicy._explore(valid, seen, cand, 8, np.random.default_rng(7), True)
+    picks = LocalPolicy._explore(valid, seen, cand, 8, np.random.default_rng(7), 3)
+    assert picks == LocalPolicy._explore(valid, seen, cand, 8, np.random.default_rng(7), 3)
     assert len(set(picks)) == 8 and 0 not in picks
     # the first pick shares no three-way cell with the measured config (one exists: all values differ)
     assert all(ids[picks[0]] != ids[0] for ids, _ in cells)
@@ -427,8 +427,50 @@ def test_the_cover_picks_configs_with_unmeasured_three_way_cells():
     random_cover = [covered(seen + list(rng.choice(cand, 8, replace=False))) for _ in range(50)]
     assert covered(seen + picks) >= max(random_cover) and covered(seen + picks) > np.median(random_cover)
     # cover=False is plain uniform sampling without replacement
-    plain = LocalPolicy._explore(valid, seen, cand, 8, np.random.default_rng(7), False)
+    plain = LocalPolicy._explore(valid, seen, cand, 8, np.random.default_rng(7), 0)
     assert len(set(plain)) == 8 and set(plain) <= set(cand.tolist())
+
+
+def test_the_balanced_design_spreads_round_one_over_every_tunables_values():
+    """Order 1 (round 1 of the portfolio): on a full grid, k picks with k at most each tunable's unmeasured values
+    form a Latin design (no value of any tunable repeats, the measured config's included), for any seed and grid;
+    on a constrained space the picks cover at least as many (tunable, value) pairs as the best of 50 uniform draws
+    but a few; deterministic given the generator's seed."""
+    import itertools
+
+    import numpy as np
+
+    from kernel_assets.agent.local import ValidSet, _value_cells
+    from kregress.core.family import Rule, Space
+
+    for levels in ((4, 5, 6), (3, 3, 3, 8), (7, 7, 9)):
+        space = Space(params={f"p{j}": tuple(range(n)) for j, n in enumerate(levels)})
+        valid = ValidSet(space, {})
+        for seed in range(5):
+            rng = np.random.default_rng(seed)
+            seen = [int(rng.integers(len(valid)))]
+            cand = np.setdiff1d(np.arange(len(valid)), seen)
+            k = min(levels) - 1
+            picks = LocalPolicy._explore(valid, seen, cand, k, np.random.default_rng(seed), 1)
+            assert picks == LocalPolicy._explore(valid, seen, cand, k, np.random.default_rng(seed), 1)
+            rows = valid.idx[seen + picks]
+            assert all(len(set(rows[:, j].tolist())) == k + 1 for j in range(len(levels))), rows
+    # a constrained space: block sizes whose product is bounded, as thread-block limits make them
+    space = Space(params={"X": (1, 2, 4, 8, 16, 32), "Y": (1, 2, 4, 8, 16, 32), "U": (1, 2, 3, 4)},
+                  rules=(Rule("threads", "X * Y <= 64", lambda c, p, lim: c["X"] * c["Y"] <= 64),))
+    valid = ValidSet(space, {})
+    cells = _value_cells(valid, 1)
+    assert [n for _, n in cells] == [6, 6, 4]
+
+    def covered(rows) -> int:
+        return sum(len(set(ids[list(rows)].tolist())) for ids, _ in cells)
+
+    cand = np.arange(1, len(valid))
+    picks = LocalPolicy._explore(valid, [0], cand, 5, np.random.default_rng(3), 1)
+    rng = np.random.default_rng(0)
+    random_cover = [covered([0] + list(rng.choice(cand, 5, replace=False))) for _ in range(50)]
+    assert covered([0] + picks) >= np.percentile(random_cover, 90) and covered([0] + picks) > np.median(random_cover)
+    assert len(set(picks)) == 5 and 0 not in picks and set(picks) <= set(cand.tolist())
 
 
 def test_a_config_far_faster_than_the_model_predicts_becomes_a_restart_point():

@@ -322,20 +322,22 @@ def test_the_kept_tpe_study_samples_as_one_rebuilt_from_the_history():
 
 
 def test_the_portfolio_runs_the_local_policy_without_the_early_cover(monkeypatch):
-    """``LOCAL_OFF``: round 1's picks are uniform random and no cover pick is made before the search stalls;
-    the local policy on its own keeps both (the synthetic trap spaces need them)."""
+    """``LOCAL_OFF``: round 1's picks are a balanced design (each tunable's values covered, order 1), not the
+    three-way cover, and no cover pick is made before the search stalls; the local policy on its own keeps both
+    (the synthetic trap spaces need them); with ``balance`` off too, round 1 is uniform random (order 0)."""
     from kernel_assets.agent import portfolio
 
     assert PortfolioPolicy(seed=0).local.ablate == portfolio.LOCAL_OFF == {"start_cover", "standing"}
-    calls: list[tuple[int, bool]] = []
+    calls: list[tuple[int, int]] = []
     real = LocalPolicy._explore
 
-    def spy(valid, seen, cand, k, rng, cover):
-        calls.append((len(seen), cover))
-        return real(valid, seen, cand, k, rng, cover)
+    def spy(valid, seen, cand, k, rng, order):
+        calls.append((len(seen), order))
+        return real(valid, seen, cand, k, rng, order)
 
     monkeypatch.setattr(LocalPolicy, "_explore", staticmethod(spy))
-    for policy in (PortfolioPolicy, LocalPolicy):
+    uniform = lambda seed=0: PortfolioPolicy(seed, local=LocalPolicy(seed=seed, ablate=portfolio.LOCAL_OFF | {"balance"}))
+    for policy in (PortfolioPolicy, LocalPolicy, uniform):
         calls.clear()
         history = [fake_row("baseline", SPEC.baseline, 0)]
         for rnd in (1, 2):
@@ -343,6 +345,8 @@ def test_the_portfolio_runs_the_local_policy_without_the_early_cover(monkeypatch
             history += [fake_row(s.variant_id, s.config, rnd) for s in p.suggestions]
         covers = [c for _, c in calls]
         if policy is PortfolioPolicy:
-            assert calls and not any(covers), calls  # round 1 random, no standing cover in round 2
+            assert covers and set(covers) == {1}, calls  # round 1 balanced, no standing cover in round 2
+        elif policy is uniform:
+            assert covers and set(covers) == {0}, calls
         else:
-            assert covers[0] and covers.count(True) >= 2, calls  # round 1 cover, and the standing one in round 2
+            assert covers[0] == 3 and covers.count(3) >= 2, calls  # round 1 cover, and the standing one in round 2

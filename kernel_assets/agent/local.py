@@ -255,6 +255,7 @@ ABLATIONS = {
     "line": "the incumbent's one-tunable lines: the stale incumbent's line search, and the lines among the local picks",
     "cover": "the three-way cover pick (round 1's spread and the standing explorer); uniform random in round 1",
     "start_cover": "the cover in round 1 only: uniform random picks there, the standing explorer kept",
+    "balance": "round 1's balanced picks when the three-way cover is off (start_cover): uniform random there",
     "standing": "the cover pick in every round: only once the search has stalled (with the switch's picks)",
     "surprise": "the restarts around the best config the model predicted far too slow",
     "switch": "the stagnation switch's three-way model draws and uniform random picks",
@@ -350,20 +351,28 @@ class Features:
         return out
 
 
-def _triple_cells(valid: ValidSet) -> list[tuple[np.ndarray, int]]:
-    """For every three tunables of more than one value: each valid config's joint-value cell id, numbered
-    over the cells some valid config has (0..n-1), and that number n (cached on the valid set)."""
-    out = getattr(valid, "_triple_cells", None)
+def _value_cells(valid: ValidSet, order: int) -> list[tuple[np.ndarray, int]]:
+    """For every ``order`` tunables of more than one value (order 1: each tunable; 3: every triple): each valid
+    config's joint-value cell id, numbered over the cells some valid config has (0..n-1), and that number n
+    (cached on the valid set)."""
+    cache = getattr(valid, "_value_cells", None)
+    if cache is None:
+        cache = valid._value_cells = {}  # type: ignore[attr-defined]
+    out = cache.get(order)
     if out is None:
         lv = [len(v) for v in valid.values]
         active = [j for j, n in enumerate(lv) if n > 1]
         idx = valid.idx.astype(np.int64)
         out = []
-        for a, b, c in itertools.combinations(active, 3):
-            ids = (idx[:, a] * lv[b] + idx[:, b]) * lv[c] + idx[:, c]
-            present = np.bincount(ids, minlength=lv[a] * lv[b] * lv[c]) > 0
+        for group in itertools.combinations(active, order):
+            ids = np.zeros(len(idx), dtype=np.int64)
+            size = 1
+            for j in group:
+                ids = ids * lv[j] + idx[:, j]
+                size *= lv[j]
+            present = np.bincount(ids, minlength=size) > 0
             out.append(((np.cumsum(present) - 1)[ids], int(present.sum())))
-        valid._triple_cells = out  # type: ignore[attr-defined]
+        cache[order] = out
     return out
 
 
@@ -797,8 +806,9 @@ class LocalPolicy:
             cand = r.unmeasured()
             k = min(n - len(r.picked), len(cand))
             n_near = len(r.picked)
-            cover = self.stagnation_switch and not {"cover", "start_cover"} & self.ablate
-            for i in self._explore(valid, r.all_rows + r.picked, cand, k, r.rng, cover) if k > 0 else []:
+            order = (3 if self.stagnation_switch and not {"cover", "start_cover"} & self.ablate
+                     else 0 if "balance" in self.ablate else 1)
+            for i in self._explore(valid, r.all_rows + r.picked, cand, k, r.rng, order) if k > 0 else []:
                 r.pick(i)
             r.picked[:] = r.picked[n_near:] + r.picked[:n_near]
         else:
@@ -883,26 +893,27 @@ class LocalPolicy:
             r.thompson(ext, tpost, k_tri - k_near, cand)
         # The explorers that no model can mislead: the three-way cover, then (a stalled search) uniform random
         # picks, which no structure biases (a lone optimum is anywhere; the cover prefers unusual configs).
-        for k, cover in ((k_cover, True), (k_rand, False)):
+        for k, order in ((k_cover, 3), (k_rand, 0)):
             if k:
-                for i in self._explore(r.valid, r.all_rows + r.picked, r.unmeasured(), k, r.rng, cover):
+                for i in self._explore(r.valid, r.all_rows + r.picked, r.unmeasured(), k, r.rng, order):
                     r.pick(int(i))
 
     @staticmethod
     def _explore(valid: ValidSet, seen: list[int], cand: np.ndarray, k: int, rng: np.random.Generator,
-                 cover: bool) -> list[int]:
-        """``k`` exploring picks from ``cand``: uniform random (``cover`` False), or a greedy cover of
-        three-way value cells. Each pick maximises its chance of landing in a cell that pays (a combination
-        of three values), where the three tunables and their values are unknown: every triple of tunables
-        equally likely, and every cell of a triple that no measured config (or earlier pick) has equally
-        likely. That chance is, up to a constant, the sum over triples of [the pick's cell is unmeasured] /
-        (unmeasured cells of that triple). Ties in a seeded random order."""
+                 order: int) -> list[int]:
+        """``k`` exploring picks from ``cand``: uniform random (``order`` 0), or a greedy cover of the value cells
+        of every ``order`` tunables (order 3: combinations of three values; order 1: single values, a balanced
+        design, as a Latin hypercube spreads its points over every axis). Each pick maximises its chance of
+        landing in a cell that pays, where the tunables and their values are unknown: every group of tunables
+        equally likely, and every cell of a group that no measured config (or earlier pick) has equally likely.
+        That chance is, up to a constant, the sum over groups of [the pick's cell is unmeasured] / (unmeasured
+        cells of that group). Ties in a seeded random order."""
         k = min(k, len(cand))
         if k <= 0:
             return []
-        if not cover:
+        if not order:
             return [int(i) for i in rng.choice(cand, k, replace=False)]
-        cells = _triple_cells(valid)
+        cells = _value_cells(valid, order)
         seen_rows = np.asarray(seen, dtype=np.int64)
         cand = np.asarray(cand)
         cand_cells = []
