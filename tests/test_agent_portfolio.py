@@ -336,7 +336,10 @@ def test_the_portfolio_runs_the_local_policy_without_the_early_cover(monkeypatch
         return real(valid, seen, cand, k, rng, order)
 
     monkeypatch.setattr(LocalPolicy, "_explore", staticmethod(spy))
-    uniform = lambda seed=0: PortfolioPolicy(seed, local=LocalPolicy(seed=seed, ablate=portfolio.LOCAL_OFF | {"balance"}))
+
+    def uniform(seed=0):
+        return PortfolioPolicy(seed, local=LocalPolicy(seed=seed, ablate=portfolio.LOCAL_OFF | {"balance"}))
+
     for policy in (PortfolioPolicy, LocalPolicy, uniform):
         calls.clear()
         history = [fake_row("baseline", SPEC.baseline, 0)]

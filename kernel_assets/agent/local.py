@@ -64,9 +64,12 @@ per process and space) get the model-based search:
   exactly equal, so on measured evidence this never fires.
 * Round 1 (the baseline alone): cover picks first (they spread over the space), then a quarter of the
   round as the baseline's nearest valid configs; cover picks until the model has ``MODEL_MIN`` points.
-  The portfolio (``kernel_assets.agent.portfolio.LOCAL_OFF``) runs the policy with uniform random picks in
-  round 1 (``start_cover`` off) and the standing cover pick only once the search has stalled (``standing``
-  off): on the recorded train spaces they did not pay.
+  The portfolio (``kernel_assets.agent.portfolio.LOCAL_OFF``) runs the policy without the three-way cover in
+  round 1 (``start_cover`` off) and with the standing cover pick only once the search has stalled (``standing``
+  off): on the recorded train spaces they did not pay. Its round-1 picks are then a balanced design instead: a
+  greedy cover of each tunable's values (``_explore`` of order 1), so no value repeats while another of the
+  same tunable is unmeasured, as a Latin hypercube spreads its points over every axis (uniform random picks
+  with ``balance`` off too).
 * Forecasts: every proposal carries ``expected_speedup`` (baseline objective / predicted objective, the
   pairwise posterior mean of log objective) and an 80% interval (``Z80`` predictive sd: the posterior
   spread of the mean plus the model's residual variance). Before the model has ``MODEL_MIN`` points

