@@ -426,7 +426,7 @@ def test_the_cover_picks_configs_with_unmeasured_three_way_cells():
     rng = np.random.default_rng(0)
     random_cover = [covered(seen + list(rng.choice(cand, 8, replace=False))) for _ in range(50)]
     assert covered(seen + picks) >= max(random_cover) and covered(seen + picks) > np.median(random_cover)
-    # cover=False is plain uniform sampling without replacement
+    # order 0 is plain uniform sampling without replacement
     plain = LocalPolicy._explore(valid, seen, cand, 8, np.random.default_rng(7), 0)
     assert len(set(plain)) == 8 and set(plain) <= set(cand.tolist())
 

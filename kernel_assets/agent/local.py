@@ -66,10 +66,13 @@ per process and space) get the model-based search:
   round as the baseline's nearest valid configs; cover picks until the model has ``MODEL_MIN`` points.
   The portfolio (``kernel_assets.agent.portfolio.LOCAL_OFF``) runs the policy without the three-way cover in
   round 1 (``start_cover`` off) and with the standing cover pick only once the search has stalled (``standing``
-  off): on the recorded train spaces they did not pay. Its round-1 picks are then a balanced design instead: a
-  greedy cover of each tunable's values (``_explore`` of order 1), so no value repeats while another of the
-  same tunable is unmeasured, as a Latin hypercube spreads its points over every axis (uniform random picks
-  with ``balance`` off too).
+  off): on the recorded train spaces they did not pay. Its round-1 picks are then a greedy cover of each
+  tunable's values instead (``_explore`` of order 1, a balanced design): each pick the config with the most
+  unmeasured values, each weighed by 1 / (its tunable's unmeasured values), so on a full grid the picks form a
+  Latin design while there are values left (as a Latin hypercube spreads its points over every axis); a tunable
+  whose values are all measured stops counting, and on a constrained space the greedy pick may repeat one
+  tunable's value to reach new values of others. With ``balance`` off too, or ``stagnation_switch`` off,
+  uniform random picks.
 * Forecasts: every proposal carries ``expected_speedup`` (baseline objective / predicted objective, the
   pairwise posterior mean of log objective) and an 80% interval (``Z80`` predictive sd: the posterior
   spread of the mean plus the model's residual variance). Before the model has ``MODEL_MIN`` points
@@ -256,9 +259,11 @@ PRIOR_LOG_SD = 0.6
 # Parts of the search that can be switched off, for the ablations of bench/search.py (method local:...-name):
 ABLATIONS = {
     "line": "the incumbent's one-tunable lines: the stale incumbent's line search, and the lines among the local picks",
-    "cover": "the three-way cover pick (round 1's spread and the standing explorer); uniform random in round 1",
-    "start_cover": "the cover in round 1 only: uniform random picks there, the standing explorer kept",
-    "balance": "round 1's balanced picks when the three-way cover is off (start_cover): uniform random there",
+    "cover": "the three-way cover pick (round 1's spread and the standing explorer); round 1 balanced instead",
+    "start_cover": "the cover in round 1 only: balanced picks there (a cover of each tunable's values), the "
+                   "standing explorer kept",
+    "balance": "round 1's balanced picks, where the three-way cover is off (cover or start_cover): uniform random "
+               "picks there",
     "standing": "the cover pick in every round: only once the search has stalled (with the switch's picks)",
     "surprise": "the restarts around the best config the model predicted far too slow",
     "switch": "the stagnation switch's three-way model draws and uniform random picks",
@@ -809,8 +814,11 @@ class LocalPolicy:
             cand = r.unmeasured()
             k = min(n - len(r.picked), len(cand))
             n_near = len(r.picked)
-            order = (3 if self.stagnation_switch and not {"cover", "start_cover"} & self.ablate
-                     else 0 if "balance" in self.ablate else 1)
+            # the three-way cover; with it off, a cover of each tunable's values; uniform without the explorers
+            if not self.stagnation_switch or ("balance" in self.ablate and {"cover", "start_cover"} & self.ablate):
+                order = 0
+            else:
+                order = 1 if {"cover", "start_cover"} & self.ablate else 3
             for i in self._explore(valid, r.all_rows + r.picked, cand, k, r.rng, order) if k > 0 else []:
                 r.pick(i)
             r.picked[:] = r.picked[n_near:] + r.picked[:n_near]

@@ -87,7 +87,8 @@ MIN_SLOTS = 0  # proposals per round every member keeps
 # them apart (14 of 15 met against 13; every seed's evaluations to 5% and best/optimum at 100 over the best Kernel
 # Tuner strategy's 0.747 and 0.9771 against 0.737 and 0.9743; in blocks of 20 seeds 14/14, 13/11, 12/13 met), the
 # test split, looked at for this choice, met as many spaces or more and reached 5% sooner in every block (10 of 11
-# against 9; 0.730 and 0.9750 against 0.819 and 0.9780; its worst space at 100 1.059 against 1.031). ``-balance`` in a bench method name runs uniform random picks there.
+# against 9; 0.730 and 0.9750 against 0.819 and 0.9780; its worst space at 100 1.059 against 1.031). The bench
+# method local:local+ga+mls-start_cover-standing-balance runs uniform random picks there (the stop-46 default).
 LOCAL_OFF = frozenset({"start_cover", "standing"})
 _ID = re.compile(r"^r\d+-([a-z]+)-\d+")
 
