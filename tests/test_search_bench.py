@@ -386,6 +386,28 @@ def test_variants_report_gives_each_local_method_its_split_figures():
         assert f"all targets met on {rows[0 if m == 'local' else 2].split(' | ')[2]}" in table
 
 
+def test_without_kernel_tuner_runs_the_targets_are_not_judged_rather_than_missed():
+    """The targets are against Kernel Tuner's strategies: a run of local methods alone (no bench extra installed,
+    or no kt: method asked for) says the targets were not judged and how to judge them, never "met on 0 of N";
+    a split where only some spaces have Kernel Tuner runs counts the judged ones and says how many were not."""
+    def runs(q):
+        return [{"evals": [10, None], "quality": {str(b): q for b in search.BUDGETS}, "policy_s_per_round": 0.0,
+                 "policy_s_per_round_max": 0.0, "n": 400, "n_failed": 0}]
+    good = search.summarize(runs(1.0))
+    out = {"a": {"local": good, "local:local-switch": good}, "b": {"local": good, "local:local-switch": good}}
+    split_of = {"a": "test", "b": "test"}
+    report = "\n".join(search.split_report(out, split_of))
+    assert "all targets met on not judged (no Kernel Tuner runs)" in report and "0 of 2" not in report
+    assert "kt:genetic_algorithm" in report and ".[bench]" in report  # how to judge them
+    rows = [x for x in search.variants_report(out, split_of, ["local", "local:local-switch"]) if x.startswith("| local")]
+    assert rows and all("| not judged (no Kernel Tuner runs) |" in r for r in rows)
+    lines = search.check_targets(out["a"])
+    assert lines[0] == "within 2% at 400: local 1.000: yes" and "not judged" in lines[1]
+    out["a"]["kt:x"] = search.summarize(runs(1.01))  # one space judged, one not
+    report = "\n".join(search.split_report(out, split_of))
+    assert "all targets met on 1 of the 1 judged (1 without Kernel Tuner runs)" in report
+
+
 def test_runs_are_stored_under_the_code_read_before_they_ran(tmp_path, monkeypatch):
     """The policy's sources are stamped once, before anything runs: a source edited while the benchmark runs
     (the next variant being written) must not label the runs made by the code before the edit."""
