@@ -826,11 +826,11 @@ def check_targets(summary: dict[str, dict[str, Any]]) -> list[str]:
         return []
     ours = summary["local"]
     kt = {m: s for m, s in summary.items() if m.startswith("kt:") and s["seeds"]}
-    lines = []
+    q400 = ours["quality"]["400"]
+    within = f"within 2% at 400: local {q400:.3f}: {'yes' if q400 <= 1.02 else 'no'}"
     if not kt:
-        q400 = ours["quality"]["400"]
-        return [f"within 2% at 400: local {q400:.3f}: {'yes' if q400 <= 1.02 else 'no'}",
-                f"the targets against Kernel Tuner: not judged, {NO_KT}"]
+        return [within, f"the targets against Kernel Tuner: not judged, {NO_KT}"]
+    lines = []
     for b in ("100", "400"):
         ql = round(ours["quality"][b], 3)
         wins, ties, losses = [], [], []
@@ -839,8 +839,7 @@ def check_targets(summary: dict[str, dict[str, Any]]) -> list[str]:
             (wins if ql < qk else ties if ql == qk else losses).append(m[3:])
         lines.append(f"best/optimum at {b}: local {ql:.3f}; lower than: {', '.join(wins) or '-'}; "
                      f"tie: {', '.join(ties) or '-'}; higher than: {', '.join(losses) or '-'}")
-    q400 = ours["quality"]["400"]
-    lines.append(f"within 2% at 400: local {q400:.3f}: {'yes' if q400 <= 1.02 else 'no'}")
+    lines.append(within)
     reached = {m: s for m, s in kt.items() if s["reached_1"]}
     if reached:
         mine = ours["evals_to_1"] if ours["evals_to_1"] is not None else math.inf
@@ -1142,7 +1141,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1 or args.first_seed < 0:
         ap.error(f"--seeds {args.seeds} --first-seed {args.first_seed}: need at least one seed, from 0 up")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.odds is not None and not any(m.startswith("kt:") for m in methods):
+    with_kt = any(m.startswith("kt:") for m in methods)
+    if args.odds is not None and not with_kt:
         ap.error(f"--odds {args.odds}: the targets are against Kernel Tuner's strategies; add kt: methods to --methods "
                  "(e.g. kt:genetic_algorithm,kt:pso,kt:dual_annealing)")
     if args.odds is not None and not (args.dev and 1 <= args.odds < args.seeds):
@@ -1164,7 +1164,7 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 ap.error(f"--methods: {exc}")
     strategy_map = None
-    if any(m.startswith("kt:") for m in methods):
+    if with_kt:
         try:
             from kernel_tuner.interface import strategy_map
         except ImportError:  # no Kernel Tuner: its methods are reported as not run
@@ -1216,7 +1216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = None
     kt_error = None
-    if any(m.startswith("kt:") for m in methods):
+    if with_kt:
         if dist_version("kernel_tuner") is None:
             kt_error = "kernel_tuner is not installed (the bench extra: pip install 'kernel_tuner>=1.5')"
         else:
@@ -1227,7 +1227,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seeds {seeds[0]}..{seeds[-1]}, cap {args.cap} evaluations, {N_PER_ROUND} proposals/round for local, "
           f"{args.workers} worker process(es); "
           + (f"{versions(KT_LIBS)} (Kernel Tuner in simulation mode, recorded failures in its space)"
-             if any(m.startswith("kt:") for m in methods) else f"{versions(LOCAL_LIBS)}; no Kernel Tuner strategy"),
+             if with_kt else f"{versions(LOCAL_LIBS)}; no Kernel Tuner strategy"),
           flush=True)
 
     tasks = [(p, m, s, args.cap) for p in _PROBLEMS for m in methods for s in seeds

@@ -815,10 +815,12 @@ class LocalPolicy:
             k = min(n - len(r.picked), len(cand))
             n_near = len(r.picked)
             # the three-way cover; with it off, a cover of each tunable's values; uniform without the explorers
-            if not self.stagnation_switch or ("balance" in self.ablate and {"cover", "start_cover"} & self.ablate):
+            if not self.stagnation_switch:
                 order = 0
+            elif not {"cover", "start_cover"} & self.ablate:
+                order = 3
             else:
-                order = 1 if {"cover", "start_cover"} & self.ablate else 3
+                order = 0 if "balance" in self.ablate else 1
             for i in self._explore(valid, r.all_rows + r.picked, cand, k, r.rng, order) if k > 0 else []:
                 r.pick(i)
             r.picked[:] = r.picked[n_near:] + r.picked[:n_near]
