@@ -550,3 +550,54 @@ def test_local_picks_are_model_guided_coordinate_descent():
             assert first in cands, (name, first, best)  # on a line of the incumbent, or one step from it
             ranks[name].append(order.index(lat(first)) / len(order))
     assert np.mean(ranks["ranked"]) < 0.25 and np.mean(ranks["ranked"]) < 0.5 * np.mean(ranks["model-free"]), ranks
+
+
+def test_how_slow_a_slow_outlier_is_does_not_move_the_search():
+    """The models cap measured log objectives at the upper Tukey fence (third quartile + 1.5 x the interquartile
+    range), as Ax's automatic winsorization does for an objective to minimise: a config far slower than the rest
+    (a tile of one, a spilling kernel) says "slow", and how slow must not tilt the fit of the region that matters.
+    The class: random additive spaces and random histories with one slow outlier; making the outlier slower still
+    (x3, x30) leaves every proposal and every forecast of the round as it was. With the cap off ("winsor"), the
+    same change moves the round's picks in some of the cases (the property is the cap's, not the space's)."""
+    import random
+
+    import numpy as np
+
+    from kernel_assets.agent.local import slow_fence
+    from kregress.core.family import Family, Space
+
+    space = Space(params={"X": tuple(range(8)), "Y": tuple(range(8)), "Z": (0, 1, 2), "W": (0, 1)})
+    fam = Family(name="additive", space=space, shape_keys=("M",), headline_metric="tflops")
+    every = [{"X": x, "Y": y, "Z": z, "W": w} for x in range(8) for y in range(8) for z in range(3) for w in range(2)]
+    moved = 0
+    for case in range(12):
+        rs = np.random.default_rng(100 + case)
+        eff = {k: rs.normal(0, 0.4, len(v)) for k, v in space.params.items()}
+        picks = random.Random(case).sample(every, 17)
+        lat = [float(math.exp(sum(eff[k][c[k]] for k in c))) for c in picks]
+        y = np.log(lat)
+        fence = slow_fence(y)
+        assert fence >= np.percentile(y, 75)  # never below the third quartile: the fast half is never touched
+        slow = int(np.argsort(y)[-2])  # the second slowest (not the baseline's own row 0 by construction below)
+        slow = slow if slow != 0 else int(np.argsort(y)[-3])
+
+        def round_for(factor, ablate=(), lat=lat, slow=slow, fence=fence, picks=picks, case=case):
+            vals = list(lat)
+            vals[slow] = math.exp(fence) * factor  # beyond the fence either way
+            rows = []
+            for i, (c, v) in enumerate(zip(picks, vals)):
+                m = Measurement(shape="1", samples_ms=[v], p20_ms=v, p50_ms=v, p80_ms=v, tflops=1, gbps=1,
+                                evidence="replay", device="x", torch_version="n/a", triton_version="n/a")
+                rows.append(VariantResult(variant_id="baseline" if i == 0 else f"r1-local-{i:02d}", round=min(i, 1),
+                                          source="local", config=c, config_hash=config_hash(c), measurements=[m],
+                                          evidence="replay", backend="replay"))
+            spec = SPEC.model_copy(update={"baseline": picks[0]})
+            ctx = AgentContext(spec=spec, family=fam, round=2, n=8, history=rows,
+                               objective={r.config_hash: r.measurements[0].p50_ms for r in rows},
+                               profile_summary="", failures=[])
+            return [(s.config, s.expected_speedup) for s in LocalPolicy(seed=case, ablate=ablate).propose(ctx).suggestions]
+
+        assert round_for(3.0) == round_for(30.0), case
+        off3, off30 = round_for(3.0, ("winsor",)), round_for(30.0, ("winsor",))
+        moved += [c for c, _ in off3] != [c for c, _ in off30]
+    assert moved >= 6, moved
