@@ -10,13 +10,7 @@ per process and space) get the model-based search:
 * A model of the shape of the space: Bayesian linear regression of log(objective) on second-order
   features of each config's ordinal positions (one-hot main effects, ordinal trends, pairwise
   interactions; see ``Features``), fitted to every row that ran. Its Gaussian posterior is exact and
-  cheap (``Posterior``: a Cholesky factor in the smaller of features and rows). The log objectives it is fitted
-  to are capped at their upper Tukey fence (third quartile + 1.5 x the interquartile range, ``slow_fence``; Ax's
-  Winsorize transform caps an objective to minimise the same way when left to choose its own cutoffs): a config far slower than the rest (a tile of one, a
-  spilling kernel; a tile size of 1 on KTT pnpoly runs 4.5x slower than the optimum) says "slow", and how slow
-  must not tilt the fit of the region the search is after. Over 60 seeds of the train split the cap met 15 of 15
-  spaces against 14 and was ahead in every block of 20 seeds on both every-seed figures (bench/SEARCH.md, stop
-  48); the knob ``winsor`` turns it off.
+  cheap (``Posterior``: a Cholesky factor in the smaller of features and rows).
 * A model of failures: the same features, regressed on "this row failed" (a recorded failure, a
   failed compile or run, or a constraint broken: registers, spills, shared memory). A failure
   teaches where the feasible region ends: candidates whose predicted failure chance is above
@@ -273,8 +267,6 @@ ABLATIONS = {
     "standing": "the cover pick in every round: only once the search has stalled (with the switch's picks)",
     "surprise": "the restarts around the best config the model predicted far too slow",
     "switch": "the stagnation switch's three-way model draws and uniform random picks",
-    "winsor": "the cap on slow outliers: the models fit every measured log objective as it is, not capped at the "
-              "upper Tukey fence",
     "near_rank": "the local picks model-free: the incumbent's nearest configs, ties in a seeded random order (no "
                  "one-tunable line, no ranking by the model's posterior mean)",
 }
@@ -575,14 +567,6 @@ class Shared:
 Fill = Callable[[Shared, int], list[tuple[int, str]]]
 
 
-def slow_fence(y: np.ndarray) -> float:
-    """The upper Tukey fence of the measured log objectives (third quartile + 1.5 x the interquartile range), where
-    the models cap them: what lies beyond is slow, and how slow does not matter to a search for the fastest."""
-    q1 = float(np.percentile(y, 25, method="lower"))
-    q3 = float(np.percentile(y, 75, method="higher"))
-    return q3 + 1.5 * (q3 - q1)
-
-
 class _Round:
     """One round of the enumerated search: what the history says (which rows are taken, which ran and their log
     objectives, which failed), the features, the candidates (a seeded sample of a large valid set), the failure
@@ -590,7 +574,7 @@ class _Round:
     the picks so far. Built from the history alone, so a round is the same whenever it is rebuilt."""
 
     def __init__(self, ctx: AgentContext, valid: ValidSet, anchor: dict, bad: set[str], base_seed: int,
-                 notes: list[str], winsor: bool = True):
+                 notes: list[str]):
         self.ctx, self.valid, self.seed = ctx, valid, int(base_seed)
         self.rng = np.random.default_rng([abs(int(base_seed)), int(ctx.round), 0x10CA1])
         self.tie_rng = random.Random(int(self.rng.integers(2**31)))
@@ -637,8 +621,6 @@ class _Round:
         # the incumbent's positions, as idx holds them
         self.at = np.asarray(self.anchor_pos, dtype=np.int16) if self.anchor_pos is not None else None
         y_all = np.asarray(self.ok_y)
-        if winsor and len(y_all) >= MODEL_MIN:
-            y_all = np.minimum(y_all, slow_fence(y_all))
         self.y_mu, self.y_sd = (float(y_all.mean()), float(y_all.std()) or 1.0) if len(y_all) else (0.0, 1.0)
         self.y_std = (y_all - self.y_mu) / self.y_sd  # the standardised log objectives the models are fitted to
 
@@ -821,7 +803,7 @@ class LocalPolicy:
         that picked each. In order: the local picks around the incumbent (``_local_picks``); until the model has
         a few points, random picks; from then on the model's picks (``_model_picks``); the other members last."""
         notes = notes if notes is not None else []
-        r = _Round(ctx, valid, anchor, bad, base_seed, notes, winsor="winsor" not in self.ablate)
+        r = _Round(ctx, valid, anchor, bad, base_seed, notes)
         n = ctx.n if n_own is None else min(n_own, ctx.n)
         if r.exhausted:
             return [], [], []
