@@ -3,7 +3,7 @@
 For each built-in Triton family this generates mutants of the family's kernel source by AST operators (never
 by hand): drop or flip a mask term, off-by-one in a bound or an offset, skip the first or last iteration of a
 loop, swap two index expressions, replace a scale by 1, store to a shifted row, skip work for some program
-ids or for large sizes. Every mutant is a unified diff against the family's editable region, judged as a
+ids or for large sizes, map the program ids past a count onto those below it. Every mutant is a unified diff against the family's editable region, judged as a
 patch by ``kregress judge``'s code path (one judgement per family: one baseline, one set of secret cases
 shared by its mutants). A mutant is killed when the gate says REGRESS (any cause but ``slower``) or
 NEEDS_REVIEW ``precision`` / ``implausible``; anything else survives.
@@ -246,9 +246,12 @@ def _expr_sites(fn: ast.FunctionDef, consts: dict) -> list[_Site]:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and not isinstance(node.right, ast.Constant) \
                 and not isinstance(node.left, ast.Constant):
             sites.append(_Site("swap_operands", node, u(ast.BinOp(left=node.right, op=ast.Sub(), right=node.left))))
-        # program ids: swap axes
+        # program ids: swap axes; map the ids past a count onto those below it (a program then computes and
+        # writes another program's tile, with the right values: the tiles past the count are left to nobody)
         if _is_tl_call(node, "program_id") and node.args and isinstance(node.args[0], ast.Constant):
             ax = node.args[0].value
+            sites.append(_Site("wrap_program_ids", node, f"({u(node)} % 40)"))
+            sites.append(_Site("clamp_program_ids", node, f"tl.minimum({u(node)}, 39)"))
             for other in (0, 1, 2):
                 if other != ax:
                     sites.append(_Site("swap_program_axis", node, f"tl.program_id({other})"))

@@ -15,6 +15,10 @@ DISTRIBUTIONS = ("normal", "uniform", "large", "outliers")
 GATE_PARAM_PREFIX = "_gate"
 INPUTS_AS_MADE = "_gate_inputs_as_made"
 STRETCH_BUDGET_S = 1.5  # interpreter seconds of the baseline a stretched shape may take
+WIDER_MIN_PROGRAMS = 64  # a grid axis grown past the timed launches has at least this many programs (see wider_shapes)
+WIDER_MAX_PROGRAMS = 4096  # ... and the programs of a wider shape stay within this (a full run, if suspected, is affordable)
+WIDER_MAX_FLOPS = 2e9  # ... and its float64 reference within ~1 s of the CPU
+WIDER_PARTS = 2  # wider cases at most: where growing every grid axis at once is too large, one axis each
 LARGE_SCALE = 8.0  # "large magnitudes": x8 keeps an fp16 GEMM of K <= 1024 far from overflow
 OUTLIER_SCALE = 16.0
 OUTLIER_FRACTION = 0.01
@@ -164,6 +168,7 @@ def _axis_picks(n: int, rng: Any) -> list[int]:
     return picks
 
 
+UPPER_PICKS = 8  # programs per axis of a wider shape's sampled run (see upper_slots)
 SLOT_ALTERNATIVES = 4  # programs tried for a structured pick that the baseline's run shows idle
 UNIFORM_MAX = 32  # uniform working programs a candidate's sampled run adds on a grid of 2+ varying axes, as far as UNIFORM_BUDGET_S allows
 UNIFORM_BUDGET_S = 2.0  # interpreter seconds of the baseline's working programs those may cost a candidate
@@ -217,6 +222,27 @@ def program_slots(grid: tuple[int, int, int], rng: Any) -> list[list[tuple[int, 
     return slots
 
 
+def upper_slots(grid: tuple[int, int, int], rng: Any) -> list[list[tuple[int, int, int]]]:
+    """The picks of a sampled run of a wider shape (``wider_shapes``): the first and the last program, and
+    on every axis ``UPPER_PICKS`` coordinates from its upper half, the others drawn at random; alternatives as
+    in ``program_slots``. A wider shape grows an axis four times or more past the timed launches, so these
+    are program ids no spec shape reaches: one of them writing elsewhere than the baseline's, or nothing,
+    shows a kernel that maps or skips the ids past a count."""
+    nx, ny, nz = grid
+    slots: list[list[tuple[int, int, int]]] = [[(0, 0, 0)], [(nx - 1, ny - 1, nz - 1)]]
+    for axis, n in enumerate(grid):
+        if n <= 1:
+            continue
+        for v in rng.sample(range(n // 2, n), min(UPPER_PICKS, n - n // 2)):
+            alts = []
+            for _ in range(SLOT_ALTERNATIVES):
+                p = [rng.randrange(nx), rng.randrange(ny), rng.randrange(nz)]
+                p[axis] = v
+                alts.append(tuple(p))
+            slots.append(list(dict.fromkeys(alts)))
+    return slots
+
+
 def sample_programs(grid: tuple[int, int, int], rng: Any) -> set[tuple[int, int, int]]:
     """The first choice of every slot of ``program_slots``: what a sampled run executes where nothing is
     known about which programs do work."""
@@ -246,6 +272,35 @@ def choose_programs(slots: list[list[tuple]], pool: list[tuple], wrote: dict[tup
     return sorted(set(out))
 
 
+def _nan_mask(t: Any) -> tuple[Any, int]:
+    """(where ``t`` holds NaN, how many): the mask is None for a tensor that is not floating."""
+    import torch
+
+    if not t.is_floating_point():
+        return None, 0
+    with torch.utils._python_dispatch._disable_current_modes():
+        mask = torch.isnan(t)
+        return mask, int(mask.count_nonzero())  # 4x the speed of .sum()
+
+
+def _written_where(before: tuple[Any, int], after: tuple[Any, int]) -> str:
+    """Which elements a program turned from NaN into a value, as a digest of their flat indices ("" for
+    none): two programs that wrote the same elements have the same digest, whatever the values. Where a
+    program writes is what its id must decide as the baseline's does; a count alone cannot show a program
+    that writes another program's tile (``pid % 40``: every sampled program writes a full tile, and the
+    tiles past 40 are left to nobody)."""
+    import hashlib
+
+    import torch
+
+    (mb, nb), (ma, na) = before, after
+    if mb is None or nb == na:
+        return ""
+    with torch.utils._python_dispatch._disable_current_modes():
+        idx = (mb & ~ma).reshape(-1).nonzero().reshape(-1).to(torch.int64)
+        return hashlib.blake2b(idx.numpy().tobytes(), digest_size=8).hexdigest()
+
+
 def _launch_grids(family: Any, shape: dict, config: dict, dtype: Any, params: dict) -> list[tuple]:
     """The grids the entry point launches on ``shape`` (interpreter mode; nothing runs)."""
     from triton.runtime import interpreter as interp
@@ -265,6 +320,15 @@ def _launch_grids(family: Any, shape: dict, config: dict, dtype: Any, params: di
     return grids
 
 
+def _grids_or_none(family: Any, shape: dict, config: dict, dtype: Any, params: dict) -> list[tuple] | None:
+    """``_launch_grids``, None where the family refuses the shape (its ``check_shape`` or its wrapper: an
+    attention head_dim the spec's params do not list passes the one and not the other)."""
+    try:
+        return _launch_grids(family, shape, config, dtype, params) if family.check_shape(shape) is None else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def wide_shape(family: Any, timed: dict, correctness: list[dict], config: dict, dtype: Any, params: dict) -> dict | None:
     """``timed`` with every dimension that does not change the baseline's launch grids cut to its smallest
     (1, else the smallest checked value): every program of the timed launch, the least work per program.
@@ -277,10 +341,103 @@ def wide_shape(family: Any, timed: dict, correctness: list[dict], config: dict, 
     for k in [k for k in family.shape_keys if k not in kept]:
         for v in sorted({1, min(s[k] for s in correctness)}):
             trial = {**shape, k: v}
-            if v < shape[k] and family.check_shape(trial) is None and _launch_grids(family, trial, config, dtype, params) == target:
+            if v < shape[k] and _grids_or_none(family, trial, config, dtype, params) == target:
                 shape = trial
                 break
     return None if shape == timed else shape
+
+
+def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config: dict, dtype: Any, params: dict,
+                 factor: int, rng: Any) -> list[dict]:
+    """Shapes that launch more programs than any timed shape on every grid axis a dimension can grow, each
+    program with the least work, in order of preference. From the least work: every dimension but the
+    structure (``structure_keys``) at its smallest checked value; then per grid axis one dimension that grows
+    it (drawn from ``rng``; a reduction only where nothing else grows that axis), doubled until the axis has
+    ``factor`` times the programs of the timed launches' and ``WIDER_MIN_PROGRAMS`` or more, then set to an
+    odd prime past that. All of them at once, or one at a time (each a case of its own) where all at once is
+    past ``WIDER_MAX_PROGRAMS`` programs or ``WIDER_MAX_FLOPS``; a shape past those alone is left out. The
+    spec's shapes cap the program ids a check reaches; a kernel that maps the ids past a count onto those below
+    it (``pid % 40``, ``min(pid, 39)``) or skips them is right on every one of them and wrong here. Empty
+    when no dimension grows the grid."""
+    seen: dict[tuple, list[tuple] | None] = {}
+
+    def grids(shape: dict) -> list[tuple] | None:
+        key = tuple(sorted(shape.items()))
+        if key not in seen:
+            seen[key] = _grids_or_none(family, shape, config, dtype, params)
+        return seen[key]
+
+    def programs(g: list[tuple]) -> int:
+        return sum(math.prod(x) for x in g)
+
+    tops = [g for g in (grids(s) for s in timed) if g is not None]
+    fixed = set(getattr(family, "structure_keys", ()))
+    reductions = set(getattr(family, "reduction_keys", ()))
+    keys = [k for k in family.shape_keys if k not in fixed]
+    shape = dict(max(timed, key=lambda s: programs(grids(s) or [])))
+    for k in keys:
+        for v in sorted({1, min(s[k] for s in correctness)}):
+            if v < shape[k] and grids({**shape, k: v}) is not None:
+                shape = {**shape, k: v}
+                break
+    base = grids(shape)
+    if base is None or not tops:
+        return []
+
+    def want(i: int, a: int) -> int:  # the programs an axis must reach
+        top = max((t[i][a] for t in tops if i < len(t) and a < len(t[i])), default=1)
+        return max(factor * top, WIDER_MIN_PROGRAMS)
+
+    grows: dict[str, set] = {}
+    for k in keys:  # probes past a tile (a dimension cut to 1 grows no grid when doubled), within the family's bounds
+        for probe in (2 * shape[k] + 2 * tile_size(family), shape[k] + tile_size(family), 2 * shape[k]):
+            g = grids({**shape, k: probe})
+            if g is not None and len(g) == len(base) and programs(g) > programs(base):
+                grows[k] = {(i, a) for i, (x, y) in enumerate(zip(g, base)) for a in range(len(x)) if x[a] > y[a]}
+                break
+    order = [k for k in rng.sample(keys, len(keys)) if k not in reductions] + [k for k in keys if k in reductions]
+    parts: list[dict[str, int]] = []  # per axis set: the dimensions grown for it and their values
+    covered: set = set()
+    for k in order:
+        axes = grows.get(k, set()) - covered
+        if not axes:
+            continue
+        covered |= grows[k]
+        part: dict[str, int] = {}
+        # the drawn dimension, then any other (the rows of MLA are the heads times the queries: each alone is capped)
+        for j in [k] + [j for j in order if j != k and j not in covered_keys(parts)]:
+            now = grids({**shape, **part})
+            if now is None or all(now[i][a] >= want(i, a) for i, a in axes):
+                break
+            v = last = shape[j]
+            for _ in range(24):  # doubled until the axes have their programs or the family refuses the size
+                v *= 2
+                g = grids({**shape, **part, j: v})
+                if g is None:
+                    break
+                last = v
+                if all(g[i][a] >= want(i, a) for i, a in axes):
+                    break
+            odd = [o for o in (_odd_near(last, set(), below=False, rng=rng), _odd_near(last, set(), below=True, rng=rng))
+                   if grids({**shape, **part, j: o}) is not None]
+            g = grids({**shape, **part, j: odd[0] if odd else last})
+            if last > shape[j] and g is not None and any(g[i][a] > now[i][a] for i, a in axes):
+                part[j] = odd[0] if odd else last
+        if part:
+            parts.append(part)
+
+    def cheap(trial: dict) -> bool:
+        g = grids(trial)
+        return g is not None and programs(base) < programs(g) <= WIDER_MAX_PROGRAMS and family.flops(trial, params) <= WIDER_MAX_FLOPS
+
+    every = {**shape, **{k: v for part in parts for k, v in part.items()}}
+    if len(parts) > 1 and cheap(every):
+        return [every]
+    return [t for t in ({**shape, **part} for part in parts) if cheap(t)]
+
+
+def covered_keys(parts: list[dict[str, int]]) -> set[str]:
+    return {k for part in parts for k in part}
 
 
 def _primes_upto(n: int) -> list[int]:
@@ -421,9 +578,13 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
         # and every program of each timed launch with the least work each (see wide_shape): a launch that
         # skips programs past a count, or maps them onto the same tiles, leaves part of the output unwritten
         groups += [{"kind": "wide", "shapes": [], "wide_of": s} for s in timed]
+        # and past the timed launches: more programs than any spec shape launches (see wider_shapes), sampled
+        factor, draw = rng.choice((4, 6, 8)), rng.randrange(1, 2**31)  # one draw for both parts
+        groups += [{"kind": "wider", "shapes": [], "wider_of": list(timed), "part": part, "sample": True, "factor": factor, "draw": draw}
+                   for part in range(WIDER_PARTS)]
     out = []
     for i, g in enumerate(groups):
-        if not g["shapes"] and not g.get("wide_of"):
+        if not g["shapes"] and not g.get("wide_of") and not g.get("wider_of"):
             continue
         d1, d2 = DISTRIBUTIONS[i % len(DISTRIBUTIONS)], DISTRIBUTIONS[(i + 1) % len(DISTRIBUTIONS)]
         if g.get("as_made"):

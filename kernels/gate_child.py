@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import random
 import threading
 import time
 from typing import Any, Callable
@@ -24,6 +25,8 @@ from kernels.gate_cases import (
     UNIFORM_BUDGET_S,
     UNIFORM_MAX,
     UNIFORM_POOL,
+    _nan_mask,
+    _written_where,
     choose_programs,
     poison_buffers,
     program_slots,
@@ -31,7 +34,9 @@ from kernels.gate_cases import (
     several_axes,
     transform_inputs,
     uniform_programs,
+    upper_slots,
     wide_shape,
+    wider_shapes,
 )
 from kernels.gate_compare import _error_fractions, base_writes, sampled_problems
 from kernels.gate_compile import _job_compile
@@ -191,7 +196,7 @@ class _ProgramProxy:
         # the programs of a launch run one after another and nothing else writes between them, so one
         # program's count after is the next one's before: a count per program, not two (a scan of every
         # floating argument each; on a timed attention shape they were a quarter of a judgement)
-        before = self.launch["nan_after"] or [_nan_count(t) for t in tensors]
+        before = self.launch["nan_after"] or [_nan_mask(t) for t in tensors]
         # CPU seconds of this process, not wall seconds: what a program costs decides how many programs a candidate
         # runs and whether a suspicion escalates to a full run, and that must not change with the machine's load
         # (under a second job on the same cores the wall clock doubled, fewer programs were drawn, and a cheat
@@ -199,19 +204,13 @@ class _ProgramProxy:
         t0 = time.process_time()
         self.fn(**args)
         self.launch["seconds"] += time.process_time() - t0
-        after = [_nan_count(t) for t in tensors]
+        after = [_nan_mask(t) for t in tensors]
         self.launch["nan_after"] = after
-        self.launch["programs"].append([b - a for b, a in zip(before, after)])
+        self.launch["programs"].append([b[1] - a[1] for b, a in zip(before, after)])
+        self.launch["where"].append([_written_where(b, a) for b, a in zip(before, after)])
         self.launch["pids"].append(",".join(map(str, self.builder.grid_idx)))
         self.launch["times"].append(time.process_time() - t0)
         return None
-
-
-def _nan_count(t: Any) -> int:
-    import torch
-
-    with torch.utils._python_dispatch._disable_current_modes():
-        return int(torch.isnan(t).count_nonzero()) if t.is_floating_point() else 0  # 4x the speed of .sum()
 
 
 class _ProgramSampler:
@@ -243,7 +242,7 @@ class _ProgramSampler:
             def __call__(ex, *args_dev: Any, **kwargs: Any) -> Any:  # noqa: N805
                 tensors = [t for t in list(args_dev) + list(kwargs.values()) if torch.is_tensor(t)]
                 launch = {"tensors": tensors, "programs": [], "pids": [], "times": [], "grid": 0, "dims": (0, 0, 0),
-                          "sample": set(), "seconds": 0.0, "nan_after": None}
+                          "sample": set(), "seconds": 0.0, "nan_after": None, "where": []}
                 sampler.launches.append(launch)
                 real = ex.fn
                 ex.fn = _ProgramProxy(real, launch, builder)
@@ -283,6 +282,7 @@ class _ProgramSampler:
                     if idx:
                         entry["launches"].append({"grid": launch["grid"],
                                                   "filled": [sum(p[i] for i in idx) for p in launch["programs"]],
+                                                  "where": ["|".join(w[i] for i in idx) for w in launch["where"]],
                                                   "pids": list(launch["pids"])})
             per_out.append(entry)
         full = sum(la["seconds"] / max(1, len(la["programs"])) * la["grid"] for la in self.launches)
@@ -531,7 +531,7 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
                     return inputs, ref, out, run_ops, res["sample"][:200] or "NaN/Inf", [atol, rtol]
         return inputs, ref, out, run_ops, None, [atol, rtol]
 
-    sampled = [g for g in job["groups"] if g.get("sample") and not g.get("wide_of")]
+    sampled = [g for g in job["groups"] if g.get("sample") and g["shapes"]]
     least = min(sampled, key=lambda g: family.flops(g["shapes"][0], params))["id"] if sampled else None
     for group in job["groups"]:
         if group.get("wide_of"):
@@ -543,6 +543,17 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
             if wide is None:
                 continue
             group = dict(group, shapes=[wide])
+        if group.get("wider_of"):
+            try:
+                wider = wider_shapes(family, group["wider_of"], job["correctness"], config, dtype, params, int(group["factor"]),
+                                     random.Random(group["draw"]))
+            except Exception as exc:  # noqa: BLE001 - as for wide
+                wider = []
+                if group["part"] == 0:
+                    dropped.append(f"wider: no shape derived ({type(exc).__name__}: {str(exc)[:120]})")
+            if group["part"] >= len(wider):
+                continue
+            group = dict(group, shapes=[wider[group["part"]]])
         if group.get("sample"):
             case = _prepare_sampled(family, group, job, make, reference, dropped, calib["scale"],
                                     SAMPLED_ONE_MAX_FLOPS if group["id"] == least else SAMPLED_MAX_FLOPS)
@@ -629,7 +640,7 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
         inputs = make(shape, group["seed"], group["dist"])
         ref = reference(inputs)
         runs, programs = _sampled_baseline(family, inputs, config, params, int(group["sample_seed"]),
-                                           [int(x) for x in group["candidate_seeds"]])
+                                           [int(x) for x in group["candidate_seeds"]], uniform=not group.get("wider_of"))
     except Exception as exc:  # noqa: BLE001 - a family the sampler cannot run: the check is not used
         dropped.append(f"{label}: the sampled run failed ({type(exc).__name__}: {str(exc)[:120]})")
         return None
@@ -657,13 +668,15 @@ def _ran(stats: dict) -> list[dict[tuple, tuple[int, float]]]:
 
 
 def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, seed: int,
-                      candidate_seeds: list[int]) -> tuple[list[tuple[Any, dict]], dict[str, list[dict]]]:
+                      candidate_seeds: list[int], uniform: bool = True) -> tuple[list[tuple[Any, dict]], dict[str, list[dict]]]:
     """The baseline's sampled runs of a timed shape and the programs every candidate will run.
 
-    First run: the first choice of every slot of ``program_slots`` (drawn from ``seed``, per launch). Second
+    First run: the first choice of every slot of ``program_slots`` (``upper_slots`` without ``uniform``; drawn
+    from ``seed``, per launch). Second
     run, on fresh inputs: the other alternatives of the slots whose first choice wrote nothing, and a pool of
     ``UNIFORM_POOL`` times the uniform programs a candidate runs (``UNIFORM_MAX``, as far as ``UNIFORM_BUDGET_S``
-    of the first run's seconds per working program allows). Then per candidate seed and launch
+    of the first run's seconds per working program allows; none without ``uniform``, as for a wider shape, whose
+    slots are what it is for). Then per candidate seed and launch
     ``choose_programs``. Returns the runs' (outputs, stats) and per candidate seed, per launch {dims, pids}:
     what that candidate's sampled run executes (every program of it ran in the baseline, so the writes
     compare program by program)."""
@@ -672,7 +685,7 @@ def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, see
     plan: dict[int, dict] = {}
 
     def first(j: int, dims: tuple[int, int, int]) -> set:
-        slots = program_slots(dims, random.Random(f"{seed}:{j}"))
+        slots = (program_slots if uniform else upper_slots)(dims, random.Random(f"{seed}:{j}"))
         plan[j] = {"dims": dims, "slots": slots, "pool": [], "k": 0}
         return {slot[0] for slot in slots}
 
@@ -683,7 +696,7 @@ def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, see
         done = ran1[j] if j < len(ran1) else {}
         busy = [t for w, t in done.values() if w > 0]
         frac = len(busy) / max(1, len(done))
-        if busy and several_axes(p["dims"]):  # on one axis the slots already hold every class
+        if uniform and busy and several_axes(p["dims"]):  # on one axis the slots already hold every class
             per = max(sum(busy) / len(busy), 1e-4)
             p["k"] = int(min(UNIFORM_MAX, UNIFORM_BUDGET_S // per))
         if p["k"]:
@@ -714,6 +727,7 @@ def _merged_stats(stats: list[dict]) -> dict:
         for mine, theirs in zip(out["outputs"], st["outputs"]):
             for la, lb in zip(mine["launches"], theirs["launches"]):
                 la["filled"] += lb["filled"]
+                la["where"] += lb["where"]
                 la["pids"] += lb["pids"]
         for ra, rb in zip(out["ran"], st["ran"]):
             for key in ("pids", "wrote", "times"):

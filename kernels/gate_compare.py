@@ -12,9 +12,9 @@ from kernels.gate_cases import _outputs
 
 def base_writes(stats: dict) -> list[list[dict]]:
     """Per output, per launch: its program count and, per program id, the elements the baseline's program
-    wrote there ({"grid": n, "writes": {pid: n}})."""
-    return [[{"grid": la["grid"], "writes": dict(zip(la["pids"], la["filled"]))} for la in o["launches"]]
-            for o in stats["outputs"]]
+    wrote there and a digest of where ({"grid": n, "writes": {pid: n}, "where": {pid: digest}})."""
+    return [[{"grid": la["grid"], "writes": dict(zip(la["pids"], la["filled"])), "where": dict(zip(la["pids"], la.get("where", [])))}
+             for la in o["launches"]] for o in stats["outputs"]]
 
 
 def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
@@ -23,8 +23,10 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
     that differs from the reference, a launch whose programs cannot cover the output (the largest amount
     a sampled program wrote, times the grid, is less than the output), no launch writing an output at
     all; and with ``base`` (``base_writes`` of the baseline's runs) a program that wrote less than the
-    baseline's program of the same id, a launch of another program count than the baseline's (a persistent
-    kernel divides the work otherwise: its programs cannot be compared by id, so a full run settles it), or
+    baseline's program of the same id, a program that wrote other elements than it (a kernel that maps
+    program ids to tiles otherwise: a swizzle is honest, ``pid % 40`` leaves tiles to nobody, and only a full
+    run tells them apart), a launch of another program count than the baseline's (a persistent kernel
+    divides the work otherwise: its programs cannot be compared by id, so a full run settles it), or
     launches unlike the baseline's. Empty: nothing to settle."""
     import torch
 
@@ -65,6 +67,11 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
                     why.append(f"output {i}: program ({p}) of a {la['grid']}-program launch wrote {n} elements, "
                                f"the baseline's {b}")
                     break
+                where = mine[j].get("where") or {}
+                moved = [p for p, w in zip(la.get("pids", []), la.get("where", [])) if p in where and w != where[p]]
+                if moved:
+                    why.append(f"output {i}: program ({moved[0]}) of a {la['grid']}-program launch wrote other elements "
+                               f"than the baseline's program of the same id ({len(moved)} of {len(la.get('pids', []))} sampled programs)")
         written = ~torch.isnan(o)
         if written.any():
             res = compare(o[written], r[written], atol, rtol)

@@ -133,6 +133,21 @@ def test_check_sampled_programs():
     assert why == ["output 0: launch 0 has 1 programs, the baseline's 4 (not comparable program by program)"]
 
 
+def test_a_sampled_program_that_writes_elsewhere_is_settled_by_a_full_run():
+    """A program that writes as many elements as the baseline's program of the same id, with the right
+    values, but other elements (its id mapped to another tile, ``pid % 40``) is sent to a full run: the
+    where of every sampled program is compared, not its count alone."""
+    out = torch.ones(4)
+    ref = torch.ones(4, dtype=torch.float64)
+    base = [[{"grid": 2, "writes": {"0,0,0": 2, "1,0,0": 2}, "where": {"0,0,0": "a", "1,0,0": "b"}}]]
+    same = {"outputs": [{"launches": [{"grid": 2, "filled": [2, 2], "pids": ["0,0,0", "1,0,0"], "where": ["a", "b"]}]}]}
+    assert sampled_problems(out, ref, same, 1e-3, 1e-3, base=base) == []
+    moved = {"outputs": [{"launches": [{"grid": 2, "filled": [2, 2], "pids": ["0,0,0", "1,0,0"], "where": ["a", "a"]}]}]}
+    why = sampled_problems(out, ref, moved, 1e-3, 1e-3, base=base)
+    assert why == ["output 0: program (1,0,0) of a 2-program launch wrote other elements than the baseline's program "
+                   "of the same id (1 of 2 sampled programs)"]
+
+
 @pytest.mark.gpu
 def test_check_stream_sync():
     """Only a GPU has streams: _call compares the outputs read before and after synchronising."""
@@ -222,7 +237,7 @@ def test_a_sampled_programs_cost_is_cpu_time_so_load_does_not_change_what_is_sam
 
     for fn, low, high in ((waits, 0.0, 0.05), (spins, 0.09, 0.3)):
         launch = {"tensors": [], "programs": [], "pids": [], "times": [], "sample": {(0, 0, 0)}, "seconds": 0.0,
-                  "nan_after": None}
+                  "nan_after": None, "where": []}
         _ProgramProxy(fn, launch, Builder())()
         assert low <= launch["times"][0] <= high and low <= launch["seconds"] <= high, (fn.__name__, launch)
         assert launch["pids"] == ["0,0,0"] and launch["programs"] == [[]]

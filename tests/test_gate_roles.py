@@ -6,6 +6,7 @@ and the program sample covers every residue class. Pure functions on small CPU t
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -367,3 +368,98 @@ def test_structure_cases_move_the_softmax_scale_far_from_the_specs(family, shape
         # on inputs as made: x8 ("large") values make the softmax one-hot, where a scale change hardly shows
         assert all(over.get("_gate_inputs_as_made") for _k, _s, over in cases if "softmax_scale" in over)
         assert all(abs(s / scale_of(params) - 1) >= 0.199 for s in scales), (seed, scales)
+
+
+REDTEAM_SPECS = sorted((Path(__file__).parent / "redteam" / "families" / "specs").glob("*.yaml"))
+_WIDER_CHILD = """
+import json, math, random, sys
+from kernels.dtypes import TORCH_DTYPES
+from kernels.gate_cases import _launch_grids, wider_shapes
+from kregress.core.family import get_family
+from kregress.core.spec import load_spec
+out = {}
+for path in sys.argv[1:]:
+    spec = load_spec(path)
+    fam = get_family(spec.kernel_family)
+    dtype, params, config = TORCH_DTYPES[spec.dtype], dict(spec.params), dict(spec.baseline)
+    runs = []
+    for seed in range(2):
+        shapes = wider_shapes(fam, spec.shape_matrix, spec.correctness_shapes, config, dtype, params, 4, random.Random(seed))
+        runs.append([{"shape": s, "ok": fam.check_shape(s) is None, "grids": _launch_grids(fam, s, config, dtype, params),
+                      "flops": fam.flops(s, params)} for s in shapes])
+    out[path] = {"timed": [_launch_grids(fam, s, config, dtype, params) for s in spec.shape_matrix], "runs": runs,
+                 "family": spec.kernel_family, "layout": dict(spec.params).get("layout"),
+                 "reductions": list(getattr(fam, "reduction_keys", ())),
+                 "structure": list(getattr(fam, "structure_keys", ())), "smallest": {k: min(c[k] for c in spec.correctness_shapes)
+                                                                                 for k in fam.shape_keys}}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def wider():
+    """wider_shapes on every red-team family spec, 2 draws each, in a child with TRITON_INTERPRET=1 (the launch grids
+    are read from the interpreter's launches; nothing runs)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-c", _WIDER_CHILD, *map(str, REDTEAM_SPECS)], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("path", REDTEAM_SPECS, ids=lambda p: p.stem)
+def test_wider_shapes_launch_more_programs_than_any_timed_shape_on_every_axis_they_can(wider, path):
+    """The class: a kernel right on every program id the spec's shapes reach and wrong past a count (``pid % 40``,
+    ``min(pid, 39)``, a skip past it), on any grid axis. Every family's wider shapes grow each axis that a
+    dimension can grow to four times the timed launch's or more (at least ``WIDER_MIN_PROGRAMS``), the other
+    dimensions at their smallest checked values, within the cost caps; where all axes at once are past the caps, one
+    shape per axis, at most ``WIDER_PARTS``."""
+    import math
+
+    from kernels.gate_cases import WIDER_MAX_FLOPS, WIDER_MAX_PROGRAMS, WIDER_MIN_PROGRAMS, WIDER_PARTS
+
+    got = wider[str(path)]
+
+    def pad(grids: list) -> list:
+        return [list(g) + [1] * (3 - len(g)) for g in grids]
+
+    timed = [pad(t) for t in got["timed"]]
+    for shapes in got["runs"]:
+        assert 1 <= len(shapes) <= WIDER_PARTS, shapes
+        grown = set()
+        for s in shapes:
+            assert s["ok"] and s["flops"] <= WIDER_MAX_FLOPS
+            assert sum(math.prod(g) for g in s["grids"]) <= WIDER_MAX_PROGRAMS
+            for i, g in enumerate(pad(s["grids"])):
+                top = [max(t[i][a] for t in timed) for a in range(3)]
+                for a in range(3):
+                    if g[a] > top[a]:
+                        assert g[a] >= min(4 * top[a], WIDER_MIN_PROGRAMS), (s, top)
+                        grown.add((i, a))
+            for k in got["reductions"]:  # the least work per program: the reduction cut
+                assert s["shape"][k] <= got["smallest"][k], (k, s)
+            assert sum(s["shape"][k] > got["smallest"][k] for k in got["smallest"] if k not in got["structure"]) <= 2
+        assert grown, shapes
+        if got["family"] == "grouped_gemm_fp8" and got["layout"] == "masked":
+            assert {(0, 0), (0, 1)} <= grown  # the tiles of a group and the groups: both axes
+        if got["family"] == "attention":
+            assert (0, 2) in grown  # the batch
+
+
+def test_the_upper_picks_are_past_half_of_every_axis():
+    from kernels.gate_cases import UPPER_PICKS, upper_slots
+
+    rng = random.Random(3)
+    for grid in [(300, 1, 1), (48, 107, 1), (9, 17, 64)]:
+        slots = upper_slots(grid, rng)
+        firsts = [s[0] for s in slots]
+        assert (0, 0, 0) in firsts and tuple(n - 1 for n in grid) in firsts
+        assert all(0 <= p[a] < grid[a] for s in slots for p in s for a in range(3))
+        for a, n in enumerate(grid):
+            upper = {p[a] for p in firsts[2:] if p[a] >= n // 2}
+            assert len(upper) >= min(UPPER_PICKS, n - n // 2), (grid, a)
