@@ -489,16 +489,20 @@ def test_a_config_far_faster_than_the_model_predicts_becomes_a_restart_point():
     y += 0.01 * rng.standard_normal(len(y))
     incumbent = tuple(valid.idx[rows[int(np.argmin(y))]])
 
-    def root(values):
+    def root(values, capped=None):
         ys = (values - values.mean()) / values.std()
         post = Posterior(feats.design(np.asarray(rows)), ys, feats.prior_var, NOISE_VAR)
-        return LocalPolicy._surprise_root(valid, post, rows, incumbent)
+        return LocalPolicy._surprise_root(valid, post, rows, incumbent, capped)
 
     assert root(y) is None
     far = [i for i, r in enumerate(rows) if (valid.idx[r] != np.asarray(incumbent)).sum() >= 3 and y[i] > np.median(y)]
     y2 = y.copy()
     y2[far[0]] = float(np.min(y)) + 0.02  # a far, slow-looking config that runs nearly as fast as the best
     assert root(y2) == rows[far[0]]
+    # a row the models see at the slow fence (capped) is slow whatever its residual says: never a root
+    capped = np.zeros(len(rows), dtype=bool)
+    capped[far[0]] = True
+    assert root(y2, capped) != rows[far[0]]
 
 
 def test_local_picks_are_model_guided_coordinate_descent():
@@ -550,3 +554,81 @@ def test_local_picks_are_model_guided_coordinate_descent():
             assert first in cands, (name, first, best)  # on a line of the incumbent, or one step from it
             ranks[name].append(order.index(lat(first)) / len(order))
     assert np.mean(ranks["ranked"]) < 0.25 and np.mean(ranks["ranked"]) < 0.5 * np.mean(ranks["model-free"]), ranks
+
+
+def test_how_slow_a_slow_outlier_is_does_not_move_the_search():
+    """The models cap measured log objectives at the upper Tukey fence (third quartile + 1.5 x the interquartile
+    range; the rule of Ax's Winsorize transform for an objective to minimise, applied to log times): a config far
+    slower than the rest (a tile of one, a spilling kernel) says "slow", and how slow must not tilt the fit of the
+    region that matters. The class: random additive spaces and random histories with one slow row. Placed anywhere
+    past the fence (just past it, x3, x30), the row leaves every proposal and forecast of the round as it was, for
+    the local policy and for the portfolio; moved below the fence it moves the round (the cap flattens outliers
+    only, not the slow half); with the cap off ("winsor") the same move past the fence moves the round's picks
+    (the property is the cap's, not the space's)."""
+    import random
+
+    import numpy as np
+
+    from kernel_assets.agent.local import slow_fence
+    from kernel_assets.agent.portfolio import PortfolioPolicy
+    from kregress.core.family import Family, Space
+
+    space = Space(params={"X": tuple(range(8)), "Y": tuple(range(8)), "Z": (0, 1, 2), "W": (0, 1)})
+    fam = Family(name="additive", space=space, shape_keys=("M",), headline_metric="tflops")
+    every = [{"X": x, "Y": y, "Z": z, "W": w} for x in range(8) for y in range(8) for z in range(3) for w in range(2)]
+    moved_off = moved_below = 0
+    for case in range(12):
+        rs = np.random.default_rng(100 + case)
+        eff = {k: rs.normal(0, 0.4, len(v)) for k, v in space.params.items()}
+        picks = random.Random(case).sample(every, 17)
+        lat = [float(math.exp(sum(eff[k][c[k]] for k in c))) for c in picks]
+        y = np.log(lat)
+        fence = slow_fence(y)
+        # the second slowest row, or the third where that is row 0 (the baseline, which forecasts are relative to);
+        # past the fence it stays above the third quartile, so the fence does not move with it
+        order = np.argsort(y)
+        slow = int(order[-2]) if order[-2] != 0 else int(order[-3])
+
+        def round_for(factor, ablate=(), policy=LocalPolicy, lat=lat, slow=slow, fence=fence, picks=picks, case=case):
+            vals = list(lat)
+            vals[slow] = math.exp(fence) * factor
+            rows = []
+            for i, (c, v) in enumerate(zip(picks, vals)):
+                m = Measurement(shape="1", samples_ms=[v], p20_ms=v, p50_ms=v, p80_ms=v, tflops=1, gbps=1,
+                                evidence="replay", device="x", torch_version="n/a", triton_version="n/a")
+                rows.append(VariantResult(variant_id="baseline" if i == 0 else f"r1-local-{i:02d}", round=min(i, 1),
+                                          source="local", config=c, config_hash=config_hash(c), measurements=[m],
+                                          evidence="replay", backend="replay"))
+            spec = SPEC.model_copy(update={"baseline": picks[0]})
+            ctx = AgentContext(spec=spec, family=fam, round=2, n=8, history=rows,
+                               objective={r.config_hash: r.measurements[0].p50_ms for r in rows},
+                               profile_summary="", failures=[])
+            pol = LocalPolicy(seed=case, ablate=ablate) if policy is LocalPolicy else policy(seed=case)
+            return [(s.config, s.expected_speedup) for s in pol.propose(ctx).suggestions]
+
+        just_past = round_for(1.001)
+        assert just_past == round_for(3.0) == round_for(30.0), case
+        assert round_for(1.001, policy=PortfolioPolicy) == round_for(30.0, policy=PortfolioPolicy), case
+        moved_below += [c for c, _ in round_for(0.6)] != [c for c, _ in just_past]
+        moved_off += ([c for c, _ in round_for(3.0, ("winsor",))] != [c for c, _ in round_for(30.0, ("winsor",))])
+    assert moved_below >= 6 and moved_off >= 6, (moved_below, moved_off)
+
+
+def test_the_slow_fence_needs_a_spread():
+    """Where the quartiles tie (the middle half of the objectives exactly equal: estimates blind to a tunable), no
+    fence: a fence on the third quartile would flatten every slower value, outlier or not. Otherwise the fence is
+    at or above the third quartile, and it stays where it is however far past it the slowest row is placed."""
+    import numpy as np
+
+    from kernel_assets.agent.local import slow_fence
+
+    assert slow_fence(np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0])) == math.inf  # the middle half tied
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        y = rng.normal(0, 0.5, int(rng.integers(6, 40)))
+        fence = slow_fence(y)
+        assert fence >= np.percentile(y, 75, method="higher")
+        for past in (0.01, 1.0, 50.0):
+            y2 = y.copy()
+            y2[np.argmax(y)] = max(y.max(), fence) + past  # the slowest row, placed past the fence
+            assert slow_fence(y2) == fence

@@ -10,7 +10,12 @@ per process and space) get the model-based search:
 * A model of the shape of the space: Bayesian linear regression of log(objective) on second-order
   features of each config's ordinal positions (one-hot main effects, ordinal trends, pairwise
   interactions; see ``Features``), fitted to every row that ran. Its Gaussian posterior is exact and
-  cheap (``Posterior``: a Cholesky factor in the smaller of features and rows).
+  cheap (``Posterior``: a Cholesky factor in the smaller of features and rows). The log objectives it is fitted
+  to are capped at their upper Tukey fence (third quartile + 1.5 x the interquartile range, ``slow_fence``: the
+  rule of Ax's Winsorize transform for an objective to minimise when it picks its own cutoffs, applied here to
+  log times). A config far slower than the rest (a tile of one, a spilling kernel) says "slow", and how slow
+  must not tilt the fit of the region the search is after; a capped config is never a restart point. The
+  knob ``winsor`` turns the cap off; why it is on: bench/SEARCH.md, stop 48.
 * A model of failures: the same features, regressed on "this row failed" (a recorded failure, a
   failed compile or run, or a constraint broken: registers, spills, shared memory). A failure
   teaches where the feasible region ends: candidates whose predicted failure chance is above
@@ -267,6 +272,8 @@ ABLATIONS = {
     "standing": "the cover pick in every round: only once the search has stalled (with the switch's picks)",
     "surprise": "the restarts around the best config the model predicted far too slow",
     "switch": "the stagnation switch's three-way model draws and uniform random picks",
+    "winsor": "the cap on slow outliers: the enumerated search's models fit every measured log objective as it is, "
+              "not capped at the upper Tukey fence",
     "near_rank": "the local picks model-free: the incumbent's nearest configs, ties in a seeded random order (no "
                  "one-tunable line, no ranking by the model's posterior mean)",
 }
@@ -559,12 +566,23 @@ class Shared:
     seed: int
     round: int
     own: dict[str, list[int]] = field(default_factory=dict)  # member -> the measured rows it proposed, in order
-    # rows -> the pairwise model's posterior mean of their standardised log objective (None: too few points)
+    # rows -> the pairwise model's posterior mean of their standardised log objective, as the model sees it (capped
+    # at the slow fence: ``slow_fence``); None: too few points
     predict: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 # fill(shared, k) -> up to k (row, member name) picks not taken: the portfolio's other members
 Fill = Callable[[Shared, int], list[tuple[int, str]]]
+
+
+def slow_fence(y: np.ndarray) -> float:
+    """The upper Tukey fence of the measured log objectives (third quartile + 1.5 x the interquartile range), where
+    the models cap them: what lies beyond is slow, and how slow does not matter to a search for the fastest. No
+    fence (inf) where the quartiles tie: with the middle half of the values equal (model estimates blind to a
+    tunable) the fence would sit on the third quartile and flatten every slower value, outlier or not."""
+    q1 = float(np.percentile(y, 25, method="lower"))
+    q3 = float(np.percentile(y, 75, method="higher"))
+    return q3 + 1.5 * (q3 - q1) if q3 > q1 else math.inf
 
 
 class _Round:
@@ -574,7 +592,7 @@ class _Round:
     the picks so far. Built from the history alone, so a round is the same whenever it is rebuilt."""
 
     def __init__(self, ctx: AgentContext, valid: ValidSet, anchor: dict, bad: set[str], base_seed: int,
-                 notes: list[str]):
+                 notes: list[str], winsor: bool = True):
         self.ctx, self.valid, self.seed = ctx, valid, int(base_seed)
         self.rng = np.random.default_rng([abs(int(base_seed)), int(ctx.round), 0x10CA1])
         self.tie_rng = random.Random(int(self.rng.integers(2**31)))
@@ -621,6 +639,11 @@ class _Round:
         # the incumbent's positions, as idx holds them
         self.at = np.asarray(self.anchor_pos, dtype=np.int16) if self.anchor_pos is not None else None
         y_all = np.asarray(self.ok_y)
+        self.capped = np.zeros(len(y_all), dtype=bool)  # the rows whose log objective the models see capped
+        if winsor and len(y_all) >= MODEL_MIN:
+            fence = slow_fence(y_all)
+            self.capped = y_all > fence
+            y_all = np.minimum(y_all, fence)
         self.y_mu, self.y_sd = (float(y_all.mean()), float(y_all.std()) or 1.0) if len(y_all) else (0.0, 1.0)
         self.y_std = (y_all - self.y_mu) / self.y_sd  # the standardised log objectives the models are fitted to
 
@@ -803,7 +826,7 @@ class LocalPolicy:
         that picked each. In order: the local picks around the incumbent (``_local_picks``); until the model has
         a few points, random picks; from then on the model's picks (``_model_picks``); the other members last."""
         notes = notes if notes is not None else []
-        r = _Round(ctx, valid, anchor, bad, base_seed, notes)
+        r = _Round(ctx, valid, anchor, bad, base_seed, notes, winsor="winsor" not in self.ablate)
         n = ctx.n if n_own is None else min(n_own, ctx.n)
         if r.exhausted:
             return [], [], []
@@ -874,7 +897,7 @@ class LocalPolicy:
         not expect: another basin) and the standing explorer come first and last."""
         explore = self.stagnation_switch and stale >= EXPLORE_AFTER and "switch" not in self.ablate
         if self.stagnation_switch and SURPRISE_SLOTS and r.anchor_pos is not None and "surprise" not in self.ablate:
-            root = self._surprise_root(r.valid, r.posterior(), r.ok_rows, r.anchor_pos)
+            root = self._surprise_root(r.valid, r.posterior(), r.ok_rows, r.anchor_pos, r.capped)
             if root is not None:
                 for i in r.nearest_to(tuple(r.valid.idx[root]), min(SURPRISE_SLOTS, n - len(r.picked))):
                     r.pick(i)
@@ -956,13 +979,17 @@ class LocalPolicy:
         return out
 
     @staticmethod
-    def _surprise_root(valid: ValidSet, post: Posterior, ok_rows: list[int], anchor_pos) -> int | None:
+    def _surprise_root(valid: ValidSet, post: Posterior, ok_rows: list[int], anchor_pos,
+                       capped: np.ndarray | None = None) -> int | None:
         """The best measured config that the model, fitted to the others, predicted far too slow (leave-one-out
         residual below -``SURPRISE_Z`` sd) and that differs from the incumbent in ``SURPRISE_HAMMING``
         tunables or more; None when there is none. ``post`` is the model fitted to ``ok_rows`` (its design
-        and standardised log objectives are those rows')."""
+        and standardised log objectives are those rows'). A row in ``capped`` (past the slow fence: the model
+        sees it at the fence, so its residual can look negative) is slow whatever the model says, never a root."""
         rows = np.asarray(ok_rows)
         far = (valid.idx[rows] != np.asarray(anchor_pos, dtype=np.int16)).sum(axis=1) >= SURPRISE_HAMMING
+        if capped is not None:
+            far &= ~capped
         if not far.any():
             return None
         ys, X = post.y, post.X
