@@ -222,25 +222,32 @@ def program_slots(grid: tuple[int, int, int], rng: Any) -> list[list[tuple[int, 
     return slots
 
 
-def upper_slots(grid: tuple[int, int, int], rng: Any) -> list[list[tuple[int, int, int]]]:
-    """The picks of a sampled run of a wider shape (``wider_shapes``): the first and the last program, and
-    on every axis ``UPPER_PICKS`` coordinates from its upper half, the others drawn at random; alternatives as
-    in ``program_slots``. A wider shape grows an axis four times or more past the timed launches, so these
-    are program ids no spec shape reaches: one of them writing elsewhere than the baseline's, or nothing,
-    shows a kernel that maps or skips the ids past a count."""
+def upper_slots(grid: tuple[int, int, int], seed: int) -> list[list[tuple[int, int, int]]]:
+    """The programs of a sampled run of a wider shape (``wider_shapes``), one per slot: the first and the last,
+    and ``UPPER_PICKS`` coordinates from the upper half of every axis longer than that, taken together (the
+    i-th of each), with every coordinate of the shorter axes. A wider shape grows an axis four times or more
+    past the timed launches, so these are program ids no spec shape reaches: one of them writing elsewhere than
+    the baseline's, or nothing, shows a kernel that maps or skips the ids past a count. The picks of an axis
+    depend on ``seed`` and its length only, so launches that share an axis (MLA's split-K decode and its
+    combine, both over the batch) run the same coordinates of it, and what the later launch reads was written."""
+    import itertools
+    import random
+
     nx, ny, nz = grid
-    slots: list[list[tuple[int, int, int]]] = [[(0, 0, 0)], [(nx - 1, ny - 1, nz - 1)]]
-    for axis, n in enumerate(grid):
-        if n <= 1:
-            continue
-        for v in rng.sample(range(n // 2, n), min(UPPER_PICKS, n - n // 2)):
-            alts = []
-            for _ in range(SLOT_ALTERNATIVES):
-                p = [rng.randrange(nx), rng.randrange(ny), rng.randrange(nz)]
-                p[axis] = v
-                alts.append(tuple(p))
-            slots.append(list(dict.fromkeys(alts)))
-    return slots
+    picks = [list(range(n)) if n <= UPPER_PICKS
+             else sorted(random.Random(f"{seed}:{n}").sample(range(n // 2, n), min(UPPER_PICKS, n - n // 2))) for n in grid]
+    long = [a for a in range(3) if grid[a] > UPPER_PICKS]
+    short = [a for a in range(3) if grid[a] <= UPPER_PICKS]
+    progs = {(0, 0, 0), (nx - 1, ny - 1, nz - 1)}
+    for i in range(UPPER_PICKS if long else 1):
+        for combo in itertools.product(*(picks[a] for a in short)):
+            p = [0, 0, 0]
+            for a in long:
+                p[a] = picks[a][i % len(picks[a])]
+            for a, v in zip(short, combo):
+                p[a] = v
+            progs.add(tuple(p))
+    return [[p] for p in sorted(progs)]
 
 
 def sample_programs(grid: tuple[int, int, int], rng: Any) -> set[tuple[int, int, int]]:

@@ -277,10 +277,10 @@ class _ProgramSampler:
             entry: dict[str, Any] = {"launches": []}
             if torch.is_tensor(o):
                 ptr = o.untyped_storage().data_ptr()
-                for launch in self.launches:
+                for n, launch in enumerate(self.launches):
                     idx = [i for i, t in enumerate(launch["tensors"]) if t.untyped_storage().data_ptr() == ptr]
                     if idx:
-                        entry["launches"].append({"grid": launch["grid"],
+                        entry["launches"].append({"grid": launch["grid"], "index": n,
                                                   "filled": [sum(p[i] for i in idx) for p in launch["programs"]],
                                                   "where": ["|".join(w[i] for i in idx) for w in launch["where"]],
                                                   "pids": list(launch["pids"])})
@@ -685,7 +685,7 @@ def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, see
     plan: dict[int, dict] = {}
 
     def first(j: int, dims: tuple[int, int, int]) -> set:
-        slots = (program_slots if uniform else upper_slots)(dims, random.Random(f"{seed}:{j}"))
+        slots = program_slots(dims, random.Random(f"{seed}:{j}")) if uniform else upper_slots(dims, seed)
         plan[j] = {"dims": dims, "slots": slots, "pool": [], "k": 0}
         return {slot[0] for slot in slots}
 

@@ -13,8 +13,8 @@ from kernels.gate_cases import _outputs
 def base_writes(stats: dict) -> list[list[dict]]:
     """Per output, per launch: its program count and, per program id, the elements the baseline's program
     wrote there and a digest of where ({"grid": n, "writes": {pid: n}, "where": {pid: digest}})."""
-    return [[{"grid": la["grid"], "writes": dict(zip(la["pids"], la["filled"])), "where": dict(zip(la["pids"], la.get("where", [])))}
-             for la in o["launches"]] for o in stats["outputs"]]
+    return [[{"grid": la["grid"], "writes": dict(zip(la["pids"], la["filled"])), "where": dict(zip(la["pids"], la.get("where", []))),
+              "index": la.get("index", 0)} for la in o["launches"]] for o in stats["outputs"]]
 
 
 def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
@@ -23,7 +23,7 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
     that differs from the reference, a launch whose programs cannot cover the output (the largest amount
     a sampled program wrote, times the grid, is less than the output), no launch writing an output at
     all; and with ``base`` (``base_writes`` of the baseline's runs) a program that wrote less than the
-    baseline's program of the same id, a program that wrote other elements than it (a kernel that maps
+    baseline's program of the same id, a program of the call's first launch that wrote other elements than it (a kernel that maps
     program ids to tiles otherwise: a swizzle is honest, ``pid % 40`` leaves tiles to nobody, and only a full
     run tells them apart), a launch of another program count than the baseline's (a persistent kernel
     divides the work otherwise: its programs cannot be compared by id, so a full run settles it), or
@@ -67,7 +67,10 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
                     why.append(f"output {i}: program ({p}) of a {la['grid']}-program launch wrote {n} elements, "
                                f"the baseline's {b}")
                     break
-                where = mine[j].get("where") or {}
+                # where a program wrote is its own only in the call's first launch: a later one (MLA's combine after
+                # its split-K decode) writes what the sampled programs of the earlier ones computed, and those differ
+                # between the baseline's runs and a candidate's, so its count is compared, not its where
+                where = (mine[j].get("where") or {}) if la.get("index", 0) == 0 else {}
                 moved = [p for p, w in zip(la.get("pids", []), la.get("where", [])) if p in where and w != where[p]]
                 if moved:
                     why.append(f"output {i}: program ({moved[0]}) of a {la['grid']}-program launch wrote other elements "

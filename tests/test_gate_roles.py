@@ -451,15 +451,24 @@ def test_wider_shapes_launch_more_programs_than_any_timed_shape_on_every_axis_th
             assert (0, 2) in grown  # the batch
 
 
-def test_the_upper_picks_are_past_half_of_every_axis():
+def test_the_upper_picks_are_past_half_of_every_axis_and_shared_by_launches_of_one_axis():
     from kernels.gate_cases import UPPER_PICKS, upper_slots
 
-    rng = random.Random(3)
-    for grid in [(300, 1, 1), (48, 107, 1), (9, 17, 64)]:
-        slots = upper_slots(grid, rng)
-        firsts = [s[0] for s in slots]
-        assert (0, 0, 0) in firsts and tuple(n - 1 for n in grid) in firsts
-        assert all(0 <= p[a] < grid[a] for s in slots for p in s for a in range(3))
-        for a, n in enumerate(grid):
-            upper = {p[a] for p in firsts[2:] if p[a] >= n // 2}
-            assert len(upper) >= min(UPPER_PICKS, n - n // 2), (grid, a)
+    for seed in range(5):
+        for grid in [(300, 1, 1), (48, 107, 1), (9, 17, 64), (1, 71, 2)]:
+            slots = upper_slots(grid, seed)
+            progs = [s[0] for s in slots]
+            assert all(len(s) == 1 for s in slots) and len(set(progs)) == len(progs)
+            assert (0, 0, 0) in progs and tuple(n - 1 for n in grid) in progs
+            assert all(0 <= p[a] < grid[a] for p in progs for a in range(3))
+            for a, n in enumerate(grid):
+                seen = {p[a] for p in progs}
+                if n <= UPPER_PICKS:
+                    assert seen == set(range(n)), (grid, a)  # a short axis whole: every split of a split-K launch
+                else:
+                    assert len({v for v in seen if v >= n // 2}) >= min(UPPER_PICKS, n - n // 2), (grid, a)
+        # MLA: the decode launch (1, B, splits) and its combine (1, B) run the same batches, every split of each
+        decode = {p[1] for s in upper_slots((1, 71, 2), seed) for p in s if p[1] not in (0, 70)}
+        combine = {p[1] for s in upper_slots((1, 71, 1), seed) for p in s if p[1] not in (0, 70)}
+        assert decode == combine and len(decode) >= UPPER_PICKS - 1  # one pick may be the last program
+        assert {(p[1], p[2]) for s in upper_slots((1, 71, 2), seed) for p in s} >= {(b, k) for b in decode for k in (0, 1)}
