@@ -304,7 +304,7 @@ def _written_where(before: tuple[Any, int], after: tuple[Any, int]) -> str:
     if mb is None or nb == na:
         return ""
     with torch.utils._python_dispatch._disable_current_modes():
-        idx = (mb & ~ma).reshape(-1).nonzero().reshape(-1).to(torch.int64)
+        idx = (mb & ~ma).reshape(-1).nonzero().reshape(-1)  # int64
         return hashlib.blake2b(idx.numpy().tobytes(), digest_size=8).hexdigest()
 
 
@@ -412,7 +412,8 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
         covered |= grows[k]
         part: dict[str, int] = {}
         # the drawn dimension, then any other (the rows of MLA are the heads times the queries: each alone is capped)
-        for j in [k] + [j for j in order if j != k and j not in covered_keys(parts)]:
+        used = {j for p in parts for j in p}
+        for j in [k] + [j for j in order if j != k and j not in used]:
             now = grids({**shape, **part})
             if now is None or all(now[i][a] >= want(i, a) for i, a in axes):
                 break
@@ -441,10 +442,6 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
     if len(parts) > 1 and cheap(every):
         return [every]
     return [t for t in ({**shape, **part} for part in parts) if cheap(t)]
-
-
-def covered_keys(parts: list[dict[str, int]]) -> set[str]:
-    return {k for part in parts for k in part}
 
 
 def _primes_upto(n: int) -> list[int]:

@@ -533,6 +533,7 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
 
     sampled = [g for g in job["groups"] if g.get("sample") and g["shapes"]]
     least = min(sampled, key=lambda g: family.flops(g["shapes"][0], params))["id"] if sampled else None
+    wider_by_draw: dict[int, list[dict]] = {}  # the wider parts of one draw share one derivation
     for group in job["groups"]:
         if group.get("wide_of"):
             try:
@@ -544,13 +545,14 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
                 continue
             group = dict(group, shapes=[wide])
         if group.get("wider_of"):
-            try:
-                wider = wider_shapes(family, group["wider_of"], job["correctness"], config, dtype, params, int(group["factor"]),
-                                     random.Random(group["draw"]))
-            except Exception as exc:  # noqa: BLE001 - as for wide
-                wider = []
-                if group["part"] == 0:
+            if group["draw"] not in wider_by_draw:
+                try:
+                    wider_by_draw[group["draw"]] = wider_shapes(family, group["wider_of"], job["correctness"], config, dtype,
+                                                                params, int(group["factor"]), random.Random(group["draw"]))
+                except Exception as exc:  # noqa: BLE001 - as for wide
+                    wider_by_draw[group["draw"]] = []
                     dropped.append(f"wider: no shape derived ({type(exc).__name__}: {str(exc)[:120]})")
+            wider = wider_by_draw[group["draw"]]
             if group["part"] >= len(wider):
                 continue
             group = dict(group, shapes=[wider[group["part"]]])

@@ -13,8 +13,8 @@ from kernels.gate_cases import _outputs
 def base_writes(stats: dict) -> list[list[dict]]:
     """Per output, per launch: its program count and, per program id, the elements the baseline's program
     wrote there and a digest of where ({"grid": n, "writes": {pid: n}, "where": {pid: digest}})."""
-    return [[{"grid": la["grid"], "writes": dict(zip(la["pids"], la["filled"])), "where": dict(zip(la["pids"], la.get("where", []))),
-              "index": la.get("index", 0)} for la in o["launches"]] for o in stats["outputs"]]
+    return [[{"grid": la["grid"], "writes": dict(zip(la["pids"], la["filled"])), "where": dict(zip(la["pids"], la.get("where", [])))}
+             for la in o["launches"]] for o in stats["outputs"]]
 
 
 def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
