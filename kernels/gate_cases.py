@@ -308,8 +308,25 @@ def _written_where(before: tuple[Any, int], after: tuple[Any, int]) -> str:
         return hashlib.blake2b(idx.numpy().tobytes(), digest_size=8).hexdigest()
 
 
+_GRIDS: dict[tuple, tuple[Any, list[tuple]]] = {}  # (family id, shape, config, dtype, params) -> (family, grids)
+
+
 def _launch_grids(family: Any, shape: dict, config: dict, dtype: Any, params: dict) -> list[tuple]:
-    """The grids the entry point launches on ``shape`` (interpreter mode; nothing runs)."""
+    """The grids the entry point launches on ``shape`` (interpreter mode; nothing runs). Kept per process: a probe
+    makes the shape's inputs (a DeepSeek-size MLA decode shape: about 11 GB and 45 s on the CPU), and a
+    judgement's wide and wider cases probe the same timed shapes."""
+    import json
+
+    key = (id(family), json.dumps([shape, config, str(dtype), params], sort_keys=True, default=str))
+    hit = _GRIDS.get(key)
+    if hit is not None and hit[0] is family:
+        return list(hit[1])
+    grids = _probe_grids(family, shape, config, dtype, params)
+    _GRIDS[key] = (family, grids)  # holds the family, so its id is not reused while cached
+    return list(grids)
+
+
+def _probe_grids(family: Any, shape: dict, config: dict, dtype: Any, params: dict) -> list[tuple]:
     from triton.runtime import interpreter as interp
 
     grids: list[tuple] = []
@@ -358,7 +375,8 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
                  factor: int, rng: Any) -> list[dict]:
     """Shapes that launch more programs than any timed shape on every grid axis a dimension can grow, each
     program with the least work, in order of preference. From the least work: every dimension but the
-    structure (``structure_keys``) at its smallest checked value; then per grid axis one dimension that grows
+    structure (``structure_keys``) at its smallest checked value (never below it: a checked shape is one whose
+    inputs give every program work); then per grid axis one dimension that grows
     it (drawn from ``rng``; a reduction only where nothing else grows that axis), doubled until the axis has
     ``factor`` times the programs of the timed launches' and ``WIDER_MIN_PROGRAMS`` or more, then set to an
     odd prime past that. All of them at once, or one at a time (each a case of its own) where all at once is
@@ -383,10 +401,12 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
     keys = [k for k in family.shape_keys if k not in fixed]
     shape = dict(max(timed, key=lambda s: programs(grids(s) or [])))
     for k in keys:
-        for v in sorted({1, min(s[k] for s in correctness)}):
-            if v < shape[k] and grids({**shape, k: v}) is not None:
-                shape = {**shape, k: v}
-                break
+        # the smallest checked value, not 1: a shape the spec checks is one whose inputs give every program work
+        # (MLA cut to one key left its causal rows nothing to read; cut to one sequence, the short one of its
+        # "spread" lengths; either way the sampled programs wrote nothing and the case was dropped)
+        v = min(s[k] for s in correctness)
+        if v < shape[k] and grids({**shape, k: v}) is not None:
+            shape = {**shape, k: v}
     base = grids(shape)
     if base is None or not tops:
         return []
@@ -411,21 +431,35 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
             continue
         covered |= grows[k]
         part: dict[str, int] = {}
-        # the drawn dimension, then any other (the rows of MLA are the heads times the queries: each alone is capped)
+        # the drawn dimension, then any other that grows these axes (the rows of MLA are the heads times the queries:
+        # each alone is capped); a dimension that grows none of them is never doubled (MLA's batch: a probe of
+        # thousands of sequences makes their inputs)
         used = {j for p in parts for j in p}
-        for j in [k] + [j for j in order if j != k and j not in used]:
+        for j in [k] + [j for j in order if j != k and j not in used and grows.get(j, set()) & axes]:
             now = grids({**shape, **part})
             if now is None or all(now[i][a] >= want(i, a) for i, a in axes):
                 break
             v = last = shape[j]
+            past_caps = False
             for _ in range(24):  # doubled until the axes have their programs or the family refuses the size
                 v *= 2
+                # past the cost caps the shape is never used: stop before probing it (a probe makes its inputs;
+                # attention's sequence doubled towards its row-tile target reached gigabytes)
+                if family.flops({**shape, **part, j: v}, params) > WIDER_MAX_FLOPS:
+                    past_caps = True
+                    break
                 g = grids({**shape, **part, j: v})
                 if g is None:
+                    break
+                if programs(g) > WIDER_MAX_PROGRAMS:
+                    past_caps = True
                     break
                 last = v
                 if all(g[i][a] >= want(i, a) for i, a in axes):
                     break
+            if past_caps:  # these axes cannot reach their programs within the caps (the part was left out)
+                part = {}
+                break
             odd = [o for o in (_odd_near(last, set(), below=False, rng=rng), _odd_near(last, set(), below=True, rng=rng))
                    if grids({**shape, **part, j: o}) is not None]
             g = grids({**shape, **part, j: odd[0] if odd else last})

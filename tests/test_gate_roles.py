@@ -373,21 +373,28 @@ def test_structure_cases_move_the_softmax_scale_far_from_the_specs(family, shape
 REDTEAM_SPECS = sorted((Path(__file__).parent / "redteam" / "families" / "specs").glob("*.yaml"))
 _WIDER_CHILD = """
 import json, math, random, sys
-from kernels.dtypes import TORCH_DTYPES
+import kernels.gate_cases as gc
+from kernels.dtypes import DTYPE_BYTES, TORCH_DTYPES
 from kernels.gate_cases import _launch_grids, wider_shapes
 from kregress.core.family import get_family
 from kregress.core.spec import load_spec
 out = {}
+probed = []
+probe = gc._grids_or_none
+gc._grids_or_none = lambda fam, shape, *a: probed.append(fam.bytes_moved(shape, 2, {})) or probe(fam, shape, *a)
 for path in sys.argv[1:]:
     spec = load_spec(path)
     fam = get_family(spec.kernel_family)
     dtype, params, config = TORCH_DTYPES[spec.dtype], dict(spec.params), dict(spec.baseline)
     runs = []
     for seed in range(2):
+        probed.clear()
         shapes = wider_shapes(fam, spec.shape_matrix, spec.correctness_shapes, config, dtype, params, 4, random.Random(seed))
         runs.append([{"shape": s, "ok": fam.check_shape(s) is None, "grids": _launch_grids(fam, s, config, dtype, params),
-                      "flops": fam.flops(s, params)} for s in shapes])
+                      "flops": fam.flops(s, params), "bytes": fam.bytes_moved(s, 2, {}),
+                      "largest_probe": max(probed)} for s in shapes])
     out[path] = {"timed": [_launch_grids(fam, s, config, dtype, params) for s in spec.shape_matrix], "runs": runs,
+                 "timed_bytes": max(fam.bytes_moved(s, 2, {}) for s in spec.shape_matrix),
                  "family": spec.kernel_family, "layout": dict(spec.params).get("layout"),
                  "reductions": list(getattr(fam, "reduction_keys", ())),
                  "structure": list(getattr(fam, "structure_keys", ())), "smallest": {k: min(c[k] for c in spec.correctness_shapes)
@@ -405,9 +412,15 @@ def wider():
     import subprocess
     import sys
 
+    import resource
+
+    def cap_memory() -> None:  # a probe makes its shape's inputs: a derivation that doubles a dimension growing no
+        # axis (MLA's batch, to thousands of sequences) ran this machine out of memory; 8 GB of address space is ample
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run([sys.executable, "-c", _WIDER_CHILD, *map(str, REDTEAM_SPECS)], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+                         text=True, timeout=600, cwd=Path(__file__).resolve().parents[1], preexec_fn=cap_memory)
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -441,9 +454,15 @@ def test_wider_shapes_launch_more_programs_than_any_timed_shape_on_every_axis_th
                     if g[a] > top[a]:
                         assert g[a] >= min(4 * top[a], WIDER_MIN_PROGRAMS), (s, top)
                         grown.add((i, a))
-            for k in got["reductions"]:  # the least work per program: the reduction cut
-                assert s["shape"][k] <= got["smallest"][k], (k, s)
-            assert sum(s["shape"][k] > got["smallest"][k] for k in got["smallest"] if k not in got["structure"]) <= 2
+            # what the derivation probed (each probe makes its shape's inputs) stays small: a dimension that grows no
+            # axis is never doubled on and on (MLA's batch: thousands of sequences, out of memory), nor one past the
+            # cost caps (attention's sequence: 4 GB moved)
+            assert s["largest_probe"] <= max(512e6, got["timed_bytes"]), s
+            for k in got["reductions"]:  # the least work per program: the reduction cut, to a length the spec checks
+                assert s["shape"][k] == got["smallest"][k], (k, s)
+            free = [k for k in got["smallest"] if k not in got["structure"]]
+            assert all(s["shape"][k] >= got["smallest"][k] for k in free), s  # never below a checked value
+            assert sum(s["shape"][k] > got["smallest"][k] for k in free) <= 2
         assert grown, shapes
         if got["family"] == "grouped_gemm_fp8" and got["layout"] == "masked":
             assert {(0, 0), (0, 1)} <= grown  # the tiles of a group and the groups: both axes
