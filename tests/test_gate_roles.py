@@ -409,10 +409,9 @@ def wider():
     are read from the interpreter's launches; nothing runs)."""
     import json
     import os
+    import resource
     import subprocess
     import sys
-
-    import resource
 
     def cap_memory() -> None:  # a probe makes its shape's inputs: a derivation that doubles a dimension growing no
         # axis (MLA's batch, to thousands of sequences) ran this machine out of memory; 8 GB of address space is ample
