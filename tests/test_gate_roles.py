@@ -374,7 +374,7 @@ REDTEAM_SPECS = sorted((Path(__file__).parent / "redteam" / "families" / "specs"
 _WIDER_CHILD = """
 import json, math, random, sys
 import kernels.gate_cases as gc
-from kernels.dtypes import DTYPE_BYTES, TORCH_DTYPES
+from kernels.dtypes import TORCH_DTYPES
 from kernels.gate_cases import _launch_grids, wider_shapes
 from kregress.core.family import get_family
 from kregress.core.spec import load_spec
