@@ -169,6 +169,7 @@ def _axis_picks(n: int, rng: Any) -> list[int]:
 
 
 UPPER_PICKS = 8  # programs per axis of a wider shape's sampled run (see upper_slots)
+UPPER_WINDOW = 8  # a later launch's programs per pick of an earlier launch tiling the axis otherwise (see upper_slots)
 SLOT_ALTERNATIVES = 4  # programs tried for a structured pick that the baseline's run shows idle
 UNIFORM_MAX = 32  # uniform working programs a candidate's sampled run adds on a grid of 2+ varying axes, as far as UNIFORM_BUDGET_S allows
 UNIFORM_BUDGET_S = 2.0  # interpreter seconds of the baseline's working programs those may cost a candidate
@@ -222,29 +223,46 @@ def program_slots(grid: tuple[int, int, int], rng: Any) -> list[list[tuple[int, 
     return slots
 
 
-def upper_slots(grid: tuple[int, int, int], seed: int) -> list[list[tuple[int, int, int]]]:
+def upper_slots(grid: tuple[int, int, int], seed: int,
+                earlier: list[tuple[int, int, int]] = ()) -> list[list[tuple[int, int, int]]]:
     """The programs of a sampled run of a wider shape (``wider_shapes``), one per slot: the first and the last,
     and ``UPPER_PICKS`` coordinates from the upper half of every axis longer than that, taken together (the
     i-th of each), with every coordinate of the shorter axes. A wider shape grows an axis four times or more
     past the timed launches, so these are program ids no spec shape reaches: one of them writing elsewhere than
-    the baseline's, or nothing, shows a kernel that maps or skips the ids past a count. The picks of an axis
-    depend on ``seed`` and its length only, so launches that share an axis (MLA's split-K decode and its
-    combine, both over the batch) run the same coordinates of it, and what the later launch reads was written."""
+    the baseline's, or nothing, shows a kernel that maps or skips the ids past a count.
+
+    A later launch of the call reads what the earlier ones' sampled programs wrote (MLA's combine reads the
+    split-K decode's partials), so its picks must lie where those were computed. The picks of an axis depend on
+    ``seed`` and its length only: launches that share an axis's length (the batch) run the same coordinates.
+    Where an ``earlier`` launch tiles the axis otherwise (the decode's rows in tiles of BLOCK_H, the combine's in
+    tiles of 8: 110 and 220 programs), each of its picks becomes the window of this launch's programs over the
+    same fraction of the axis, one program wider each side (``cdiv`` rounding), so a tile of this launch inside
+    a computed tile of the earlier one is run (where this launch has at most ``UPPER_WINDOW`` times the earlier one's
+    programs on the axis: past that, its own picks)."""
     import itertools
     import random
 
+    def own(n: int) -> list[int]:
+        return sorted(random.Random(f"{seed}:{n}").sample(range(n // 2, n), min(UPPER_PICKS, n - n // 2)))
+
+    def axis_picks(a: int, n: int) -> list[list[int]]:
+        if n <= UPPER_PICKS:
+            return [list(range(n))]
+        for e in earlier:
+            m = e[a] if a < len(e) else 1
+            if m > UPPER_PICKS and m != n and n <= UPPER_WINDOW * m:
+                return [list(range(max(0, p * n // m - 1), min(n, -(-(p + 1) * n // m) + 1))) for p in own(m)]
+        return [[p] for p in own(n)]
+
     nx, ny, nz = grid
-    picks = [list(range(n)) if n <= UPPER_PICKS
-             else sorted(random.Random(f"{seed}:{n}").sample(range(n // 2, n), min(UPPER_PICKS, n - n // 2))) for n in grid]
+    picks = [axis_picks(a, n) for a, n in enumerate(grid)]
     long = [a for a in range(3) if grid[a] > UPPER_PICKS]
     short = [a for a in range(3) if grid[a] <= UPPER_PICKS]
     progs = {(0, 0, 0), (nx - 1, ny - 1, nz - 1)}
-    for i in range(UPPER_PICKS if long else 1):
-        for combo in itertools.product(*(picks[a] for a in short)):
+    for i in range(max((len(picks[a]) for a in long), default=1)):
+        for combo in itertools.product(*([picks[a][i % len(picks[a])] for a in long] + [picks[a][0] for a in short])):
             p = [0, 0, 0]
-            for a in long:
-                p[a] = picks[a][i % len(picks[a])]
-            for a, v in zip(short, combo):
+            for a, v in zip(long + short, combo):
                 p[a] = v
             progs.add(tuple(p))
     return [[p] for p in sorted(progs)]

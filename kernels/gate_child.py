@@ -687,7 +687,8 @@ def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, see
     plan: dict[int, dict] = {}
 
     def first(j: int, dims: tuple[int, int, int]) -> set:
-        slots = program_slots(dims, random.Random(f"{seed}:{j}")) if uniform else upper_slots(dims, seed)
+        slots = (program_slots(dims, random.Random(f"{seed}:{j}")) if uniform
+                 else upper_slots(dims, seed, [plan[i]["dims"] for i in sorted(plan)]))
         plan[j] = {"dims": dims, "slots": slots, "pool": [], "k": 0}
         return {slot[0] for slot in slots}
 

@@ -490,3 +490,36 @@ def test_the_upper_picks_are_past_half_of_every_axis_and_shared_by_launches_of_o
         combine = {p[1] for s in upper_slots((1, 71, 1), seed) for p in s if p[1] not in (0, 70)}
         assert decode == combine and len(decode) >= UPPER_PICKS - 1  # one pick may be the last program
         assert {(p[1], p[2]) for s in upper_slots((1, 71, 2), seed) for p in s} >= {(b, k) for b in decode for k in (0, 1)}
+
+
+def test_a_later_launch_tiling_an_axis_finer_runs_programs_inside_every_computed_tile():
+    """The class: a call whose second launch reads what the first wrote, over the same axis in finer tiles (MLA's
+    split-K decode in row tiles of BLOCK_H, its combine in tiles of 8; any such pair, any row count, any draw).
+    Each upper pick of the first launch must leave the second at least one program whose whole tile it computed:
+    otherwise every sampled combine reads unwritten partials, writes nothing, and the baseline itself fails the
+    wider case (the case was dropped: CI, stop 50, MLA 2x7x251x70, decode 110 tiles, combine 220)."""
+    import random
+
+    from kernels.gate_cases import UPPER_PICKS, UPPER_WINDOW, upper_slots
+
+    rng = random.Random(0)
+    checked = 0
+    for _ in range(400):
+        t2 = rng.choice([4, 8, 16])
+        t1 = t2 * rng.choice([1, 2, 4, 8])
+        rows = rng.randrange(UPPER_PICKS * t1 + 1, 6000)
+        batch, splits, seed = rng.randrange(1, 12), rng.randrange(1, 5), rng.randrange(1000)
+        n1, n2 = -(-rows // t1), -(-rows // t2)
+        first = (n1, batch, splits)
+        firsts = [p for s in upper_slots(first, seed) for p in s]
+        later = [p for s in upper_slots((n2, batch, 1), seed, [first]) for p in s]
+        for p in firsts:
+            if p[0] < n1 // 2:
+                continue  # the first program (and its fixed companions): not an upper pick
+            lo, hi = p[0] * t1, min((p[0] + 1) * t1, rows)
+            fed = [q for q in later if q[1] == p[1] and lo <= q[0] * t2 and min((q[0] + 1) * t2, rows) <= hi]
+            assert fed, (t1, t2, rows, p)
+            checked += 1
+        per_pick = t1 // t2 + 3  # the window: the programs over one first-launch tile, one more each side
+        assert len(later) <= 2 + UPPER_PICKS * per_pick * (batch if batch <= UPPER_PICKS else 1), (t1, t2, rows)
+    assert checked > 1000 and UPPER_WINDOW >= 8
