@@ -647,7 +647,7 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
         dropped.append(f"{label}: the sampled run failed ({type(exc).__name__}: {str(exc)[:120]})")
         return None
     atol, rtol = (scale * t for t in family.tolerance(shape, job["dtype"], job["tolerance"], params))
-    why = [w for o, st in runs for w in sampled_problems(o, ref, st, atol, rtol)]
+    why = [w for o, st in runs for w in sampled_problems(o, ref, st, atol, rtol, cover=not group.get("wider_of"))]
     if why:
         dropped.append(f"{label}: the baseline itself does not pass a sampled run ({'; '.join(why)[:200]})")
         return None

@@ -133,6 +133,36 @@ def test_check_sampled_programs():
     assert why == ["output 0: launch 0 has 1 programs, the baseline's 4 (not comparable program by program)"]
 
 
+def test_the_reach_of_sampled_programs_counts_only_what_the_reference_holds():
+    """An output buffer's elements that no correct program writes stay NaN in the reference (grouped GEMM's padding
+    rows: a wider case with 2 groups of a few real rows each in 128-row aligned blocks, every tile mostly padding).
+    The programs must reach what the reference holds, not the whole buffer: counted against the buffer, the
+    baseline itself failed the wider case (CI, grouped contiguous 2x5x6145x128, reach 198,656 of 1,573,120)."""
+    ref = torch.full((8, 4), float("nan"), dtype=torch.float64)
+    ref[:3] = 1.0  # 3 real rows of 8: 12 elements to write
+    out = ref.to(torch.float32).clone()
+    stats = {"outputs": [{"launches": [{"grid": 2, "filled": [12, 0], "pids": ["0,0,0", "1,0,0"]}]}]}
+    assert sampled_problems(out, ref, stats, 1e-3, 1e-3) == []
+    stats["outputs"][0]["launches"][0]["filled"] = [5, 0]  # 5 x 2 programs < 12
+    assert sampled_problems(out, ref, stats, 1e-3, 1e-3) == ["output 0: the launches reach at most 10 of the 12 elements it must hold "
+                                                             "(largest write of a sampled program x grid)"]
+    full = torch.ones(8, 4, dtype=torch.float64)  # a kernel-allocated output: every element
+    stats["outputs"][0]["launches"][0]["filled"] = [12, 0]
+    assert any("reach at most 24 of the 32" in w for w in sampled_problems(torch.ones(8, 4), full, stats, 1e-3, 1e-3))
+    # a wider shape's upper picks (cover=False) may all be programs of few rows: only nothing written is vacuous
+    stats["outputs"][0]["launches"][0]["filled"] = [5, 0]
+    assert sampled_problems(out, ref, stats, 1e-3, 1e-3, cover=False) == []
+    stats["outputs"][0]["launches"][0]["filled"] = [0, 0]
+    assert any("reach at most 0 of the 1 " in w for w in sampled_problems(out, ref, stats, 1e-3, 1e-3, cover=False))
+    # a candidate handed the baseline's programs is held to what the baseline's reached, and to no more
+    base = [[{"grid": 2, "writes": {"0,0,0": 5, "1,0,0": 0}}]]
+    stats["outputs"][0]["launches"][0]["filled"] = [5, 0]
+    assert sampled_problems(out, ref, stats, 1e-3, 1e-3, base=base) == []
+    stats["outputs"][0]["launches"][0]["filled"] = [4, 0]
+    why = sampled_problems(out, ref, stats, 1e-3, 1e-3, base=base)
+    assert "output 0: the launches reach at most 8 of the 10 elements it must hold (largest write of a sampled program x grid)" in why
+
+
 def test_a_sampled_program_that_writes_elsewhere_is_settled_by_a_full_run():
     """A program that writes as many elements as the baseline's program of the same id, with the right
     values, but other elements (its id mapped to another tile, ``pid % 40``) is sent to a full run: the
