@@ -575,8 +575,15 @@ class _Judgement:
                 for why in buffer_problems(got["out2"], got["after2"], d["inputs2"], d["ref2"], buffers, c["tol"],
                                            "random values"):
                     tally.problem(f"[{c['label']}] second call: {why}")
-        if settle:
+        secs = sorted(((float(r.get("seconds", 0.0)), by_id[r["id"]]["label"]) for r in head["results"] if r["id"] in by_id), reverse=True)
+        if secs:
+            rep.notes.append(f"case seconds: {sum(t for t, _ in secs):.1f} in all; slowest "
+                             + ", ".join(f"{lab} {t:.1f}" for t, lab in secs[:3]))
+        if settle and tally.mismatches == 0 and not tally.nan_inf:
             self._settle(settle, tally, child, row.config)
+        elif settle:  # wrong already: a full run could only add evidence to a REGRESS (minutes on the interpreter)
+            rep.notes.append("not settled by a full run (the candidate is wrong on other cases): "
+                             + "; ".join(f"{c['label']}: {why[0][:120]}" for c, why in settle))
         row.correctness = tally.correctness()
         rep.precision = PrecisionMetrics(candidate_max=prec.frac_max, baseline_max=self.base_tally.frac_max,
                                          candidate_rms=prec.rms, baseline_rms=self.base_tally.rms, worst_case=prec.worst)

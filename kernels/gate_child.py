@@ -25,12 +25,9 @@ from kernels.gate_cases import (
     UNIFORM_BUDGET_S,
     UNIFORM_MAX,
     UNIFORM_POOL,
-    _nan_mask,
-    _written_where,
     choose_programs,
     poison_buffers,
     program_slots,
-    sample_programs,
     several_axes,
     transform_inputs,
     uniform_programs,
@@ -40,6 +37,7 @@ from kernels.gate_cases import (
 )
 from kernels.gate_compare import _error_fractions, base_writes, sampled_problems
 from kernels.gate_compile import _job_compile
+from kernels.gate_sampler import _deadline, _handed_programs, _merged_stats, _OverBudget, _ProgramSampler, _ran
 # Fresh allocations a candidate may read before writing: what they hold in the second call (see _OpRecorder).
 # The tolerance's calibration (see _job_prepare): the baseline may use at most this fraction of it ...
 CALIBRATION_HEADROOM = 0.5
@@ -174,122 +172,6 @@ SAMPLED_MAX_FLOPS = 2e10  # the float64 reference of a sampled shape must stay c
 SAMPLED_ONE_MAX_FLOPS = 2e11
 SAMPLED_MAX_BYTES = 256e6
 SAMPLED_FULL_BUDGET_S = 120.0  # a full interpreter run (what a suspicion escalates to) must be affordable
-
-
-class _ProgramProxy:
-    """Stands in for a kernel's Python function in the interpreter's grid loop: runs it only for the
-    sampled programs, and counts, per program, how many elements of each floating tensor argument it
-    turned from NaN into a value (what it wrote)."""
-
-    def __init__(self, fn: Any, launch: dict, builder: Any):
-        import inspect
-
-        self.fn, self.launch, self.builder = fn, launch, builder
-        self.__signature__ = inspect.signature(fn)
-        self.__name__ = fn.__name__
-        self.__globals__ = fn.__globals__
-
-    def __call__(self, **args: Any) -> None:
-        if tuple(self.builder.grid_idx) not in self.launch["sample"]:
-            return None
-        tensors = self.launch["tensors"]
-        # the programs of a launch run one after another and nothing else writes between them, so one
-        # program's count after is the next one's before: a count per program, not two (a scan of every
-        # floating argument each; on a timed attention shape they were a quarter of a judgement)
-        before = self.launch["nan_after"] or [_nan_mask(t) for t in tensors]
-        # CPU seconds of this process, not wall seconds: what a program costs decides how many programs a candidate
-        # runs and whether a suspicion escalates to a full run, and that must not change with the machine's load
-        # (under a second job on the same cores the wall clock doubled, fewer programs were drawn, and a cheat
-        # that skips the programs past 40 went unseen). The sandboxed child runs one thread (OMP_NUM_THREADS=1).
-        t0 = time.process_time()
-        self.fn(**args)
-        self.launch["seconds"] += time.process_time() - t0
-        after = [_nan_mask(t) for t in tensors]
-        self.launch["nan_after"] = after
-        self.launch["programs"].append([b[1] - a[1] for b, a in zip(before, after)])
-        self.launch["where"].append([_written_where(b, a) for b, a in zip(before, after)])
-        self.launch["pids"].append(",".join(map(str, self.builder.grid_idx)))
-        self.launch["times"].append(time.process_time() - t0)
-        return None
-
-
-class _ProgramSampler:
-    """While active, every interpreted launch runs only the programs ``sample_programs`` draws from
-    ``seed`` (stratified by program id), NaN-poisoned outputs showing what they wrote. A timed shape costs the
-    interpreter seconds per program; a few programs of it still show a launch that skips programs past a
-    count, a wrapper that truncates work on large shapes, or a kernel that cheats on large program ids,
-    which the small checked shapes never reach. Relies on the interpreter's grid loop (``GridExecutor``,
-    ``interpreter_builder``); where those are not as expected it raises, and the case is not used."""
-
-    def __init__(self, chooser: Callable[[int, tuple[int, int, int]], set]):
-        self.chooser = chooser  # (launch index, grid) -> the programs of that launch to run
-        self.launches: list[dict] = []
-
-    def __enter__(self) -> "_ProgramSampler":
-        import torch
-        from triton.runtime import interpreter as interp
-
-        builder = interp.interpreter_builder
-        if not (hasattr(interp, "GridExecutor") and hasattr(builder, "set_grid_dim")):
-            raise RuntimeError("the Triton interpreter has no GridExecutor / interpreter_builder.set_grid_dim")
-        sampler, original_dim = self, builder.set_grid_dim
-
-        def set_grid_dim(nx: int, ny: int, nz: int) -> None:
-            original_dim(nx, ny, nz)
-            sampler._choose(nx, ny, nz)
-
-        class Sampled(interp.GridExecutor):  # type: ignore[misc, valid-type]
-            def __call__(ex, *args_dev: Any, **kwargs: Any) -> Any:  # noqa: N805
-                tensors = [t for t in list(args_dev) + list(kwargs.values()) if torch.is_tensor(t)]
-                launch = {"tensors": tensors, "programs": [], "pids": [], "times": [], "grid": 0, "dims": (0, 0, 0),
-                          "sample": set(), "seconds": 0.0, "nan_after": None, "where": []}
-                sampler.launches.append(launch)
-                real = ex.fn
-                ex.fn = _ProgramProxy(real, launch, builder)
-                try:
-                    return super().__call__(*args_dev, **kwargs)
-                finally:
-                    ex.fn = real
-
-        self._restore = (interp, interp.GridExecutor, builder)
-        builder.set_grid_dim = set_grid_dim
-        interp.GridExecutor = Sampled
-        return self
-
-    def _choose(self, nx: int, ny: int, nz: int) -> None:
-        launch = self.launches[-1]
-        launch["grid"] = nx * ny * nz
-        launch["dims"] = (nx, ny, nz)
-        launch["sample"] = set(self.chooser(len(self.launches) - 1, (nx, ny, nz)))
-
-    def __exit__(self, *exc: object) -> None:
-        interp, cls, builder = self._restore
-        interp.GridExecutor = cls
-        builder.__dict__.pop("set_grid_dim", None)
-
-    def stats(self, out: Any) -> dict:
-        """Per output tensor, the launches that wrote into it: grid size and per sampled program the
-        elements it wrote there; and the estimated seconds of a full run."""
-        import torch
-
-        per_out = []
-        for o in _outputs(out):
-            entry: dict[str, Any] = {"launches": []}
-            if torch.is_tensor(o):
-                ptr = o.untyped_storage().data_ptr()
-                for n, launch in enumerate(self.launches):
-                    idx = [i for i, t in enumerate(launch["tensors"]) if t.untyped_storage().data_ptr() == ptr]
-                    if idx:
-                        entry["launches"].append({"grid": launch["grid"], "index": n,
-                                                  "filled": [sum(p[i] for i in idx) for p in launch["programs"]],
-                                                  "where": ["|".join(w[i] for i in idx) for w in launch["where"]],
-                                                  "pids": list(launch["pids"])})
-            per_out.append(entry)
-        full = sum(la["seconds"] / max(1, len(la["programs"])) * la["grid"] for la in self.launches)
-        ran = [{"dims": list(la["dims"]), "pids": list(la["pids"]), "wrote": [sum(p) for p in la["programs"]],
-                "times": list(la["times"])} for la in self.launches]
-        return {"outputs": per_out, "launches": len(self.launches), "full_seconds": full, "ran": ran,
-                "programs": sum(len(la["programs"]) for la in self.launches), "grid": sum(la["grid"] for la in self.launches)}
 
 
 def _sampled_call(family: Any, inputs: dict, config: dict, params: dict,
@@ -569,11 +451,27 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
         gate_inputs.clear()
         gate_inputs.update({k: v for k, v in group.get("params", {}).items() if k.startswith(GATE_PARAM_PREFIX)})
         prm = {**params, **visible}
+        over: float | None = None  # the work of the smallest shape found past the budget: larger ones are not tried
         for shape in group["shapes"]:
             seed, dist = group["seed"], group["dist"]
+            capped = group.get("budget_s") and not group.get("ascending")
+            if capped and over is not None and family.flops(shape, prm) >= over:
+                tried.append(f"{family.shape_label(shape)}: no less work than a shape past the budget")
+                continue
             t0 = time.perf_counter()
+            clock = {"expired": False}
             try:
-                inputs, ref, out, run_ops, bad, tol = one(shape, seed, dist, prm)
+                try:
+                    with _deadline(float(group["budget_s"]) if capped else None, clock):
+                        inputs, ref, out, run_ops, bad, tol = one(shape, seed, dist, prm)
+                except Exception:  # the alarm's exception can arrive wrapped (the interpreter's InterpreterError)
+                    if clock["expired"]:
+                        raise _OverBudget() from None
+                    raise
+            except _OverBudget:
+                tried.append(f"{family.shape_label(shape)}: the baseline's run took over {group['budget_s']}s on the interpreter")
+                over = family.flops(shape, prm) if over is None else min(over, family.flops(shape, prm))
+                continue
             except MemoryError as exc:
                 tried.append(f"{shape}: the baseline cannot run it here (out of memory: {str(exc)[:80]})")
                 continue
@@ -590,6 +488,9 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
         if chosen is None:
             dropped.append(f"{group['kind']}: no usable shape ({'; '.join(tried)[:400]})")
             continue
+        if over is not None:
+            dropped.append(f"{group['kind']} {family.shape_label(chosen[0])}: used instead of larger shapes past the "
+                           f"interpreter budget ({'; '.join(tried)[:300]})")
         shape, inputs, ref, out, run_ops, tol = chosen
         ops |= run_ops
         case = {"id": group["id"], "kind": group["kind"], "shape": shape, "seed_index": group["seed_index"],
@@ -663,12 +564,6 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
             "data": {"inputs": inputs, "ref": ref}}
 
 
-def _ran(stats: dict) -> list[dict[tuple, tuple[int, float]]]:
-    """Per launch: program -> (elements it wrote, seconds it took)."""
-    return [{tuple(int(x) for x in pid.split(",")): (w, t) for pid, w, t in zip(la["pids"], la["wrote"], la["times"])}
-            for la in stats["ran"]]
-
-
 def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, seed: int,
                       candidate_seeds: list[int], uniform: bool = True) -> tuple[list[tuple[Any, dict]], dict[str, list[dict]]]:
     """The baseline's sampled runs of a timed shape and the programs every candidate will run.
@@ -723,38 +618,6 @@ def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, see
     return runs, programs
 
 
-def _merged_stats(stats: list[dict]) -> dict:
-    """The sampled runs' stats as one: per output and launch the programs of every run."""
-    out = copy.deepcopy(stats[0])
-    for st in stats[1:]:
-        for mine, theirs in zip(out["outputs"], st["outputs"]):
-            for la, lb in zip(mine["launches"], theirs["launches"]):
-                la["filled"] += lb["filled"]
-                la["where"] += lb["where"]
-                la["pids"] += lb["pids"]
-        for ra, rb in zip(out["ran"], st["ran"]):
-            for key in ("pids", "wrote", "times"):
-                ra[key] += rb[key]
-        out["programs"] += st["programs"]
-    return out
-
-
-def _handed_programs(case: dict) -> Callable[[int, tuple[int, int, int]], set]:
-    """Candidate child: the programs of each launch the reference child chose for this candidate (all of them
-    ran in the baseline); a launch the baseline did not make (another count or grid) runs the first choices
-    of a draw."""
-    import random
-
-    progs = case.get("programs") or []
-
-    def chooser(j: int, dims: tuple[int, int, int]) -> set:
-        if j < len(progs) and tuple(progs[j]["dims"]) == tuple(dims):
-            return {tuple(p) for p in progs[j]["pids"]}
-        return sample_programs(dims, random.Random(f"{int(case['sample'])}:{j}"))
-
-    return chooser
-
-
 def _job_full(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
     """Candidate child: a full (unsampled) call on a sampled case's inputs, where the sampled run left
     something to settle."""
@@ -787,11 +650,12 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
         data = sandbox.unpack(case["payload"], blobs)
         res: dict[str, Any] = {"id": case["id"]}
         prm = {**params, **case.get("params", {})}
+        t0 = time.perf_counter()
         try:
             inputs = _fresh(data["inputs"], device)  # the shipped inputs are never handed to a call
             if case.get("sample"):
                 out, stats = _sampled_call(family, inputs, config, prm, _handed_programs(case))
-                res.update({"sampled": stats, "problems": [],
+                res.update({"sampled": stats, "problems": [], "seconds": time.perf_counter() - t0,
                             "payload": sandbox.pack({"out": out, "after": _clone_cpu(inputs)}, out_blobs)})
                 results.append(res)
                 continue
@@ -816,6 +680,7 @@ def _job_run(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list[byt
                 state["kept"][case["id"]] = inputs
             res["problems"] = problems
             res["payload"] = sandbox.pack(payload, out_blobs)
+            res["seconds"] = time.perf_counter() - t0
         except Exception as exc:  # noqa: BLE001 - a crashing candidate is a value
             import traceback
 

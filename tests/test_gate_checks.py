@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 GATE_FILES = ["kregress/core/checks.py", "kregress/core/gate.py", "kregress/core/gate_facts.py",
               "kregress/core/gate_policy.py", "kregress/core/gate_report.py", "kregress/core/gate_verdict.py",
               "kregress/core/patch.py", "kregress/core/records.py", "kernels/candidate.py", "kernels/gate_cases.py",
-              "kernels/gate_child.py", "kernels/gate_compare.py", "kernels/gate_compile.py", "kernels/sandbox.py"]
+              "kernels/gate_child.py", "kernels/gate_compare.py", "kernels/gate_compile.py", "kernels/gate_sampler.py",
+              "kernels/sandbox.py"]
 
 
 def seen(**kw) -> RunSeen:
@@ -252,7 +253,7 @@ def test_a_sampled_programs_cost_is_cpu_time_so_load_does_not_change_what_is_sam
     on the CPU is charged what it spins."""
     import time
 
-    from kernels.gate_child import _ProgramProxy
+    from kernels.gate_sampler import _ProgramProxy
 
     class Builder:
         grid_idx = (0, 0, 0)

@@ -370,6 +370,45 @@ def test_structure_cases_move_the_softmax_scale_far_from_the_specs(family, shape
         assert all(abs(s / scale_of(params) - 1) >= 0.199 for s in scales), (seed, scales)
 
 
+_BUDGET_CHILD = """
+import json, sys
+from kernels.gate_child import _job_prepare
+from kregress.core.family import get_family
+from kregress.core.spec import load_spec
+spec = load_spec(sys.argv[1])
+fam = get_family(spec.kernel_family)
+big, bigger, small = ({"M": n, "N": n, "K": n} for n in (1536, 2048, 64))
+group = {"id": "g0", "kind": "hidden_odd", "shapes": [big, bigger, small], "budget_s": 2.0, "seed": 3, "seed_index": 0,
+         "dist": "normal", "second": None}
+job = {"groups": [group], "config": spec.baseline, "params": spec.params, "correctness": spec.correctness_shapes,
+       "dtype": spec.dtype, "tolerance": spec.constraints.numeric_tolerance, "device": "cpu", "reference_device": "cpu",
+       "keep": False}
+head, _ = _job_prepare({"family": fam, "kept": {}}, job, [])
+print(json.dumps({"shapes": [c["shape"] for c in head["cases"]], "dropped": head["dropped"]}))
+"""
+
+
+def test_a_hidden_shape_past_the_interpreter_budget_gives_way_to_a_smaller_one():
+    """Every kept case runs once per candidate on the interpreter, so a hidden shape drawn large (MLA 13x7x67x617 took
+    ~60 s a candidate) costs minutes a judgement. The class: any family, any budgeted group: the baseline's run is
+    cut at the budget (the reference child's own alarm), shapes with no less work are not tried, the next smaller
+    one is used, and the report says so."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    spec = Path(__file__).parent / "redteam" / "families" / "specs" / "gemm.yaml"
+    res = subprocess.run([sys.executable, "-c", _BUDGET_CHILD, str(spec)], env={**os.environ, "TRITON_INTERPRET": "1"},
+                         capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["shapes"] == [{"M": 64, "N": 64, "K": 64}], got
+    note = [d for d in got["dropped"] if "past the interpreter budget" in d]
+    assert note and "1536x1536x1536: the baseline's run took over 2.0s" in note[0], got["dropped"]
+    assert "2048x2048x2048: no less work than a shape past the budget" in note[0]  # never run
+
+
 REDTEAM_SPECS = sorted((Path(__file__).parent / "redteam" / "families" / "specs").glob("*.yaml"))
 _WIDER_CHILD = """
 import json, math, random, sys
