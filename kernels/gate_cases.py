@@ -269,6 +269,30 @@ def upper_slots(grid: tuple[int, int, int], seed: int,
     return [[p] for p in sorted(progs)]
 
 
+FED_MAX = 64  # programs a launch adds so that a later launch's first program reads computed values (see fed_slots)
+
+
+def fed_slots(grid: tuple[int, int, int], later: list[tuple[int, ...]]) -> list[list[tuple[int, int, int]]]:
+    """Slots that feed a later launch: the first program of ``grid`` with every coordinate of the axes that a
+    later launch of the call does not have (length 1 there, several here), one slot each. MLA's combine
+    (rows / 8, batch) reads what every split of its decode (rows / BLOCK_H, batch, splits) wrote for the same
+    rows: the decode's sampled programs take one split each, so no sampled combine program read computed partials,
+    wrote nothing, and the baseline failed its own timed case (dropped on most draws). With every split of the
+    first decode program run, the combine's first program (always sampled) is fed. At most ``FED_MAX``."""
+    import itertools
+
+    axes = [a for a in range(3) if grid[a] > 1 and any((tuple(g) + (1, 1, 1))[a] == 1 for g in later)]
+    if not axes or math.prod(grid[a] for a in axes) > FED_MAX:
+        return []
+    out = []
+    for combo in itertools.product(*(range(grid[a]) for a in axes)):
+        p = [0, 0, 0]
+        for a, v in zip(axes, combo):
+            p[a] = v
+        out.append([tuple(p)])
+    return out
+
+
 def sample_programs(grid: tuple[int, int, int], rng: Any) -> set[tuple[int, int, int]]:
     """The first choice of every slot of ``program_slots``: what a sampled run executes where nothing is
     known about which programs do work."""

@@ -25,7 +25,9 @@ from kernels.gate_cases import (
     UNIFORM_BUDGET_S,
     UNIFORM_MAX,
     UNIFORM_POOL,
+    _launch_grids,
     choose_programs,
+    fed_slots,
     poison_buffers,
     program_slots,
     several_axes,
@@ -531,7 +533,7 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
     """Reference child: a timed shape for the sampled check, used only where it is cheap to make and the
     baseline passes it (a family whose programs share their outputs, a split-K reduction, say, cannot be
     checked by sampling) and a full run, what a suspicion escalates to, is affordable."""
-    from kernels.dtypes import DTYPE_BYTES
+    from kernels.dtypes import DTYPE_BYTES, TORCH_DTYPES
 
     params, config = job["params"], job["config"]
     shape = group["shapes"][0]
@@ -542,17 +544,26 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
     try:
         inputs = make(shape, group["seed"], group["dist"])
         ref = reference(inputs)
+        try:  # the launches' grids (cached per process): a launch feeds the later ones (fed_slots)
+            grids = _launch_grids(family, shape, config, TORCH_DTYPES[job["dtype"]], params)
+        except Exception:  # noqa: BLE001 - a wrapper that needs real inputs to launch: no feeding
+            grids = None
         runs, programs = _sampled_baseline(family, inputs, config, params, int(group["sample_seed"]),
-                                           [int(x) for x in group["candidate_seeds"]], uniform=not group.get("wider_of"))
+                                           [int(x) for x in group["candidate_seeds"]], uniform=not group.get("wider_of"),
+                                           grids=grids)
     except Exception as exc:  # noqa: BLE001 - a family the sampler cannot run: the check is not used
         dropped.append(f"{label}: the sampled run failed ({type(exc).__name__}: {str(exc)[:120]})")
         return None
     atol, rtol = (scale * t for t in family.tolerance(shape, job["dtype"], job["tolerance"], params))
-    why = [w for o, st in runs for w in sampled_problems(o, ref, st, atol, rtol, cover=not group.get("wider_of"))]
+    # values run by run; the reach over both runs together (the second runs only alternatives: MLA's combine
+    # programs there read partials of decode programs run in the first)
+    stats = _merged_stats([st for _o, st in runs])
+    cover = not group.get("wider_of")
+    why = [w for o, st in runs for w in sampled_problems(o, ref, st, atol, rtol, cover=cover, reach=False)]
+    why += [w for w in sampled_problems(runs[0][0], ref, stats, atol, rtol, cover=cover) if "reach at most" in w]
     if why:
         dropped.append(f"{label}: the baseline itself does not pass a sampled run ({'; '.join(why)[:200]})")
         return None
-    stats = _merged_stats([st for _o, st in runs])
     settle = stats["full_seconds"] <= SAMPLED_FULL_BUDGET_S
     if not settle:
         dropped.append(f"{label}: a full run would take ~{stats['full_seconds']:.0f}s on the interpreter: sampled "
@@ -565,7 +576,8 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
 
 
 def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, seed: int,
-                      candidate_seeds: list[int], uniform: bool = True) -> tuple[list[tuple[Any, dict]], dict[str, list[dict]]]:
+                      candidate_seeds: list[int], uniform: bool = True,
+                      grids: list[tuple[int, ...]] | None = None) -> tuple[list[tuple[Any, dict]], dict[str, list[dict]]]:
     """The baseline's sampled runs of a timed shape and the programs every candidate will run.
 
     First run: the first choice of every slot of ``program_slots`` (``upper_slots`` without ``uniform``; drawn
@@ -573,7 +585,8 @@ def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, see
     run, on fresh inputs: the other alternatives of the slots whose first choice wrote nothing, and a pool of
     ``UNIFORM_POOL`` times the uniform programs a candidate runs (``UNIFORM_MAX``, as far as ``UNIFORM_BUDGET_S``
     of the first run's seconds per working program allows; none without ``uniform``, as for a wider shape, whose
-    slots are what it is for). Then per candidate seed and launch
+    slots are what it is for). With the call's launch ``grids`` known, a launch adds ``fed_slots`` for the later
+    ones (its first program over the axes they collapse: MLA's splits). Then per candidate seed and launch
     ``choose_programs``. Returns the runs' (outputs, stats) and per candidate seed, per launch {dims, pids}:
     what that candidate's sampled run executes (every program of it ran in the baseline, so the writes
     compare program by program)."""
@@ -584,6 +597,9 @@ def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, see
     def first(j: int, dims: tuple[int, int, int]) -> set:
         slots = (program_slots(dims, random.Random(f"{seed}:{j}")) if uniform
                  else upper_slots(dims, seed, [plan[i]["dims"] for i in sorted(plan)]))
+        if grids and j < len(grids) and (tuple(grids[j]) + (1, 1, 1))[:3] == tuple(dims):
+            have = {slot[0] for slot in slots}
+            slots += [slot for slot in fed_slots(dims, list(grids[j + 1:])) if slot[0] not in have]
         plan[j] = {"dims": dims, "slots": slots, "pool": [], "k": 0}
         return {slot[0] for slot in slots}
 

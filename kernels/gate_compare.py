@@ -18,7 +18,7 @@ def base_writes(stats: dict) -> list[list[dict]]:
 
 
 def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
-                     base: list[list[dict]] | None = None, cover: bool = True) -> list[str]:
+                     base: list[list[dict]] | None = None, cover: bool = True, reach: bool = True) -> list[str]:
     """What a sampled run of a timed shape shows that a full run would have to settle: a written element
     that differs from the reference, a launch whose programs cannot cover the output (the largest amount
     a sampled program wrote, times the grid, is less than the elements the reference holds), no launch writing an output at
@@ -29,8 +29,9 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
     divides the work otherwise: its programs cannot be compared by id, so a full run settles it), or
     launches unlike the baseline's; the reach is then held to what the baseline's programs reached. Without
     ``cover`` (the baseline's run of a wider shape's upper picks: a few programs of a grid whose programs differ,
-    grouped GEMM's tiles of 8 real rows and of 2) the reach only has to be more than nothing. Empty: nothing
-    to settle."""
+    grouped GEMM's tiles of 8 real rows and of 2) the reach only has to be more than nothing; without ``reach``
+    it is not checked (the baseline's second run: only the slots' alternatives, their reach is the runs' together,
+    see ``kernels.gate_child._prepare_sampled``). Empty: nothing to settle."""
     import torch
 
     from kernels.measure import compare
@@ -49,7 +50,7 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
         if not launches:
             why.append(f"no launch wrote output {i}")
             continue
-        reach = sum(max(la["filled"], default=0) * la["grid"] for la in launches)
+        got = sum(max(la["filled"], default=0) * la["grid"] for la in launches)
         # what must be written: the reference's values; an output buffer's NaN (as handed in) where no correct
         # program writes (grouped GEMM's padding rows: a wider case with few real rows has most tiles of them)
         need = int((~torch.isnan(r)).sum()) if r.is_floating_point() else r.numel()
@@ -58,8 +59,8 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
             need = min(need, sum(max(m["writes"].values(), default=0) * m["grid"] for m in mine))
         elif not cover:  # the baseline's picks of a wider shape: uneven programs, only nothing written is vacuous
             need = min(need, 1)
-        if reach < need:
-            why.append(f"output {i}: the launches reach at most {reach} of the {need} elements it must hold "
+        if reach and got < need:
+            why.append(f"output {i}: the launches reach at most {got} of the {need} elements it must hold "
                        f"(largest write of a sampled program x grid)")
         if base is not None:
             mine = base[i] if i < len(base) else []

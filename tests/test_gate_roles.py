@@ -531,6 +531,28 @@ def test_the_upper_picks_are_past_half_of_every_axis_and_shared_by_launches_of_o
         assert {(p[1], p[2]) for s in upper_slots((1, 71, 2), seed) for p in s} >= {(b, k) for b in decode for k in (0, 1)}
 
 
+def test_a_launch_feeds_the_first_program_of_a_later_launch_that_collapses_its_axes():
+    """The class: a call whose later launch reduces over an axis of an earlier one (MLA's combine over the decode's
+    splits, any split count, any other axes). The earlier launch's sampled programs include its first program with
+    every coordinate of each collapsed axis, so the later launch's first program (always sampled) reads only
+    computed values; nothing is added where no axis collapses (one-launch families keep their draws)."""
+    import random
+
+    from kernels.gate_cases import FED_MAX, fed_slots, program_slots
+
+    rng = random.Random(0)
+    for _ in range(300):
+        splits, batch, rows = rng.choice([2, 3, 4, 8, 16, 32]), rng.randrange(1, 70), rng.randrange(1, 40)
+        decode, combine = (rows, batch, splits), (2 * rows, batch)
+        fed = {s[0] for s in fed_slots(decode, [combine])}
+        assert fed == {(0, 0, z) for z in range(splits)}, (decode, fed)
+        slots = {s[0] for s in program_slots(decode, random.Random(1))} | fed
+        assert all((0, 0, z) in slots for z in range(splits))  # what combine (0, 0) reads, every split
+    assert fed_slots((40, 4, 1), [(80, 4)]) == [] and fed_slots((40, 4, 2), []) == []  # nothing collapses
+    assert fed_slots((1, 8, 128), [(1, 8, 1)]) == []  # past FED_MAX: not fed (the case may be dropped, said in the report)
+    assert len(fed_slots((3, 4, 5), [(1, 4, 1)])) == 15 <= FED_MAX  # two collapsed axes: every pair
+
+
 def test_a_later_launch_tiling_an_axis_finer_runs_programs_inside_every_computed_tile():
     """The class: a call whose second launch reads what the first wrote, over the same axis in finer tiles (MLA's
     split-K decode in row tiles of BLOCK_H, its combine in tiles of 8; any such pair, any row count, any draw).
