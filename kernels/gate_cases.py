@@ -250,7 +250,7 @@ def upper_slots(grid: tuple[int, int, int], seed: int,
         if n <= UPPER_PICKS:
             return [list(range(n))]
         for e in earlier:
-            m = e[a] if a < len(e) else 1
+            m = e[a]
             if m > UPPER_PICKS and m != n and n <= UPPER_WINDOW * m:
                 return [list(range(max(0, p * n // m - 1), min(n, -(-(p + 1) * n // m) + 1))) for p in own(m)]
         return [[p] for p in own(n)]

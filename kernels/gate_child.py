@@ -37,7 +37,7 @@ from kernels.gate_cases import (
     wide_shape,
     wider_shapes,
 )
-from kernels.gate_compare import _error_fractions, base_writes, sampled_problems
+from kernels.gate_compare import _error_fractions, base_writes, reach_problems, sampled_problems
 from kernels.gate_compile import _job_compile
 from kernels.gate_sampler import _deadline, _handed_programs, _merged_stats, _OverBudget, _ProgramSampler, _ran
 # Fresh allocations a candidate may read before writing: what they hold in the second call (see _OpRecorder).
@@ -453,26 +453,20 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
         gate_inputs.clear()
         gate_inputs.update({k: v for k, v in group.get("params", {}).items() if k.startswith(GATE_PARAM_PREFIX)})
         prm = {**params, **visible}
-        over: float | None = None  # the work of the smallest shape found past the budget: larger ones are not tried
+        budget = None if group.get("ascending") else group.get("budget_s")  # ascending groups time their runs after
+        over = math.inf  # the work of the smallest shape found past the budget: no larger one is tried
         for shape in group["shapes"]:
             seed, dist = group["seed"], group["dist"]
-            capped = group.get("budget_s") and not group.get("ascending")
-            if capped and over is not None and family.flops(shape, prm) >= over:
+            if budget and family.flops(shape, prm) >= over:
                 tried.append(f"{family.shape_label(shape)}: no less work than a shape past the budget")
                 continue
             t0 = time.perf_counter()
-            clock = {"expired": False}
             try:
-                try:
-                    with _deadline(float(group["budget_s"]) if capped else None, clock):
-                        inputs, ref, out, run_ops, bad, tol = one(shape, seed, dist, prm)
-                except Exception:  # the alarm's exception can arrive wrapped (the interpreter's InterpreterError)
-                    if clock["expired"]:
-                        raise _OverBudget() from None
-                    raise
+                with _deadline(budget):
+                    inputs, ref, out, run_ops, bad, tol = one(shape, seed, dist, prm)
             except _OverBudget:
-                tried.append(f"{family.shape_label(shape)}: the baseline's run took over {group['budget_s']}s on the interpreter")
-                over = family.flops(shape, prm) if over is None else min(over, family.flops(shape, prm))
+                tried.append(f"{family.shape_label(shape)}: the baseline's run took over {budget}s on the interpreter")
+                over = min(over, family.flops(shape, prm))
                 continue
             except MemoryError as exc:
                 tried.append(f"{shape}: the baseline cannot run it here (out of memory: {str(exc)[:80]})")
@@ -490,7 +484,7 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
         if chosen is None:
             dropped.append(f"{group['kind']}: no usable shape ({'; '.join(tried)[:400]})")
             continue
-        if over is not None:
+        if over < math.inf:
             dropped.append(f"{group['kind']} {family.shape_label(chosen[0])}: used instead of larger shapes past the "
                            f"interpreter budget ({'; '.join(tried)[:300]})")
         shape, inputs, ref, out, run_ops, tol = chosen
@@ -560,7 +554,7 @@ def _prepare_sampled(family: Any, group: dict, job: dict, make: Callable, refere
     stats = _merged_stats([st for _o, st in runs])
     cover = not group.get("wider_of")
     why = [w for o, st in runs for w in sampled_problems(o, ref, st, atol, rtol, cover=cover, reach=False)]
-    why += [w for w in sampled_problems(runs[0][0], ref, stats, atol, rtol, cover=cover) if "reach at most" in w]
+    why += reach_problems(ref, stats, cover)
     if why:
         dropped.append(f"{label}: the baseline itself does not pass a sampled run ({'; '.join(why)[:200]})")
         return None
@@ -593,13 +587,14 @@ def _sampled_baseline(family: Any, inputs: dict, config: dict, params: dict, see
     import random
 
     plan: dict[int, dict] = {}
+    grids3 = [(tuple(g) + (1, 1, 1))[:3] for g in grids or []]  # as the interpreter reports them: (nx, ny, nz)
 
     def first(j: int, dims: tuple[int, int, int]) -> set:
         slots = (program_slots(dims, random.Random(f"{seed}:{j}")) if uniform
                  else upper_slots(dims, seed, [plan[i]["dims"] for i in sorted(plan)]))
-        if grids and j < len(grids) and (tuple(grids[j]) + (1, 1, 1))[:3] == tuple(dims):
+        if j < len(grids3) and grids3[j] == tuple(dims):
             have = {slot[0] for slot in slots}
-            slots += [slot for slot in fed_slots(dims, list(grids[j + 1:])) if slot[0] not in have]
+            slots += [slot for slot in fed_slots(dims, grids3[j + 1:]) if slot[0] not in have]
         plan[j] = {"dims": dims, "slots": slots, "pool": [], "k": 0}
         return {slot[0] for slot in slots}
 

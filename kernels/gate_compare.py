@@ -50,20 +50,11 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
         if not launches:
             why.append(f"no launch wrote output {i}")
             continue
-        got = sum(max(la["filled"], default=0) * la["grid"] for la in launches)
-        # what must be written: the reference's values; an output buffer's NaN (as handed in) where no correct
-        # program writes (grouped GEMM's padding rows: a wider case with few real rows has most tiles of them)
-        need = int((~torch.isnan(r)).sum()) if r.is_floating_point() else r.numel()
-        if base is not None:  # the same programs as the baseline's run: no less than it reached
-            mine = base[i] if i < len(base) else []
-            need = min(need, sum(max(m["writes"].values(), default=0) * m["grid"] for m in mine))
-        elif not cover:  # the baseline's picks of a wider shape: uneven programs, only nothing written is vacuous
-            need = min(need, 1)
-        if reach and got < need:
-            why.append(f"output {i}: the launches reach at most {got} of the {need} elements it must hold "
-                       f"(largest write of a sampled program x grid)")
-        if base is not None:
-            mine = base[i] if i < len(base) else []
+        mine = (base[i] if i < len(base) else []) if base is not None else None
+        short_reach = _reach_problem(i, launches, r, mine, cover) if reach else None
+        if short_reach:
+            why.append(short_reach)
+        if mine is not None:
             if len(mine) != len(launches):
                 why.append(f"output {i}: written by {len(launches)} launch(es), the baseline's by {len(mine)}")
             for j, la in enumerate(launches[:len(mine)]):
@@ -93,6 +84,36 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
             if not res["ok"]:
                 why.append(f"output {i}: {res['mismatches']} of {int(written.sum())} written elements differ from the reference")
     return why
+
+
+def _reach_problem(i: int, launches: list[dict], r: Any, mine: list[dict] | None, cover: bool) -> str | None:
+    """Why the sampled programs of output ``i``'s ``launches`` cannot cover it (the largest write of a sampled
+    program times the grid is short of what must be written), or None. What must be written: the reference's
+    values, not an output buffer's NaN (as handed in) where no correct program writes (grouped GEMM's padding
+    rows: a wider case with few real rows has most tiles of them); with ``mine`` (the baseline's launches of the
+    same programs) no more than they reached; without ``cover`` (a wider shape's uneven upper picks) only more
+    than nothing."""
+    import torch
+
+    got = sum(max(la["filled"], default=0) * la["grid"] for la in launches)
+    need = int((~torch.isnan(r)).sum()) if r.is_floating_point() else r.numel()
+    if mine is not None:
+        need = min(need, sum(max(m["writes"].values(), default=0) * m["grid"] for m in mine))
+    elif not cover:
+        need = min(need, 1)
+    if got >= need:
+        return None
+    return f"output {i}: the launches reach at most {got} of the {need} elements it must hold (largest write of a sampled program x grid)"
+
+
+def reach_problems(ref: Any, stats: dict, cover: bool = True) -> list[str]:
+    """``_reach_problem`` for every tensor output written by a launch of ``stats`` (the baseline's sampled runs
+    merged: the second runs only alternatives, whose later launches read what the first run computed)."""
+    import torch
+
+    outs = stats["outputs"]
+    return [w for i, r in enumerate(_outputs(ref)) if torch.is_tensor(r) and i < len(outs) and outs[i]["launches"]
+            for w in [_reach_problem(i, outs[i]["launches"], r, None, cover)] if w]
 
 
 def _error_fractions(out: Any, ref: Any, atol: float, rtol: float) -> tuple[float, float, int]:
