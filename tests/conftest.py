@@ -52,11 +52,24 @@ SLOW_MODULES = frozenset({
 })
 
 
+# The README's test command runs on two pytest-xdist workers with `--dist loadgroup`: each module stays on one
+# worker (its module fixtures made once, its tests in file order), and the judging modules, which judge their
+# candidates side by side on every core already, run one after another on one worker instead of two at once.
+JUDGING_MODULES = frozenset({
+    "test_judge_corpus.py",
+    "test_judge_sandbox.py",
+    "test_mutants_sample.py",
+    "test_redteam_families.py",
+    "test_upstream36_cheats.py",
+})
+
+
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     for item in items:
         if item.path.name in SLOW_MODULES:
             item.add_marker(slow)
+        item.add_marker(pytest.mark.xdist_group("judging" if item.path.name in JUDGING_MODULES else item.path.name))
     try:
         import torch
 
