@@ -338,7 +338,7 @@ def test_missing_header_key_names_file_and_key(tmp_path, key):
     "blob, match",
     [
         (b"\x1f\x8b\x08\x00garbage", "not a readable Kernel Tuner cache file"),
-        (gzip.compress(b'{"device_name": "x", "cache": {'), "not a readable Kernel Tuner cache file"),
+        (gzip.compress(b'{"device_name": "x", "cache": {', mtime=0), "not a readable Kernel Tuner cache file"),
         (b"[1, 2, 3]", "top level is list"),
         (b"", "not a readable Kernel Tuner cache file"),
     ],
