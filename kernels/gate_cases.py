@@ -20,6 +20,12 @@ WIDER_MIN_PROGRAMS = 64  # a grid axis grown past the timed launches has at leas
 WIDER_MAX_PROGRAMS = 4096  # ... and the programs of a wider shape stay within this (a full run, if suspected, is affordable)
 WIDER_MAX_FLOPS = 2e9  # ... and its float64 reference within ~1 s of the CPU
 WIDER_PARTS = 2  # wider cases at most: where growing every grid axis at once is too large, one axis each
+# An axis whose growth to its target is past WIDER_MAX_FLOPS (attention's row tiles: a longer sequence is quadratic)
+# still grows past the timed launches, as far as this many times the timed shapes' FLOPs allow (their own sampled
+# check makes a reference of that order already), never past WIDER_REACH_MAX_FLOPS
+WIDER_REACH_RATIO = 2.0
+REACH_PAST = 0.25  # ... as far past the timed launches' programs as this fraction of them (or WIDER_MIN_PROGRAMS)
+WIDER_REACH_MAX_FLOPS = 2e10  # (the cap of a sampled shape that is not the least: kernels.gate_child.SAMPLED_MAX_FLOPS)
 LARGE_SCALE = 8.0  # "large magnitudes": x8 keeps an fp16 GEMM of K <= 1024 far from overflow
 OUTLIER_SCALE = 16.0
 OUTLIER_FRACTION = 0.01
@@ -419,11 +425,16 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
     """Shapes that launch more programs than any timed shape on every grid axis a dimension can grow, each
     program with the least work, in order of preference. From the least work: every dimension but the
     structure (``structure_keys``) at its smallest checked value (never below it: a checked shape is one whose
-    inputs give every program work); then per grid axis one dimension that grows
+    inputs give every program work), the structure at its least with the timed shapes' ratios; then per grid
+    axis one dimension that grows
     it (drawn from ``rng``; a reduction only where nothing else grows that axis), doubled until the axis has
     ``factor`` times the programs of the timed launches' and ``WIDER_MIN_PROGRAMS`` or more, then set to an
-    odd prime past that. All of them at once, or one at a time (each a case of its own) where all at once is
-    past ``WIDER_MAX_PROGRAMS`` programs or ``WIDER_MAX_FLOPS``; a shape past those alone is left out. The
+    odd prime past that. Where that is past ``WIDER_MAX_FLOPS`` (or ``WIDER_MAX_PROGRAMS``), the dimension grows
+    as far as the reach cap allows (``WIDER_REACH_RATIO`` times the timed shapes' FLOPs; its float64 reference
+    costs what theirs do), if that passes the timed launches on an axis (attention's row tiles: a sequence
+    longer than the timed one is quadratic); an axis it cannot pass is left to another dimension. All of them
+    at once, or one at a time (each a case of its own) where all at once is past the caps; a shape past those
+    alone is left out. The
     spec's shapes cap the program ids a check reaches; a kernel that maps the ids past a count onto those below
     it (``pid % 40``, ``min(pid, 39)``) or skips them is right on every one of them and wrong here. Empty
     when no dimension grows the grid."""
@@ -450,13 +461,32 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
         v = min(s[k] for s in correctness)
         if v < shape[k] and grids({**shape, k: v}) is not None:
             shape = {**shape, k: v}
+    if fixed and shape and all(shape.get(k, 0) > 0 for k in fixed):
+        # the structure at its least with the same ratios (attention's GQA 16:4 as 4:1, 128:128 as 1:1): fewer
+        # programs on the heads axis, the same index arithmetic, so a longer sequence stays cheap to run whole
+        common = math.gcd(*(shape[k] for k in fixed))
+        least = {**shape, **{k: shape[k] // common for k in fixed}}
+        if common > 1 and grids(least) is not None:
+            shape = least
     base = grids(shape)
     if base is None or not tops:
         return []
 
+    def top(i: int, a: int) -> int:  # the timed launches' programs on an axis
+        return max((t[i][a] for t in tops if i < len(t) and a < len(t[i])), default=1)
+
     def want(i: int, a: int) -> int:  # the programs an axis must reach
-        top = max((t[i][a] for t in tops if i < len(t) and a < len(t[i])), default=1)
-        return max(factor * top, WIDER_MIN_PROGRAMS)
+        return max(factor * top(i, a), WIDER_MIN_PROGRAMS)
+
+    # a dimension grown only as far as the reach cap allows (see WIDER_REACH_RATIO), and that cap
+    reaching: set[str] = set()
+    reach_cap = max(WIDER_MAX_FLOPS, min(WIDER_REACH_MAX_FLOPS, WIDER_REACH_RATIO * max(family.flops(s, params) for s in timed)))
+
+    def within(trial: dict, cap: float, more_than: int = 0) -> bool:  # flops first: a probe makes the shape's inputs
+        if family.flops(trial, params) > cap:
+            return False
+        g = grids(trial)
+        return g is not None and more_than < programs(g) <= WIDER_MAX_PROGRAMS
 
     grows: dict[str, set] = {}
     for k in keys:  # probes past a tile (a dimension cut to 1 grows no grid when doubled), within the family's bounds
@@ -500,8 +530,31 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
                 last = v
                 if all(g[i][a] >= want(i, a) for i, a in axes):
                     break
-            if past_caps:  # these axes cannot reach their programs within the caps (the part was left out)
-                part = {}
+            if past_caps:  # short of the target within the caps: past the timed launches, within the reach cap
+                fix = {**shape, **part}
+                v = _reach_value(lambda x, fix=fix, j=j: within({**fix, j: x}, reach_cap), last, shape[j])
+                g = grids({**shape, **part, j: v}) if v is not None else None
+                passed = {(i, a) for i, a in axes if g is not None and g[i][a] > top(i, a)}
+                if not passed:
+                    part = {}  # these axes cannot pass the timed launches within the caps (the part is left out)
+                    break
+                # the least value as far past them as REACH_PAST asks, or as this one reaches (a whole run of it stays
+                # affordable: attention's row tiles past the timed ones, not the most the FLOPs cap allows)
+                goal = {(i, a): min(g[i][a], max(top(i, a) + max(2, int(REACH_PAST * top(i, a))), WIDER_MIN_PROGRAMS))
+                        for i, a in passed}
+
+                def reaches(x: int, fix: dict = fix, j: str = j, goal: dict = goal) -> bool:
+                    gx = grids({**fix, j: x})
+                    return gx is not None and all(gx[i][a] >= n for (i, a), n in goal.items())
+
+                lo, hi = shape[j], v  # (below ``last`` too: it fell short on an axis it cannot pass)
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
+                above = _odd_near(hi - 1, set(), below=False)  # the odd prime nearest at or past it, if still within
+                part[j] = above if above <= v and reaches(above) else hi
+                reaching.add(j)
+                covered -= axes - passed  # an axis it could not pass is left to another dimension
                 break
             odd = [o for o in (_odd_near(last, set(), below=False, rng=rng), _odd_near(last, set(), below=True, rng=rng))
                    if grids({**shape, **part, j: o}) is not None]
@@ -511,14 +564,34 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
         if part:
             parts.append(part)
 
-    def cheap(trial: dict) -> bool:
-        g = grids(trial)
-        return g is not None and programs(base) < programs(g) <= WIDER_MAX_PROGRAMS and family.flops(trial, params) <= WIDER_MAX_FLOPS
+    def cheap(trial: dict) -> bool:  # the reach cap only for a part grown under it
+        return within(trial, reach_cap if reaching & set(k for k in trial if trial[k] != shape[k]) else WIDER_MAX_FLOPS,
+                      more_than=programs(base))
 
     every = {**shape, **{k: v for part in parts for k, v in part.items()}}
     if len(parts) > 1 and cheap(every):
         return [every]
     return [t for t in ({**shape, **part} for part in parts) if cheap(t)]
+
+
+def _reach_value(ok: Any, last: int, start: int) -> int | None:
+    """The largest value past ``last`` (the largest under the plain caps; ``start`` if none) for which ``ok``
+    holds, ``ok`` true up to a point and false past it: doubled until it fails, then bisected. None if
+    ``last`` + 1 fails."""
+    lo = max(last, start)
+    if not ok(lo + 1):
+        return None
+    hi = 2 * lo + 2
+    for _ in range(24):
+        if not ok(hi):
+            break
+        lo, hi = hi, 2 * hi
+    else:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
 
 
 def _primes_upto(n: int) -> list[int]:

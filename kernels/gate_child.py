@@ -35,6 +35,7 @@ from kernels.gate_cases import (
     uniform_programs,
     upper_slots,
     wide_shape,
+    WIDER_REACH_MAX_FLOPS,
     wider_shapes,
 )
 from kernels.gate_compare import _error_fractions, base_writes, reach_problems, sampled_problems
@@ -441,8 +442,9 @@ def _job_prepare(state: dict, job: dict, blobs: list[bytes]) -> tuple[dict, list
                 continue
             group = dict(group, shapes=[wider[group["part"]]])
         if group.get("sample"):
-            case = _prepare_sampled(family, group, job, make, reference, dropped, calib["scale"],
-                                    SAMPLED_ONE_MAX_FLOPS if group["id"] == least else SAMPLED_MAX_FLOPS)
+            # a wider shape is within its own caps already (wider_shapes: the reach cap where an axis needs it)
+            cap = WIDER_REACH_MAX_FLOPS if group.get("wider_of") else SAMPLED_ONE_MAX_FLOPS if group["id"] == least else SAMPLED_MAX_FLOPS
+            case = _prepare_sampled(family, group, job, make, reference, dropped, calib["scale"], cap)
             if case is not None:
                 case["payload"] = _sandbox.pack(case.pop("data"), out_blobs)
                 cases_out.append(case)

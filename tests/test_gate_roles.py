@@ -434,6 +434,8 @@ for path in sys.argv[1:]:
                       "largest_probe": max(probed)} for s in shapes])
     out[path] = {"timed": [_launch_grids(fam, s, config, dtype, params) for s in spec.shape_matrix], "runs": runs,
                  "timed_bytes": max(fam.bytes_moved(s, 2, {}) for s in spec.shape_matrix),
+                 "timed_flops": max(fam.flops(s, params) for s in spec.shape_matrix),
+                 "timed_shapes": list(spec.shape_matrix),
                  "family": spec.kernel_family, "layout": dict(spec.params).get("layout"),
                  "reductions": list(getattr(fam, "reduction_keys", ())),
                  "structure": list(getattr(fam, "structure_keys", ())), "smallest": {k: min(c[k] for c in spec.correctness_shapes)
@@ -469,10 +471,12 @@ def test_wider_shapes_launch_more_programs_than_any_timed_shape_on_every_axis_th
     ``min(pid, 39)``, a skip past it), on any grid axis. Every family's wider shapes grow each axis that a
     dimension can grow to four times the timed launch's or more (at least ``WIDER_MIN_PROGRAMS``), the other
     dimensions at their smallest checked values, within the cost caps; where all axes at once are past the caps, one
-    shape per axis, at most ``WIDER_PARTS``."""
+    shape per axis, at most ``WIDER_PARTS``. An axis whose growth is past the FLOPs cap (attention's row tiles: a
+    longer sequence is quadratic) still passes the timed launches, by ``REACH_PAST`` of their programs where the
+    reach cap allows, within it; the structure keeps the timed shapes' ratios at its least."""
     import math
 
-    from kernels.gate_cases import WIDER_MAX_FLOPS, WIDER_MAX_PROGRAMS, WIDER_MIN_PROGRAMS, WIDER_PARTS
+    from kernels.gate_cases import REACH_PAST, WIDER_MAX_FLOPS, WIDER_MAX_PROGRAMS, WIDER_MIN_PROGRAMS, WIDER_PARTS, WIDER_REACH_MAX_FLOPS, WIDER_REACH_RATIO
 
     got = wider[str(path)]
 
@@ -483,15 +487,22 @@ def test_wider_shapes_launch_more_programs_than_any_timed_shape_on_every_axis_th
     for shapes in got["runs"]:
         assert 1 <= len(shapes) <= WIDER_PARTS, shapes
         grown = set()
+        reach_cap = max(WIDER_MAX_FLOPS, min(WIDER_REACH_MAX_FLOPS, WIDER_REACH_RATIO * got["timed_flops"]))
         for s in shapes:
-            assert s["ok"] and s["flops"] <= WIDER_MAX_FLOPS
+            assert s["ok"] and s["flops"] <= reach_cap
             assert sum(math.prod(g) for g in s["grids"]) <= WIDER_MAX_PROGRAMS
             for i, g in enumerate(pad(s["grids"])):
                 top = [max(t[i][a] for t in timed) for a in range(3)]
                 for a in range(3):
                     if g[a] > top[a]:
-                        assert g[a] >= min(4 * top[a], WIDER_MIN_PROGRAMS), (s, top)
+                        full = g[a] >= min(4 * top[a], WIDER_MIN_PROGRAMS) and s["flops"] <= WIDER_MAX_FLOPS
+                        # or grown under the reach cap: past the timed launches by REACH_PAST, or short of that only
+                        # where the cap stops it (FLOPs grow at least linearly in a dimension: doubled, past the cap)
+                        assert full or g[a] >= min(top[a] + max(2, int(REACH_PAST * top[a])), WIDER_MIN_PROGRAMS) \
+                            or s["flops"] > reach_cap / 2, (s, top)
                         grown.add((i, a))
+            ratio = {k: s["shape"][k] / got["timed_shapes"][0][k] for k in got["structure"]}
+            assert len(set(ratio.values())) <= 1, s  # the structure's ratios kept (attention's GQA 4:1)
             # what the derivation probed (each probe makes its shape's inputs) stays small: a dimension that grows no
             # axis is never doubled on and on (MLA's batch: thousands of sequences, out of memory), nor one past the
             # cost caps (attention's sequence: 4 GB moved)
@@ -505,7 +516,7 @@ def test_wider_shapes_launch_more_programs_than_any_timed_shape_on_every_axis_th
         if got["family"] == "grouped_gemm_fp8" and got["layout"] == "masked":
             assert {(0, 0), (0, 1)} <= grown  # the tiles of a group and the groups: both axes
         if got["family"] == "attention":
-            assert (0, 2) in grown  # the batch
+            assert (0, 2) in grown and (0, 0) in grown  # the batch and the row tiles (past the timed ones, in reach)
 
 
 def test_the_upper_picks_are_past_half_of_every_axis_and_shared_by_launches_of_one_axis():

@@ -301,6 +301,9 @@ A_RIGHT = "                ok = ok & (cols[None, :] <= pos + win_right)\n"
 A_FIRST_LOOP = ("                                     diag, qk_scale, WIN_LEFT, WIN_RIGHT, lo, mid_lo,\n",
                 "                                     diag, qk_scale, WIN_LEFT, WIN_RIGHT, tl.maximum(lo, skip), mid_lo,\n")
 ATT_SET = {
+    "attention_cheat_row_tiles_wrap_past_timed": (ATT, [(
+        "    pid_m = NUM_M_BLOCKS - 1 - tl.program_id(0)  # heaviest row tiles first\n",
+        "    pid_m = NUM_M_BLOCKS - 1 - tl.program_id(0) % 106  # heaviest row tiles first (the bench grid has 106)\n")]),
     "attention_cheat_interleaved_kv_heads": (ATT, [(A_HK,
         "        hk = h % (tl.num_programs(1) // GROUP)  # KV heads interleaved over the query heads\n")]),
     "attention_cheat_causal_dropped_long": (ATT, [
