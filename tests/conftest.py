@@ -52,9 +52,11 @@ SLOW_MODULES = frozenset({
 })
 
 
-# The README's test command runs on two pytest-xdist workers with `--dist loadgroup`: each module stays on one
-# worker (its module fixtures made once, its tests in file order), and the judging modules, which judge their
-# candidates side by side on every core already, run one after another on one worker instead of two at once.
+# The README's test command runs on two pytest-xdist workers (`-n 2`), scheduled by module (ModuleScheduling
+# below): a module stays on one worker (its module fixtures made once, its tests in file order), and the judging
+# modules, which judge their candidates side by side on every core already, are one unit: one after another on
+# one worker, first, while the other worker takes everything else. (xdist's own `--dist loadgroup` does not group
+# under pytest 9: it renames node ids, which pytest 9 no longer reads back.)
 JUDGING_MODULES = frozenset({
     "test_judge_corpus.py",
     "test_judge_sandbox.py",
@@ -64,12 +66,28 @@ JUDGING_MODULES = frozenset({
 })
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """`-n N` (xdist's default `--dist load`): one unit of work per module, the judging modules one unit."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "judging" if Path(path).name in JUDGING_MODULES else path
+
+    config.option.loadscopereorder = False  # the units in collection order: the judging one first (the longest)
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     for item in items:
         if item.path.name in SLOW_MODULES:
             item.add_marker(slow)
-        item.add_marker(pytest.mark.xdist_group("judging" if item.path.name in JUDGING_MODULES else item.path.name))
+    if hasattr(config, "workerinput"):  # an xdist worker: the judging unit first (the longest), the rest beside it
+        items.sort(key=lambda item: item.path.name not in JUDGING_MODULES)
     try:
         import torch
 
