@@ -66,6 +66,7 @@ JUDGING_MODULES = frozenset({
 })
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: without xdist (the GPU check's minimal environments) unused
 def pytest_xdist_make_scheduler(config, log):
     """`-n N` (xdist's default `--dist load`): one unit of work per module, the judging modules one unit."""
     if config.getvalue("dist") != "load":
