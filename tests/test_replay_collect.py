@@ -57,3 +57,17 @@ def test_unreadable_recorded_file_stops_collection_with_one_line(tmp_path):
     assert res.returncode == 4 and "Traceback" not in out
     assert out.count("\n") == 0, out
     assert out.startswith("ERROR: the tests' recorded data:") and str(bad / SHIPPED_FILE) in out and ENV_DIR in out
+
+
+def test_the_suite_collects_without_xdist_and_schedules_by_module_with_it(tmp_path):
+    """The GPU check's minimal environments have pytest but no pytest-xdist: tests/conftest.py's scheduler hook
+    must not stop collection there. With xdist (`-n 2`, the README's command) a module runs on one worker."""
+    res = pytest_run(["-p", "no:xdist", "--collect-only", "-q", "tests/test_stats.py"], tmp_path)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+    res = pytest_run(["-n", "2", "-v", "tests/test_stats.py", "tests/test_spec.py"], tmp_path)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+    workers: dict[str, set] = {}
+    for line in res.stdout.splitlines():
+        if line.startswith("[gw") and " PASSED " in line:
+            workers.setdefault(line.split("::")[0].split()[-1], set()).add(line.split("]")[0])
+    assert set(workers) == {"tests/test_stats.py", "tests/test_spec.py"} and all(len(w) == 1 for w in workers.values()), workers
