@@ -461,7 +461,7 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
         v = min(s[k] for s in correctness)
         if v < shape[k] and grids({**shape, k: v}) is not None:
             shape = {**shape, k: v}
-    if fixed and shape and all(shape.get(k, 0) > 0 for k in fixed):
+    if fixed and all(shape[k] > 0 for k in fixed):
         # the structure at its least with the same ratios (attention's GQA 16:4 as 4:1, 128:128 as 1:1): fewer
         # programs on the heads axis, the same index arithmetic, so a longer sequence stays cheap to run whole
         common = math.gcd(*(shape[k] for k in fixed))
@@ -533,7 +533,7 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
             if past_caps:  # short of the target within the caps: past the timed launches, within the reach cap
                 fix = {**shape, **part}
                 v = _reach_value(lambda x, fix=fix, j=j: within({**fix, j: x}, reach_cap), last, shape[j])
-                g = grids({**shape, **part, j: v}) if v is not None else None
+                g = grids({**fix, j: v}) if v is not None else None
                 passed = {(i, a) for i, a in axes if g is not None and g[i][a] > top(i, a)}
                 if not passed:
                     part = {}  # these axes cannot pass the timed launches within the caps (the part is left out)
@@ -547,10 +547,8 @@ def wider_shapes(family: Any, timed: list[dict], correctness: list[dict], config
                     gx = grids({**fix, j: x})
                     return gx is not None and all(gx[i][a] >= n for (i, a), n in goal.items())
 
-                lo, hi = shape[j], v  # (below ``last`` too: it fell short on an axis it cannot pass)
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
+                # (from below ``last`` too: it fell short there only on an axis it cannot pass)
+                _, hi = _boundary(shape[j], v, lambda x, reaches=reaches: not reaches(x))
                 above = _odd_near(hi - 1, set(), below=False)  # the odd prime nearest at or past it, if still within
                 part[j] = above if above <= v and reaches(above) else hi
                 reaching.add(j)
@@ -588,10 +586,15 @@ def _reach_value(ok: Any, last: int, start: int) -> int | None:
         lo, hi = hi, 2 * hi
     else:
         return lo
+    return _boundary(lo, hi, ok)[0]
+
+
+def _boundary(lo: int, hi: int, ok: Any) -> tuple[int, int]:
+    """Bisection: ``ok`` true at ``lo``, false at ``hi`` and monotone between; the adjacent pair where it turns."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo
+    return lo, hi
 
 
 def _primes_upto(n: int) -> list[int]:
