@@ -222,6 +222,12 @@ class Family(ABC):
         f = getattr(self.module, "__file__", None)
         return [Path(f).resolve()] if f else []
 
+    def editable_region(self) -> dict[Path, tuple[str, ...]]:
+        """The files a candidate patch may edit (absolute paths), each with the names of the functions in it a
+        patch may change besides what the kind adds on its own (a Triton file's ``@triton.jit`` functions).
+        Each kind says what its kernel is; a family with nothing a patch could edit (a recorded one) returns {}."""
+        return {}
+
     def source_hash(self) -> str:
         """Hash of what runs, read from disk (so a long-lived process sees an edit): every byte of
         ``source_files()``. ``TritonFamily`` narrows it to what is compiled."""
@@ -343,6 +349,11 @@ class TritonFamily(KernelFamily):
         """The family's module, then its ``helper_files``."""
         return super().source_files() + [Path(h).resolve() for h in self.helper_files]
 
+    def editable_region(self) -> dict[Path, tuple[str, ...]]:
+        """The Python source files: the module with its ``launch_wrappers``, the helpers with their jit functions."""
+        module = Path(getattr(self.module, "__file__", "") or "").resolve()
+        return {f: (tuple(self.launch_wrappers) if f == module else ()) for f in self.source_files() if f.suffix == ".py"}
+
     def source_hash(self, texts: dict[Path, str] | None = None) -> str:
         """Hash of what is compiled, read from disk: in each Python source file, the Triton jit
         functions (``@triton.jit``/``@jit``), the ``compile_units`` methods that choose signatures,
@@ -371,6 +382,16 @@ class ExternalFamily(KernelFamily):
     backend or a recorded file. ``source_files()`` lists what runs (.py wrapper, .cu, .so, .cubin)."""
 
     kind: ClassVar[str] = "external"
+
+    # The module-level functions of the family's module that wrap the external kernel (check shapes, pick
+    # the op, call it): the only code a candidate patch may change. Empty (the default): a patch may change
+    # comments and blank lines only, since the kernel itself is compiled elsewhere.
+    launch_wrappers: ClassVar[tuple[str, ...]] = ()
+
+    def editable_region(self) -> dict[Path, tuple[str, ...]]:
+        """The Python files among ``source_files()``, the module with its ``launch_wrappers``."""
+        module = Path(getattr(self.module, "__file__", "") or "").resolve()
+        return {f: (tuple(self.launch_wrappers) if f == module else ()) for f in self.source_files() if f.suffix == ".py"}
 
 
 @dataclass(frozen=True)
@@ -440,6 +461,10 @@ class CudaFamily(KernelFamily):
 
         cu = self.cu_files()
         return super().source_files() + cu + local_headers(cu)
+
+    def editable_region(self) -> dict[Path, tuple[str, ...]]:
+        """The ``.cu`` files, each with the ``kernel_functions`` (the host wrapper in Python is fixed)."""
+        return {f: tuple(self.kernel_functions) for f in self.cu_files()}
 
     def toolchain_problem(self) -> str | None:
         from kregress.core.cuda_source import nvcc_problem

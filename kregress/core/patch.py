@@ -432,7 +432,8 @@ def regions_of(source: str, file: str, wrappers: tuple[str, ...]) -> list[Region
 @dataclass(frozen=True)
 class EditableSet:
     """Where a family's editable code lives: the package root, and per editable file (path relative to
-    the root, as a patch names it) the file on disk and the launch wrappers it holds."""
+    the root, as a patch names it) the file on disk and the functions a patch may change there (a Python
+    file's launch wrappers, a .cu file's kernel_functions)."""
 
     family: str
     root: Path
@@ -446,9 +447,10 @@ class EditableSet:
 
 
 def editable_set(family: "Family") -> EditableSet:
-    """The editable files of ``family``: its module (with ``launch_wrappers``) and its Python
-    ``helper_files``, relative to the root of its package (the folder that holds the top-level package:
-    the project for built-ins, the plugin's root for plugins)."""
+    """The editable files of ``family`` (its kind says which: ``Family.editable_region``), relative to the root
+    of its package (the folder that holds the top-level package: the project for built-ins, the plugin's root
+    for plugins), each with the functions a patch may change there. Raises ValueError when the family has
+    nothing a patch could edit."""
     module = family.module
     mod_file = Path(getattr(module, "__file__", "") or "").resolve()
     mod_name = getattr(module, "__name__", "") or ""
@@ -458,16 +460,17 @@ def editable_set(family: "Family") -> EditableSet:
     root = mod_file.parents[depth] if depth < len(mod_file.parents) else mod_file.parent
     files: dict[str, Path] = {}
     wrappers: dict[str, tuple[str, ...]] = {}
-    for f in family.source_files():
+    for f, names in family.editable_region().items():
         f = Path(f).resolve()
-        if f.suffix != ".py":
-            continue
         try:
             rel = f.relative_to(root).as_posix()
         except ValueError:
             continue  # a helper outside the package root cannot be named by a patch
         files[rel] = f
-        wrappers[rel] = tuple(family.launch_wrappers) if f == mod_file else ()
+        wrappers[rel] = tuple(names)
+    if not files:
+        raise ValueError(f"family {family.name!r} ({family.kind}) has no source a patch could edit: a {family.kind} family "
+                         "is judged by its configs only")
     return EditableSet(family=family.name, root=root, files=files, wrappers=wrappers,
                        module_file=mod_file.relative_to(root).as_posix())
 
