@@ -49,7 +49,11 @@ What is counted, the same way for every method:
 * Reported per file and method: evaluations to within 5% and 1% of the optimum (median [q1, q3] and
   reached/seeds; a run that misses within the cap enters the quartiles as ">cap"), the median over
   seeds of best/optimum after 50, 100, 200 and 400 evaluations (failures have no value; a run that
-  ended before a budget keeps its best), and policy seconds per round of 8 proposals (local: median
+  ended before a budget keeps its best) and, where sweeps run (issue 57), after 8, 16, 32 and 64 proposals
+  (1, 2, 4 and 8 rounds of 8 after the start config, which is the sweep's baseline; every method cut at the
+  same counts, ``SWEEP_BUDGETS``), with the 90th-percentile seed, the worst seed and the mean in the JSON
+  (``quality_p90``, ``quality_max`` and its seed, ``quality_mean``) and, after the files, each method's mean,
+  worst file and worst run at 16, 32, 100 and 400 (``worst_report``), and policy seconds per round of 8 proposals (local: median
   wall time of one ``propose()``; kt:*: the strategy's whole ``tune_cache`` wall time per 8 evaluations,
   its simulation of the cache included; random: its sampling), and the worst round (``max s``: local,
   the slowest ``propose()`` of any seed; kt:*, the largest per-8-evaluation average).
@@ -144,6 +148,12 @@ def _load_synth():
 
 THRESHOLDS = (0.05, 0.01)
 BUDGETS = (50, 100, 200, 400)
+# Where sweeps run (issue 57): a sweep proposes rounds of 8 (``N_PER_ROUND``) for a few rounds, so best/optimum is also
+# reported after 8, 16, 32 and 64 proposals (1, 2, 4 and 8 rounds), counted after the start config (the sweep's
+# baseline, round 0): the figure at 32 is evaluation 33 counting the start, what a sweep of 4 rounds of 8 has seen.
+# Every method is cut at the same counts (a Kernel Tuner strategy's run to the cap, its first 1 + B evaluations).
+SWEEP_BUDGETS = (8, 16, 32, 64)
+QUALITY_KEYS = tuple(str(b) for b in sorted(SWEEP_BUDGETS + BUDGETS))  # the keys of every run's "quality"
 UNREACHED = 2 * max(BUDGETS)  # evaluations to a threshold of a run that never reached it, in geometric means
 N_PER_ROUND = 8
 SHIPPED_DIR = _ROOT / "data" / "replay"
@@ -246,6 +256,15 @@ def quality_at(problem: Problem, seq: list[tuple[int, ...]], budgets=BUDGETS) ->
     that ended before B keeps its best; inf while nothing has run."""
     best = np.minimum.accumulate(np.array([problem.values.get(k, math.inf) for k in seq], dtype=float))
     return {b: float(best[min(b, len(best)) - 1] / problem.best) if len(best) else math.inf for b in budgets}
+
+
+def quality_all(problem: Problem, seq: list[tuple[int, ...]]) -> dict[str, float]:
+    """best/optimum at every reported count (``QUALITY_KEYS``): after B evaluations for B in ``BUDGETS`` (the start
+    config counted), after B proposals for B in ``SWEEP_BUDGETS`` (evaluation 1 + B: the start config is the sweep's
+    baseline, measured before round 1)."""
+    q = {str(b): v for b, v in quality_at(problem, seq).items()}
+    q.update({str(b): v for b, v in zip(SWEEP_BUDGETS, quality_at(problem, seq, [b + 1 for b in SWEEP_BUDGETS]).values())})
+    return {k: q[k] for k in QUALITY_KEYS}
 
 
 def distinct_with_start(problem: Problem, keys: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -620,7 +639,7 @@ def run_task(task: tuple[str, str, int, int]) -> dict[str, Any]:
         return {"file": path, "method": method, "seed": seed, "error": f"{type(exc).__name__}: {exc}"[:300],
                 "wall": time.perf_counter() - t0}
     return {"file": path, "method": method, "seed": seed, "evals": evals_to_targets(problem, seq),
-            "quality": {str(b): q for b, q in quality_at(problem, seq).items()}, "n": len(seq),
+            "quality": quality_all(problem, seq), "n": len(seq),
             "n_failed": sum(k in problem.failed for k in seq), "policy_s_per_round": per_round,
             "policy_s_per_round_max": extra.get("policy_s_per_round_max", per_round), "note": note,
             "wall": time.perf_counter() - t0, **{k: v for k, v in extra.items() if k != "policy_s_per_round_max"}}
@@ -752,15 +771,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"evals_to_{tag}"] = None if not math.isfinite(q[1]) else q[1]
         out[f"evals_to_{tag}_q"] = [None if not math.isfinite(x) else x for x in q]
         out[f"reached_{tag}"] = sum(r["evals"][i] is not None for r in ok)
-    out["quality"] = {str(b): float(np.median([r["quality"][str(b)] for r in ok])) if ok else None for b in BUDGETS}
+    keys = [k for k in QUALITY_KEYS if all(k in r["quality"] for r in ok)]  # runs of an older bench lack the small ones
+    out["quality"] = {k: float(np.median([r["quality"][k] for r in ok])) if ok else None for k in keys}
     # geometric means over the seeds (every seed counts, not only the middle one): evaluations to 5% (a run that
     # never got there counts as UNREACHED) and best/optimum at 100
     e5 = [r["evals"][THRESHOLDS.index(0.05)] for r in ok]
     out["geo_evals_to_5"] = float(np.exp(np.mean(np.log([e or UNREACHED for e in e5])))) if ok else None
     out["geo_quality_100"] = float(np.exp(np.mean(np.log([r["quality"]["100"] for r in ok])))) if ok else None
     # the 90th-percentile seed (numpy's linear interpolation): the bad end of the seeds
-    out["quality_p90"] = {str(b): float(np.quantile([r["quality"][str(b)] for r in ok], 0.9)) if ok else None
-                          for b in BUDGETS}
+    out["quality_p90"] = {k: float(np.quantile([r["quality"][k] for r in ok], 0.9)) if ok else None for k in keys}
+    # the worst seed (the largest best/optimum of any run) and the mean over seeds
+    out["quality_max"] = {k: float(max(r["quality"][k] for r in ok)) if ok else None for k in keys}
+    out["quality_max_seed"] = {k: max(ok, key=lambda r: r["quality"][k]).get("seed") if ok else None for k in keys}
+    out["quality_mean"] = {k: float(np.mean([r["quality"][k] for r in ok])) if ok else None for k in keys}
     mem = [r["members"] for r in ok if r.get("members")]
     if mem:  # the portfolio: each member's share of the evaluations, of the gain, and of the runs' final bests
         names = sorted({m for d in mem for m in d})
@@ -979,6 +1002,31 @@ def odds_report(odds: dict[str, dict[str, dict[str, Any]]], k: int) -> list[str]
             lines.append(f"{split}, {m}, {k} seeds: {head}" + (f"; left out: {'; '.join(f['left_out'])}"
                                                                  if f["left_out"] else ""))
     return lines
+
+
+WORST_KEYS = ("16", "32", "100", "400")
+
+
+def worst_report(out_json: dict[str, dict[str, Any]], methods: list[str], keys=WORST_KEYS) -> list[str]:
+    """Per method over every file run: at 16, 32, 100 and 400, the mean best/optimum (over every run of every file),
+    the worst file (its median) and the worst seed (its run's figure, its file and seed)."""
+    out = ["", "worst case over the files (best/optimum; mean of every run, worst file's median, worst run):"]
+    for m in methods:
+        have = {f: s[m] for f, s in out_json.items() if m in s}
+        if not have:
+            continue
+        cells = []
+        for k in keys:
+            got = {f: s for f, s in have.items() if k in s.get("quality", {})}
+            if not got:
+                continue
+            mean = sum(s["quality_mean"][k] * s["seeds"] for s in got.values()) / sum(s["seeds"] for s in got.values())
+            wf = max(got, key=lambda f: got[f]["quality"][k])
+            ws = max(got, key=lambda f: got[f]["quality_max"][k])
+            cells.append(f"@{k} mean {mean:.3f}, worst file {got[wf]['quality'][k]:.3f} ({wf}), worst run "
+                         f"{got[ws]['quality_max'][k]:.3f} ({ws} seed {got[ws]['quality_max_seed'][k]})")
+        out.append(f"{m}: " + "; ".join(cells))
+    return out if len(out) > 2 else []
 
 
 def split_figures(out_json: dict[str, dict[str, Any]], split_of: dict[str, str], ours: str, split: str) -> dict[str, Any] | None:
@@ -1247,7 +1295,8 @@ def main(argv: list[str] | None = None) -> int:
             except json.JSONDecodeError:
                 row = None  # a line cut short by an interrupted run
             if isinstance(row, dict) and "key" in row and "evals" in row:
-                have[row["key"]] = row
+                if all(k in row.get("quality", {}) for k in QUALITY_KEYS):  # an older bench's run lacks some: rerun
+                    have[row["key"]] = row
             elif line.strip():
                 skipped += 1
         reused = [dict(have[run_key(t)], file=t[0]) for t in tasks if run_key(t) in have]
@@ -1305,7 +1354,7 @@ def main(argv: list[str] | None = None) -> int:
               f"configs, {len(problem.failed)} failures; best {problem.best:.4f} ms; within 5%: {n_good[0.05]}, "
               f"within 1%: {n_good[0.01]}; start {problem.values[problem.start] / problem.best:.2f}x best")
         head = (f"{'method':<20} {'evals to 5%: med [q1, q3] r/s':>32} {'evals to 1%: med [q1, q3] r/s':>32} "
-                + " ".join(f"{'q@' + str(b):>6}" for b in BUDGETS) + f" {'fail':>5} {'s/round':>8} {'max s':>7}")
+                + " ".join(f"{'q@' + k:>6}" for k in QUALITY_KEYS) + f" {'fail':>5} {'s/round':>8} {'max s':>7}")
         print(head)
         print("-" * len(head))
         summary: dict[str, dict[str, Any]] = {}
@@ -1328,7 +1377,7 @@ def main(argv: list[str] | None = None) -> int:
                 tag = f"{round(THRESHOLDS[i] * 100)}"
                 q = quartiles([r["evals"][i] for r in ok])
                 cells.append(f"{fmt_q(q, args.cap)} {s['reached_' + tag]}/{s['seeds']}")
-            qual = " ".join(f"{s['quality'][str(b)]:>6.3f}" for b in BUDGETS)
+            qual = " ".join(f"{s['quality'][k]:>6.3f}" if k in s["quality"] else f"{'-':>6}" for k in QUALITY_KEYS)
             print(f"{m:<20} {cells[0]:>32} {cells[1]:>32} {qual} {s['failed_evals_median']:>5.0f} "
                   f"{s['policy_s_per_round']:>8.4f} {s['policy_s_per_round_max']:>7.3f}")
             nn = [r["note"] for r in ok if r.get("note")]
@@ -1342,7 +1391,8 @@ def main(argv: list[str] | None = None) -> int:
                     notes.append(f"local forecasts: measured speedup inside the 80% interval in {s['forecast_coverage_80']:.0%} "
                                  f"of proposals (median over seeds), median |log(forecast / measured)| "
                                  f"{s['forecast_abs_log_err']:.3f}")
-        print("(r/s: runs that got there within the cap / seeds; q@B: median best/optimum after B evaluations; "
+        print("(r/s: runs that got there within the cap / seeds; q@B: median best/optimum after B evaluations, "
+              "the start config counted (8 to 64: after B proposals, 1 to 8 rounds of 8 after the start config); "
               "fail: median failed configs evaluated per run; random (exact) to 5% / 1%: "
               + " / ".join(f"{exact_random(n_space, n_good[t], cap=args.cap)[0][1]}" for t in THRESHOLDS) + ")")
         for line in check_targets(summary):
@@ -1350,6 +1400,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in notes:
             print("note:", n)
         out_json[problem.name] = {m: {k: v for k, v in s.items()} for m, s in summary.items()}
+    for line in worst_report(out_json, methods):
+        print(line)
     if split_of:
         ours = next((m for m in methods if is_local(m)), None)
         names = {Path(k).name: v for k, v in split_of.items()}

@@ -74,6 +74,22 @@ def test_quality_at_fixed_budgets():
     assert q == {1: 4.0, 2: 4.0, 3: 2.0, 4: 1.0, 50: 1.0}
 
 
+def test_quality_at_the_sweeps_counts_is_after_that_many_proposals():
+    # the start config, then 70 proposals whose values fall one step at evaluations 9, 10, 17, 33, 34, 65, 66
+    keys = [(0, i) for i in range(71)]
+    drops = {8: 8.0, 9: 7.0, 16: 6.0, 32: 5.0, 33: 4.0, 64: 3.0, 65: 2.0}
+    vals, cur = {}, 10.0
+    for i, k in enumerate(keys):
+        cur = drops.get(i, cur)
+        vals[k] = cur
+    vals[(1, 0)] = 1.0  # the optimum, never evaluated
+    q = search.quality_all(_problem(vals, keys[0]), keys)
+    assert list(q) == list(search.QUALITY_KEYS)
+    # after B proposals = evaluation 1 + B (the start config is the sweep's baseline); 50..400 count the start
+    assert (q["8"], q["16"], q["32"], q["64"]) == (8.0, 6.0, 5.0, 3.0)
+    assert (q["50"], q["100"], q["400"]) == (4.0, 2.0, 2.0)
+
+
 def test_exact_random_matches_the_combinatorics():
     n_valid, good = 10, 2  # 9 configs after the start, 2 of them good
     n = n_valid - 1
@@ -160,15 +176,21 @@ def test_short_run_writes_the_json_schema(tmp_path, capsys, monkeypatch):
         assert s["policy_s_per_round_max"] >= s["policy_s_per_round"]
         for k in ("evals_to_5_q", "evals_to_1_q"):
             assert len(s[k]) == 3
-        assert sorted(s["quality"], key=int) == ["50", "100", "200", "400"]
-        qs = [s["quality"][b] for b in ("50", "100", "200", "400")]
+        # every method at the sweep's counts (8 to 64 proposals after the start config) and at the fixed budgets
+        keys = ["8", "16", "32", "50", "64", "100", "200", "400"]
+        assert sorted(s["quality"], key=int) == keys == list(search.QUALITY_KEYS)
+        qs = [s["quality"][b] for b in keys]
         assert all(q >= 1.0 for q in qs) and qs == sorted(qs, reverse=True)  # best so far never worsens
+        for k in keys:  # the worst seed and the mean beside the median
+            assert s["quality_max"][k] >= s["quality_p90"][k] >= 1.0 and s["quality_max_seed"][k] in (0, 1)
+            assert s["quality_max"][k] >= s["quality_mean"][k] >= 1.0
         for k in ("evals_to_5", "evals_to_1"):
             assert s[k] is None or 1 <= s[k] <= 60
     # the local policy's forecasts are scored against the measured speedups
     assert 0.0 <= res["toy.json.gz"]["local"]["forecast_coverage_80"] <= 1.0
     assert res["toy.json.gz"]["local"]["forecast_abs_log_err"] >= 0.0
     assert "evals to 5%:" in text and "local forecasts:" in text
+    assert "q@8" in text and "q@64" in text and "worst case over the files" in text and "local: @16 mean" in text
     # a rerun with the same runs file reuses every run and reports the same figures
     first = out.read_text()
     assert search.main(argv) == 0
@@ -518,7 +540,8 @@ def test_protocol_odds_apply_the_split_tables_targets_to_drawn_seeds(seed):
             e5 = None if rng.random() < 0.3 else int(rng.integers(2, 60) * scale)
             q100 = 1.0 + scale * float(rng.exponential(0.03))
             out.append({"file": f"/x/{name}", "method": method, "seed": s, "evals": [e5, None], "n": 400, "n_failed": 0,
-                        "quality": {"50": q100 * 1.1, "100": q100, "200": q100, "400": 1.0 + (q100 - 1.0) / 3},
+                        "quality": {**{k: q100 * 1.2 for k in ("8", "16", "32", "64")}, "50": q100 * 1.1,
+                                    "100": q100, "200": q100, "400": 1.0 + (q100 - 1.0) / 3},
                         "policy_s_per_round": 0.0, "policy_s_per_round_max": 0.0})
         return out
 
