@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kernels.compile import CompileError, occupancy, parse_resource_usage
+from kernels.cuda import confine
 from kregress.core.cuda_source import NVCC_HINT, find_nvcc, sources_hash
 from kregress.core.family import CudaFamily, CudaUnit
 from kregress.core.records import CompileStats
@@ -234,6 +235,7 @@ def compile_unit(family: CudaFamily, unit: CudaUnit, arch: str, source_dir: Path
     nvcc = nvcc_path()
     if source_dir is None and unit.source_dir:
         source_dir = Path(unit.source_dir)
+    trusted = source_dir is None  # the family's own files; a patched copy only ever compiles confined
     key = unit_key(family, unit, arch, source_dir)
     root = Path(cache) if cache is not None else cache_dir()
     meta_f, cubin_f = root / f"{key}.json", root / f"{key}.cubin"
@@ -251,12 +253,7 @@ def compile_unit(family: CudaFamily, unit: CudaUnit, arch: str, source_dir: Path
         tu, out = Path(tmp) / f"{unit.kernel}_unit.cu", Path(tmp) / "unit.cubin"
         tu.write_text(translation_unit(cu, unit))
         cmd = nvcc_command(nvcc, family, unit, arch, tu, out, cu.parent)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S, cwd=tmp)
-        except subprocess.TimeoutExpired:
-            raise CompileError("compile_failed", f"nvcc ran past {NVCC_TIMEOUT_S} s on {unit.kernel}") from None
-        except OSError as exc:
-            raise CompileError("compile_failed", f"{nvcc} could not run: {exc}. {NVCC_HINT}") from None
+        proc = _run_nvcc(cmd, nvcc, Path(tmp), cu.parent, trusted=trusted, what=unit.kernel)
         log = (proc.stdout + "\n" + proc.stderr).replace(str(tu), f"<{unit.kernel} instance>").replace(tmp + "/", "")
         if source_dir is not None:  # a patched copy: messages name the family's own file
             log = log.replace(str(Path(source_dir).resolve()), str(family.cu_files()[0].parent))
@@ -269,10 +266,10 @@ def compile_unit(family: CudaFamily, unit: CudaUnit, arch: str, source_dir: Path
         tool = cuobjdump_path(nvcc)
         if tool:
             try:
-                usage_text = subprocess.run([tool, "--dump-resource-usage", str(out)], capture_output=True, text=True,
-                                            timeout=60, check=True).stdout
-                usage = parse_resource_usage(usage_text)
-            except (OSError, subprocess.SubprocessError):
+                dump = _run_nvcc([tool, "--dump-resource-usage", str(out)], nvcc, Path(tmp), Path(tool).resolve().parent,
+                                 trusted=False, what="cuobjdump")
+                usage = parse_resource_usage(dump.stdout) if dump.returncode == 0 else None
+            except CompileError:
                 usage = None
     facts = parse_ptxas(log)
     entry = entry_for(unit, list(facts) or list(usage or {}))
@@ -285,6 +282,29 @@ def compile_unit(family: CudaFamily, unit: CudaUnit, arch: str, source_dir: Path
     _store(root, key, {"entry": entry, "ptxas": build.ptxas.__dict__, "cuobjdump": build.cuobjdump, "log": build.log},
            cubin)
     return build
+
+
+def _run_nvcc(cmd: list[str], nvcc: str, work: Path, sources: Path, *, trusted: bool, what: str,
+              output_cap: int | None = None) -> subprocess.CompletedProcess:
+    """``cmd`` (nvcc or a tool beside it) run in ``work``, confined (``kernels.cuda.confine``): it reads the
+    toolkit, the host compiler, ``sources`` and ``work``, and nothing else. Without bwrap only a trusted
+    run (the family's own files) goes ahead unconfined; a patched copy raises ``CompileError``."""
+    why = confine.problem()
+    try:
+        if why is None:
+            if cmd[0] == nvcc:  # a wrapper script (/usr/local/bin/nvcc) is outside: the toolkit's own binary
+                cmd = [str(confine.real_nvcc(nvcc)), *cmd[1:]]
+            return confine.run(cmd, ro=[confine.toolkit_root(nvcc), sources], rw=[work], env=confine.nvcc_env(nvcc, work),
+                               cwd=work, limits=confine.Limits(wall_s=NVCC_TIMEOUT_S))
+        if not trusted:
+            raise CompileError("compile_failed", why)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S, cwd=work)
+    except subprocess.TimeoutExpired:
+        raise CompileError("compile_failed", f"nvcc ran past {NVCC_TIMEOUT_S} s on {what}") from None
+    except confine.ConfinementError as exc:
+        raise CompileError("compile_failed", str(exc)) from None
+    except OSError as exc:
+        raise CompileError("compile_failed", f"{cmd[0]} could not run: {exc}. {NVCC_HINT}") from None
 
 
 def _store(root: Path, key: str, meta: dict, cubin: bytes | None = None) -> None:
