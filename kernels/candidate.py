@@ -35,6 +35,7 @@ The judging process (``judge_patches``) never imports a candidate. It:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -47,9 +48,30 @@ from typing import Any, Callable
 
 from kernels import sandbox as _sandbox
 from kernels.gate_cases import DISTRIBUTIONS, shape_groups
-from kernels.gate_compare import _structure_problem, _Tally, _where, buffer_problems, input_problems, sampled_problems
-from kregress.core.checks import ErrorKind, RunSeen, run_problems
+from kernels.gate_compare import (
+    _structure_problem,
+    _Tally,
+    _where,
+    base_writes,
+    buffer_problems,
+    grids_of,
+    input_problems,
+    program_differences,
+    sampled_suspicions,
+)
+from kregress.core.checks import (
+    ErrorKind,
+    Evidence,
+    RunSeen,
+    Settlement,
+    SettlingCheck,
+    Suspicion,
+    decide_sampled,
+    reduced_run_check,
+    run_problems,
+)
 from kregress.core.gate import GateReport, PrecisionMetrics, static_gate
+from kregress.core.gate_verdict import JudgedReport
 from kregress.core.patch import (
     EditableSet,
     NotAPatch,
@@ -139,7 +161,7 @@ def static_stage(family: Any, es: EditableSet, texts: dict[str, str], base_hash:
     needs no process. ``error`` is patch_failed (does not apply) or patch_rejected (refused)."""
     from kregress.core.records import patch_sha256
 
-    rep = GateReport(patch_sha256=patch_sha256(s.patch), base_hash=base_hash, precision_factor=opts.precision_factor,
+    rep = JudgedReport(patch_sha256=patch_sha256(s.patch), base_hash=base_hash, precision_factor=opts.precision_factor,
                      plausibility_factor=opts.plausibility_factor)
     cand = Candidate(index=-1, suggestion=s, report=rep)
     try:
@@ -239,6 +261,7 @@ class _Judgement:
                        "fsize_bytes": 1 << 30}
         self.purge = sorted(set(es.packages()) | ({Path(es.module_file).stem} if len(Path(es.module_file).parts) == 1 else set()))
         self.tools = _sandbox.compiler_tools()
+        self.ref_lock = threading.Lock()  # the baseline's child answers one job at a time (candidates run side by side)
         self.pending: list[PatchTimer] = []  # on a GPU: the patches that passed correctness, to be timed
         self.time_rows: Callable[[list, dict], None] = lambda rows, timers: time_patch_rows(rows, timers, log)
 
@@ -272,6 +295,7 @@ class _Judgement:
                     if g.get("sample"):
                         g["sample_seed"] = self._sample_seed(g, "sampled")
                         g["candidate_seeds"] = [self._sample_seed(g, f"cand{i}") for i, _ in live]
+                self.groups = {g["id"]: g for g in groups if "id" in g}
                 self._prepare(groups)
                 lanes = 1 if self.on_gpu else max(1, min(len(live), workers or min(4, os.cpu_count() or 1)))
                 with ThreadPoolExecutor(max_workers=lanes) as pool:
@@ -489,33 +513,70 @@ class _Judgement:
                 finally:
                     t.child.end()
 
-    def _settle(self, settle: list[tuple[dict, list[str]]], tally: "_Tally", child: Any, config: dict) -> None:
+    def _settle(self, settle: list[dict], child: Any, config: dict) -> dict[str, SettlingCheck]:
         """A full (unsampled) run of each sampled case whose sampled run left something to settle, in the
         same child, compared element by element: a split-K or persistent design is slow to judge, never
-        wrong; a kernel that skips work on the timed shape is wrong."""
+        wrong; a kernel that skips work on the timed shape is wrong. Per case id its ``SettlingCheck``."""
         if child is None:
-            for c, why in settle:
-                tally.problem(f"[{c['label']} sampled] {'; '.join(why)[:300]}")
-            return
+            return {c["id"]: SettlingCheck("full run", Settlement.NONE, "the candidate's child is gone") for c in settle}
         blobs: list[bytes] = []
-        job_cases = [{"id": c["id"], "payload": _sandbox.pack({"inputs": self.data[c["id"]]["inputs"]}, blobs)} for c, _ in settle]
-        budget = max(self.case_timeout, sum(4 * c.get("full_seconds", 0.0) + 30 for c, _ in settle))
+        job_cases = [{"id": c["id"], "payload": _sandbox.pack({"inputs": self.data[c["id"]]["inputs"]}, blobs)} for c in settle]
+        budget = max(self.case_timeout, sum(4 * c.get("full_seconds", 0.0) + 30 for c in settle))
         head, rblobs = child.call({"job": "full", "cases": job_cases, "config": config, "params": self.spec.params,
                                    "device": self.device}, blobs, timeout=budget)
         if head.get("error"):
             raise _sandbox.ChildFailed("runtime_error", f"the full run of a sampled case failed: {head.get('detail')}")
+        out: dict[str, SettlingCheck] = {}
         for res in head.get("results", []):
-            c = next(c for c, _ in settle if c["id"] == res["id"])
+            c = next(c for c in settle if c["id"] == res["id"])
             if res.get("error"):
-                tally.problem(f"[{c['label']}] the call raised {res['error']}")
+                out[c["id"]] = SettlingCheck("full run", Settlement.DIFFERED, f"the call raised {res['error']}")
                 continue
             got = _sandbox.unpack(res["payload"], rblobs)
-            tally.add(f"{c['label']} {c['dist']} (full run)", got["out"], self.data[c["id"]]["ref"], c["tol"])
+            t = _Tally(self.family, self.spec.dtype)
+            t.add(f"{c['label']} {c['dist']} (full run)", got["out"], self.data[c["id"]]["ref"], c["tol"])
             for p in res.get("problems", []):
-                tally.problem(f"[{c['label']}] {p}")
+                t.problem(f"[{c['label']}] {p}")
+            ok = t.correctness().ok
+            out[c["id"]] = SettlingCheck("full run", Settlement.MATCHED if ok else Settlement.DIFFERED,
+                                         "" if ok else t.correctness().mismatch_sample)
         vio = head.get("violations") or []
         if vio:
-            tally.problem("sandbox: " + "; ".join(vio)[:300])
+            raise _sandbox.ChildFailed(ErrorKind.PATCH_REJECTED.value, "sandbox: " + "; ".join(vio)[:300])
+        return out
+
+    def _reduced(self, c: dict, st: dict, child: Any, config: dict, wrong_ids: set[str]) -> SettlingCheck:
+        """The settling check of a sampled case whose full run is past this host's budget (``reduced_run_check``):
+        the wide case of the same timed shape (its launches' programs, the least work each), which the candidate
+        ran whole beside the other cases, and the candidate's sampled programs run on its inputs again, in the
+        candidate's child and in the baseline's."""
+        groups = getattr(self, "groups", {})
+        wide = next((w for w in self.cases if w["kind"] == "wide" and groups.get(w["id"], {}).get("wide_of") == c["shape"]),
+                    None)
+        if wide is None:
+            return SettlingCheck("reduced run", Settlement.NONE, "no reduced case with the timed launch's programs "
+                                 "(the wide case was not derived, or dropped: see cases_dropped)")
+        if child is None:
+            return SettlingCheck("reduced run", Settlement.NONE, "the candidate's child is gone")
+        progs = [{"dims": list(la["dims"]), "pids": [[int(x) for x in p.split(",")] for p in la["pids"]]} for la in st["ran"]]
+        replies = []
+        for proc in (child, self.ref):
+            blobs: list[bytes] = []
+            job = {"id": wide["id"], "payload": _sandbox.pack({"inputs": self.data[wide["id"]]["inputs"]}, blobs),
+                   "params": wide.get("params", {}), "sample": self._sample_seed(wide, "reduced"), "programs": progs}
+            with self.ref_lock if proc is self.ref else contextlib.nullcontext():
+                head, _ = proc.call({"job": "run", "cases": [job], "config": config if proc is child else self.spec.baseline,
+                                     "params": self.spec.params, "device": self.device}, blobs, timeout=self.case_timeout)
+            res = (head.get("results") or [{}])[0]
+            if head.get("error") or res.get("error") or not res.get("sampled"):
+                return SettlingCheck("reduced run", Settlement.NONE if proc is self.ref else Settlement.DIFFERED,
+                                     f"the sampled run of the reduced case {wide['label']} failed: "
+                                     f"{head.get('detail') or res.get('error') or 'no sampling statistics'}")
+            replies.append(res["sampled"])
+        mine, theirs = replies
+        timed = program_differences(st, c.get("base_writes") or [])
+        return reduced_run_check(timed, grids_of(st), program_differences(mine, base_writes(theirs)), grids_of(mine),
+                                 wide["id"] not in wrong_ids, wide["label"])
 
     def _sample_seed(self, case: dict, name: str) -> int:
         """A seed drawn from the judgement's secret for ``name`` and the case: the slots and pool of the
@@ -525,15 +586,17 @@ class _Judgement:
 
         return random.Random(f"{self.secret}:{name}:{case['id']}").randrange(1, 2**31)
 
-    def _compare(self, row: Any, rep: GateReport, head: dict, blobs: list[bytes], child: Any = None) -> list[str]:
+    def _compare(self, row: Any, rep: JudgedReport, head: dict, blobs: list[bytes], child: Any = None) -> list[str]:
         tally = _Tally(self.family, self.spec.dtype)
         prec = _Tally(self.family, self.spec.dtype)
         by_id = {c["id"]: c for c in self.cases}
-        settle: list[tuple[dict, list[str]]] = []
+        suspects: list[tuple[dict, list[Suspicion], dict]] = []
+        wrong_ids: set[str] = set()  # the cases the candidate got wrong (a reduced case settles nothing then)
         crashes: list[str] = []
         for res in head["results"]:
             c = by_id[res["id"]]
             d = self.data[c["id"]]
+            before = (tally.mismatches, tally.nan_inf)
             if res.get("error"):
                 tally.problem(f"[{c['label']}] the call raised {res['error']}")
                 crashes.append(f"[{c['label']}] the call raised {res['error']}{_where(res.get('traceback', ''))}")
@@ -546,16 +609,12 @@ class _Judgement:
                 for why in input_problems(got["after"], d["inputs"], buffers):
                     tally.problem(f"[{c['label']}] {why}")
                 st = res.get("sampled") or {}
-                why = (sampled_problems(got["out"], d["ref"], st, *c["tol"], base=c.get("base_writes"))
-                       if st else ["no sampling statistics"])
+                sus = (sampled_suspicions(got["out"], d["ref"], st, *c["tol"], base=c.get("base_writes"))
+                       if st else [Suspicion(Evidence.NO_LAUNCH, "no sampling statistics")])
                 rep.notes.append(f"sampled {c['label']}: {st.get('programs', 0)} of {st.get('grid', 0)} programs"
-                                 + (f"; to settle: {'; '.join(why)[:300]}" if why else ""))
-                if why and c.get("settle", True):
-                    settle.append((c, why))
-                elif why:  # no full run affordable: what the sampled programs wrote wrong is wrong on its own
-                    for w in why:
-                        if "differ from the reference" in w or "no launch wrote" in w or "not a floating tensor" in w:
-                            tally.problem(f"[{c['label']} sampled] {w}")
+                                 + (f"; to settle: {'; '.join(s.text for s in sus)[:300]}" if sus else ""))
+                if sus:
+                    suspects.append((c, sus, st))
                 continue
             for key, base_key in (("out", "base"), ("out2", "base2")):
                 why = _structure_problem(got.get(key), d.get(base_key)) if key in got else None
@@ -575,19 +634,43 @@ class _Judgement:
                 for why in buffer_problems(got["out2"], got["after2"], d["inputs2"], d["ref2"], buffers, c["tol"],
                                            "random values"):
                     tally.problem(f"[{c['label']}] second call: {why}")
+            if (tally.mismatches, tally.nan_inf) != before:
+                wrong_ids.add(c["id"])
         secs = sorted(((float(r.get("seconds", 0.0)), by_id[r["id"]]["label"]) for r in head["results"] if r["id"] in by_id), reverse=True)
         if secs:
             rep.notes.append(f"case seconds: {sum(t for t, _ in secs):.1f} in all; slowest "
                              + ", ".join(f"{lab} {t:.1f}" for t, lab in secs[:3]))
-        if settle and tally.mismatches == 0 and not tally.nan_inf:
-            self._settle(settle, tally, child, row.config)
-        elif settle:  # wrong already: a full run could only add evidence to a REGRESS (minutes on the interpreter)
-            rep.notes.append("not settled by a full run (the candidate is wrong on other cases): "
-                             + "; ".join(f"{c['label']}: {why[0][:120]}" for c, why in settle))
+        if suspects and tally.mismatches == 0 and not tally.nan_inf:
+            checks = self._settling_checks(suspects, child, row.config, wrong_ids)
+            for c, sus, _st in suspects:
+                outcome = decide_sampled(c["label"], sus, checks.get(c["id"]))
+                for w in outcome.wrong:
+                    tally.problem(w)
+                rep.unsettled.extend(outcome.unsettled)
+        elif suspects:  # wrong already: a settling run could only add evidence to a REGRESS (minutes on the interpreter)
+            rep.notes.append("not settled (the candidate is wrong on other cases): "
+                             + "; ".join(f"{c['label']}: {sus[0].text[:120]}" for c, sus, _st in suspects))
         row.correctness = tally.correctness()
         rep.precision = PrecisionMetrics(candidate_max=prec.frac_max, baseline_max=self.base_tally.frac_max,
                                          candidate_rms=prec.rms, baseline_rms=self.base_tally.rms, worst_case=prec.worst)
         return crashes
+
+    def _settling_checks(self, suspects: list[tuple[dict, list[Suspicion], dict]], child: Any, config: dict,
+                         wrong_ids: set[str]) -> dict[str, SettlingCheck]:
+        """Per sampled case with suspicions, the check that settles them: its full run where the reference
+        child found one affordable (``settle``), else the reduced run (``_reduced``); a check that cannot run
+        says why (``Settlement.NONE``: the evidence is then unsettled, never dropped)."""
+        full = [c for c, _s, _st in suspects if c.get("settle", True)]
+        checks = self._settle(full, child, config) if full else {}
+        for c, _sus, st in suspects:
+            if c["id"] in checks:
+                continue
+            check = self._reduced(c, st, child, config, wrong_ids)
+            if check.outcome == Settlement.NONE:
+                check = SettlingCheck(check.name, check.outcome, f"a full run estimated at ~{c.get('full_seconds', 0.0):.0f}s "
+                                      f"is past this host's budget; {check.detail}")
+            checks[c["id"]] = check
+        return checks
 
 
 CAND = "cand"  # the candidate's key in its timing batch (the baseline's is ``kregress.core.batching.BASELINE``)

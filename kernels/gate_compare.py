@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from kernels.gate_cases import _outputs
+from kregress.core.checks import Evidence, Suspicion
 
 
 def base_writes(stats: dict) -> list[list[dict]]:
@@ -19,6 +20,12 @@ def base_writes(stats: dict) -> list[list[dict]]:
 
 def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
                      base: list[list[dict]] | None = None, cover: bool = True, reach: bool = True) -> list[str]:
+    """The sentences of ``sampled_suspicions``."""
+    return [s.text for s in sampled_suspicions(out, ref, stats, atol, rtol, base, cover, reach)]
+
+
+def sampled_suspicions(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
+                       base: list[list[dict]] | None = None, cover: bool = True, reach: bool = True) -> list[Suspicion]:
     """What a sampled run of a timed shape shows that a full run would have to settle: a written element
     that differs from the reference, a launch whose programs cannot cover the output (the largest amount
     a sampled program wrote, times the grid, is less than the elements the reference holds), no launch writing an output at
@@ -31,44 +38,45 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
     ``cover`` (the baseline's run of a wider shape's upper picks: a few programs of a grid whose programs differ,
     grouped GEMM's tiles of 8 real rows and of 2) the reach only has to be more than nothing; without ``reach``
     it is not checked (the baseline's second run: only the slots' alternatives, their reach is the runs' together,
-    see ``kernels.gate_child._prepare_sampled``). Empty: nothing to settle."""
+    see ``kernels.gate_child._prepare_sampled``). Empty: nothing to settle. Each a ``Suspicion`` of a kind
+    (``kregress.core.checks.Evidence``) naming the output and, where one is, the program."""
     import torch
 
     from kernels.measure import compare
 
     out_l, ref_l = _outputs(out), _outputs(ref)
     if len(out_l) != len(ref_l):
-        return [f"{len(out_l)} output(s), the reference has {len(ref_l)}"]
-    why: list[str] = []
+        return [Suspicion(Evidence.OUTPUT_COUNT, f"{len(out_l)} output(s), the reference has {len(ref_l)}")]
+    why: list[Suspicion] = []
     for i, (o, r) in enumerate(zip(out_l, ref_l)):
         if not torch.is_tensor(r):
             continue
         if not torch.is_tensor(o) or tuple(o.shape) != tuple(r.shape) or not o.is_floating_point():
-            why.append(f"output {i} is not a floating tensor of the reference's shape")
+            why.append(Suspicion(Evidence.NOT_FLOAT, f"output {i} is not a floating tensor of the reference's shape", i))
             continue
         launches = stats["outputs"][i]["launches"] if i < len(stats["outputs"]) else []
         if not launches:
-            why.append(f"no launch wrote output {i}")
+            why.append(Suspicion(Evidence.NO_LAUNCH, f"no launch wrote output {i}", i))
             continue
         mine = (base[i] if i < len(base) else []) if base is not None else None
         short_reach = _reach_problem(i, launches, r, mine, cover) if reach else None
         if short_reach:
-            why.append(short_reach)
+            why.append(Suspicion(Evidence.SHORT_REACH, short_reach, i))
         if mine is not None:
             if len(mine) != len(launches):
-                why.append(f"output {i}: written by {len(launches)} launch(es), the baseline's by {len(mine)}")
+                why.append(Suspicion(Evidence.LAUNCH_COUNT, f"output {i}: written by {len(launches)} launch(es), the baseline's by {len(mine)}", i))
             for j, la in enumerate(launches[:len(mine)]):
                 if la["grid"] != mine[j]["grid"]:
-                    why.append(f"output {i}: launch {j} has {la['grid']} programs, the baseline's {mine[j]['grid']} "
-                               "(not comparable program by program)")
+                    why.append(Suspicion(Evidence.GRID, f"output {i}: launch {j} has {la['grid']} programs, the baseline's "
+                                         f"{mine[j]['grid']} (not comparable program by program)", i))
                     continue
                 writes = mine[j]["writes"]
                 short = [(p, n, writes[p]) for p, n in zip(la.get("pids", []), la["filled"]) if n < writes.get(p, -1)]
                 missing = [p for p in la.get("pids", []) if p not in writes]
                 if short or missing:
                     p, n, b = short[0] if short else (missing[0], 0, "?")
-                    why.append(f"output {i}: program ({p}) of a {la['grid']}-program launch wrote {n} elements, "
-                               f"the baseline's {b}")
+                    why.append(Suspicion(Evidence.WROTE_LESS, f"output {i}: program ({p}) of a {la['grid']}-program launch "
+                                         f"wrote {n} elements, the baseline's {b}", i, p))
                     break
                 # where a program wrote is its own only in the call's first launch: a later one (MLA's combine after
                 # its split-K decode) writes what the sampled programs of the earlier ones computed, and those differ
@@ -76,14 +84,46 @@ def sampled_problems(out: Any, ref: Any, stats: dict, atol: float, rtol: float,
                 where = (mine[j].get("where") or {}) if la.get("index", 0) == 0 else {}
                 moved = [p for p, w in zip(la.get("pids", []), la.get("where", [])) if p in where and w != where[p]]
                 if moved:
-                    why.append(f"output {i}: program ({moved[0]}) of a {la['grid']}-program launch wrote other elements "
-                               f"than the baseline's program of the same id ({len(moved)} of {len(la.get('pids', []))} sampled programs)")
+                    why.append(Suspicion(Evidence.WROTE_ELSEWHERE, f"output {i}: program ({moved[0]}) of a {la['grid']}-program "
+                                         "launch wrote other elements than the baseline's program of the same id "
+                                         f"({len(moved)} of {len(la.get('pids', []))} sampled programs)", i, moved[0]))
         written = ~torch.isnan(o)
         if written.any():
             res = compare(o[written], r[written], atol, rtol)
             if not res["ok"]:
-                why.append(f"output {i}: {res['mismatches']} of {int(written.sum())} written elements differ from the reference")
+                why.append(Suspicion(Evidence.VALUES, f"output {i}: {res['mismatches']} of {int(written.sum())} written "
+                                     "elements differ from the reference", i))
     return why
+
+
+def program_differences(stats: dict, base: list[list[dict]]) -> dict[tuple, Evidence]:
+    """Per program of a sampled run (``stats``), how it differs from the baseline's program of the same id
+    (``base``: ``base_writes`` of the baseline's run of the same programs on the same inputs): {(output,
+    launch, "x,y,z"): WROTE_LESS or WROTE_ELSEWHERE}, and {(output, launch, None): GRID} for a launch of
+    another program count, {(output, None, None): LAUNCH_COUNT} for another number of launches. Where a
+    program wrote is compared in the call's first launch only (as ``sampled_suspicions`` does)."""
+    diffs: dict[tuple, Evidence] = {}
+    for i, o in enumerate(stats.get("outputs", [])):
+        launches = o.get("launches", [])
+        mine = base[i] if i < len(base) else []
+        if len(mine) != len(launches):
+            diffs[(i, None, None)] = Evidence.LAUNCH_COUNT
+        for j, la in enumerate(launches[:len(mine)]):
+            if la["grid"] != mine[j]["grid"]:
+                diffs[(i, j, None)] = Evidence.GRID
+                continue
+            writes, where = mine[j]["writes"], (mine[j].get("where") or {}) if la.get("index", 0) == 0 else {}
+            for k, (p, n) in enumerate(zip(la.get("pids", []), la["filled"])):
+                if n < writes.get(p, -1) or p not in writes:
+                    diffs[(i, j, p)] = Evidence.WROTE_LESS
+                elif p in where and k < len(la.get("where", [])) and la["where"][k] != where[p]:
+                    diffs[(i, j, p)] = Evidence.WROTE_ELSEWHERE
+    return diffs
+
+
+def grids_of(stats: dict) -> list[tuple[int, ...]]:
+    """The launch grids (nx, ny, nz) a sampled run made, in order."""
+    return [tuple(int(x) for x in la["dims"]) for la in stats.get("ran", [])]
 
 
 def _reach_problem(i: int, launches: list[dict], r: Any, mine: list[dict] | None, cover: bool) -> str | None:

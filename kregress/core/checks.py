@@ -183,3 +183,139 @@ register("plausibility", Stage.MEASURE, "implausible", "faster than the speed of
 def run_problems(seen: RunSeen, family: str, backend: str) -> list[str]:
     """Every run-stage check that applies, in registry order: the sandbox refusals of a call."""
     return [why for c in checks_for(Stage.RUN, family, backend) if c.fn is not None for why in c.fn(seen)]
+
+
+# --- sampled runs: what differs from the baseline, and how it is settled (pure) -------------------------------
+
+
+class Evidence(str, Enum):
+    """What a sampled run of a timed shape showed differing from the baseline's run of the same programs
+    (``kernels.gate_compare.sampled_suspicions``). The decision reads this kind, never a message."""
+
+    VALUES = "values"  # written elements differ from the float64 reference: wrong on their own
+    NO_LAUNCH = "no_launch"  # no launch wrote an output
+    NOT_FLOAT = "not_float"  # an output is not a floating tensor of the reference's shape
+    OUTPUT_COUNT = "output_count"  # another number of outputs
+    SHORT_REACH = "short_reach"  # the launches cannot cover the output (largest write x grid < what it must hold)
+    LAUNCH_COUNT = "launch_count"  # an output written by another number of launches than the baseline's
+    GRID = "grid"  # a launch of another program count than the baseline's
+    WROTE_LESS = "wrote_less"  # a program wrote fewer elements than the baseline's program of the same id (0: none)
+    WROTE_ELSEWHERE = "wrote_elsewhere"  # a program wrote other elements than the baseline's program of the same id
+
+
+# Evidence that is wrong whatever a full run would show: the written values themselves, or no usable output.
+WRONG_ON_ITS_OWN = frozenset({Evidence.VALUES, Evidence.NO_LAUNCH, Evidence.NOT_FLOAT, Evidence.OUTPUT_COUNT})
+
+
+@dataclass(frozen=True)
+class Suspicion:
+    """One difference a sampled run showed: its kind, the output, the program (``"x,y,z"``) where one is
+    named, and the sentence a report shows."""
+
+    kind: Evidence
+    text: str
+    output: int = 0
+    program: str | None = None
+
+
+class Settlement(str, Enum):
+    """How a check that can settle a sampled run's suspicions came out."""
+
+    MATCHED = "matched"  # the check ran and the candidate agrees with the reference there: settled in its favour
+    DIFFERED = "differed"  # the check ran and the candidate is wrong there (or its programs act otherwise there)
+    NONE = "none"  # no settling check fits this host's budget (or none could be derived)
+
+
+@dataclass(frozen=True)
+class SettlingCheck:
+    """A check run to settle a sampled case's suspicions: ``full_run`` (the sampled case itself, every
+    program), or ``reduced_run`` (a case with the same programs per axis and the least work per program,
+    run whole, and the suspicious programs compared with the baseline's there)."""
+
+    name: str
+    outcome: Settlement
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Unsettled:
+    """Evidence the gate saw and could not settle: the case, the programs it names, the evidence, and why
+    no settling check ran. A NEEDS_REVIEW with cause ``unsettled`` carries these."""
+
+    case: str
+    kind: Evidence
+    evidence: str
+    program: str | None = None
+    why_unsettled: str = ""
+
+    def text(self) -> str:
+        who = f"program ({self.program}) " if self.program else ""
+        return (f"[{self.case} sampled] {who}{self.kind.value}: {self.evidence}"
+                + (f" (not settled: {self.why_unsettled})" if self.why_unsettled else ""))
+
+
+@dataclass
+class SampledOutcome:
+    """What one sampled case contributes to the verdict: problems (REGRESS wrong) or unsettled evidence
+    (NEEDS_REVIEW ``unsettled``); both empty when nothing differed or a check settled it in the
+    candidate's favour."""
+
+    wrong: list[str] = field(default_factory=list)
+    unsettled: list[Unsettled] = field(default_factory=list)
+
+
+def decide_sampled(case: str, suspicions: list[Suspicion], check: SettlingCheck | None,
+                   why_none: str = "") -> SampledOutcome:
+    """The rule for a sampled case's suspicions. Nothing to settle: nothing. A settling check that matched:
+    settled in the candidate's favour (an honest remap, a persistent or split design). One that differed:
+    REGRESS (wrong), naming the evidence and the check. No check (``None`` or ``Settlement.NONE``, with
+    ``why_none``): evidence wrong on its own (``WRONG_ON_ITS_OWN``) is wrong; every other difference is
+    unsettled, never dropped. Cost never turns evidence into silence."""
+    out = SampledOutcome()
+    if not suspicions:
+        return out
+    if check is not None and check.outcome == Settlement.MATCHED:
+        return out
+    if check is not None and check.outcome == Settlement.DIFFERED:
+        out.wrong.append(f"[{case} sampled] {'; '.join(s.text for s in suspicions)[:300]}; the {check.name} "
+                         f"settling it differed: {check.detail[:300]}")
+        return out
+    why = (check.detail if check is not None and check.detail else why_none) or "no settling check fits this host"
+    for s in suspicions:
+        if s.kind in WRONG_ON_ITS_OWN:
+            out.wrong.append(f"[{case} sampled] {s.text}")
+        else:
+            out.unsettled.append(Unsettled(case=case, kind=s.kind, evidence=s.text, program=s.program, why_unsettled=why))
+    return out
+
+
+def reduced_run_check(timed: dict[tuple, Evidence], timed_grids: list[tuple[int, ...]], reduced: dict[tuple, Evidence],
+                      reduced_grids: list[tuple[int, ...]], reduced_ok: bool, reduced_label: str) -> SettlingCheck:
+    """The settling check of a sampled case whose full run is past this host's budget: a reduced case with
+    the timed launch's programs per axis and the least work per program (``kernels.gate_cases.wide_shape``),
+    run whole (``reduced_ok``: it matched the reference), and the candidate's programs of the sampled run
+    run there again beside the baseline's (``reduced``: ``kernels.gate_compare.program_differences``).
+
+    MATCHED where the candidate launches the same grids on both shapes, the reduced case is right whole, and
+    every difference from the baseline the timed shape showed (``timed``) shows on the reduced case too: the
+    difference is a property of the grid (a swizzle, a remap, an idle program) and on that grid every output
+    is written right. DIFFERED where the reduced case is wrong, or a program that differed on the timed shape
+    acts as the baseline's on the reduced case (its work depends on a dimension the reduced case cuts: a
+    skip keyed on the timed size). NONE where the grids differ (the reduced case does not run the same
+    programs)."""
+    name = f"reduced run ({reduced_label})"
+    if not reduced_ok:
+        return SettlingCheck(name, Settlement.DIFFERED, f"the reduced case {reduced_label} is wrong run whole")
+    if list(timed_grids) != list(reduced_grids):
+        return SettlingCheck(name, Settlement.NONE, f"the candidate launches {list(reduced_grids)} on the reduced case "
+                             f"{reduced_label} and {list(timed_grids)} on the timed shape: not the same programs")
+    gone = {k: v for k, v in timed.items() if reduced.get(k) != v}
+    if gone:
+        (i, j, p), kind = next(iter(gone.items()))
+        who = f"program ({p}) of launch {j}" if p is not None else (f"launch {j}" if j is not None else "the launches")
+        there = "acts as the baseline's" if (i, j, p) not in reduced else f"differs otherwise ({reduced[(i, j, p)].value})"
+        return SettlingCheck(name, Settlement.DIFFERED,
+                             f"output {i}: {who} differs from the baseline's on the timed shape ({kind.value}) and {there} "
+                             f"on the reduced case {reduced_label}: its work depends on a dimension the reduced case cuts")
+    return SettlingCheck(name, Settlement.MATCHED, f"the same differences on the reduced case {reduced_label}, which is "
+                         "right run whole")

@@ -1,11 +1,27 @@
-"""The gate's one verdict rule (``gate_verdict``): after the evidence rule's REGRESS causes, precision and
-plausibility as NEEDS_REVIEW. Pure; no callback."""
+"""The gate's one verdict rule (``gate_verdict``): after the evidence rule's REGRESS causes, unsettled
+evidence, precision and plausibility as NEEDS_REVIEW. Pure; no callback."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
+from kregress.core.checks import Unsettled
 from kregress.core.gate_report import GateReport, plausibility_findings, precision_finding
+
+
+class JudgedReport(GateReport):
+    """The gate report of a judged patch with the evidence it saw and could not settle (``Unsettled``: a
+    program that wrote less than the baseline's, or elsewhere, another grid, where no settling check fit
+    this host). Kept here until ``GateReport`` carries the field itself; ``unsettled`` reads either."""
+
+    unsettled: list[Unsettled] = Field(default_factory=list)
+
+
+def unsettled(report: GateReport | None) -> list[Unsettled]:
+    """The report's unsettled evidence (empty for a report without the field: a config-only row's)."""
+    return list(getattr(report, "unsettled", None) or [])
 
 
 def gate_verdict(row: Any, report: GateReport | None, per_shape_sol:
@@ -13,20 +29,28 @@ def gate_verdict(row: Any, report: GateReport | None, per_shape_sol:
     """The gate's own say on a judged patch variant, or None where it has none and the evidence rule
     (``kernel_assets.sweep.verdict_for``) decides alone: a config-only row (no report) and a failed row
     (rejected, patch_failed, wrong, crashed, did not compile: REGRESS with the cause its error gives) have
-    none; otherwise precision, then plausibility, give NEEDS_REVIEW with their cause. One rule, no callback:
-    the caller writes ``gate_verdict(...) or verdict_for(...)``."""
+    none; otherwise unsettled evidence (NEEDS_REVIEW ``unsettled``: the gate saw a difference from the
+    baseline that no check fitting this host settled; it names the program and the evidence), then precision,
+    then plausibility, give NEEDS_REVIEW with their cause, the later findings added as reasons. A
+    NEEDS_REVIEW without a cause means the gate saw nothing. One rule, no callback: the caller writes
+    ``gate_verdict(...) or verdict_for(...)``."""
     from kregress.core.records import Verdict
 
     if report is None or row.error:
         return None
+    found: list[tuple[str, list[str]]] = []
+    items = unsettled(report)
+    if items:
+        found.append(("unsettled", [u.text() for u in items]))
     if report.precision is not None:
         why = precision_finding(report.precision, report.precision_factor)
         if why:
-            return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", cause="precision", reasons=[why],
-                           evidence=row.evidence)
+            found.append(("precision", [why]))
     if per_shape_sol:
-        why = plausibility_findings(per_shape_sol, report.plausibility_factor)
-        if why:
-            return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", cause="implausible", reasons=why,
-                           evidence=row.evidence)
-    return None
+        why_all = plausibility_findings(per_shape_sol, report.plausibility_factor)
+        if why_all:
+            found.append(("implausible", why_all))
+    if not found:
+        return None
+    return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", cause=found[0][0],
+                   reasons=[r for _c, rs in found for r in rs], evidence=row.evidence)

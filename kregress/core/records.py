@@ -243,10 +243,13 @@ class VariantResult(BaseModel):
 # REGRESS causes: slower, wrong, crashed (the variant's process died, or its call raised where the
 # baseline's did not), infeasible, rejected (a patch refused by the static gate or outside its editable
 # region). NEEDS_REVIEW causes: precision (error several times the baseline's own, within tolerance),
-# implausible (faster than speed of light, or than the spec's factor over the baseline), incomparable (baseline and variant timed on different devices or toolchains).
+# implausible (faster than speed of light, or than the spec's factor over the baseline), incomparable (baseline and variant timed on different devices or toolchains),
+# unsettled (the gate saw a difference from the baseline, a program that wrote less or elsewhere, another grid, and no
+# settling check fit this host: the verdict names the program and the evidence; a NEEDS_REVIEW without a cause saw nothing).
 CAUSES = ("slower", "wrong", "crashed", "infeasible", "rejected")
-REVIEW_CAUSES = ("precision", "implausible", "incomparable")
-Cause = Literal["slower", "wrong", "crashed", "infeasible", "rejected", "precision", "implausible", "incomparable"]
+REVIEW_CAUSES = ("precision", "implausible", "incomparable", "unsettled")
+Cause = Literal["slower", "wrong", "crashed", "infeasible", "rejected", "precision", "implausible", "incomparable",
+                "unsettled"]
 # error class -> cause; constraint violations (spills, registers, shared memory) are "infeasible"
 ERROR_CAUSES = {
     "invalid_config": "infeasible", "compile_failed": "infeasible", "out_of_resources": "infeasible",
