@@ -52,6 +52,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     from kernel_assets.judge import BadArgument, judge, read_patch_args
     from kregress.core import paths
     from kregress.core.spec import SpecError, load_spec
+    from resources.gpu import BenchmarkError
 
     if args.dagster_home:
         os.environ["DAGSTER_HOME"] = str(Path(args.dagster_home).resolve())
@@ -80,8 +81,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
     print(f"kregress: judging {len(patches)} patch(es) against {args.spec}; DAGSTER_HOME={home}", file=sys.stderr)
     try:
         result = judge(args.spec, patches, backend=args.backend, seed=args.seed, log=log)
-    except SpecError as exc:  # the family's own checks (a CUDA family with no nvcc on this host, say)
-        print(f"error: {exc}", file=sys.stderr)
+    except (SpecError, BenchmarkError) as exc:  # the family's own checks (no nvcc here), a backend this host lacks
+        print(f"error: {args.spec}: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGUMENT
     for line in result.lines:
         print(line, flush=True)

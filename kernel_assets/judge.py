@@ -226,6 +226,7 @@ def judge(spec_path: str | Path, patches: list[PatchArg], *, backend: str = "aut
     from kernel_assets.report import write_report
     from kernel_assets.sweep import RoundState
     from kregress.core.bind import load_bound
+    from kregress.core.family import ExternalFamily
     from resources.gpu import compiled_backend
 
     bound = load_bound(spec_path)  # the same binding a sweep makes: schema and the family's checks
@@ -238,7 +239,12 @@ def judge(spec_path: str | Path, patches: list[PatchArg], *, backend: str = "aut
         cfg = {**spec.baseline, **(p.config or {})}
         suggestions.append(Suggestion(variant_id=p.variant_id, config=cfg, round=1, source="judge",
                                       patch_summary=f"patch {p.path.name}"[:120], patch=p.text))
-    rows, _stats = bench.evaluate(bound, suggestions, log=log)
+    problem = bench.check_spec(spec, family)
+    if problem and isinstance(family, ExternalFamily):  # an external kernel on a host with no GPU: static checks only
+        log(f"static checks only: {problem}")
+        rows = static_only_rows(bound, suggestions, bench.kind, problem)
+    else:
+        rows, _stats = bench.evaluate(bound, suggestions, log=log)
     base, judged = rows[0], rows[1:]
     verdicts = {r.variant_id: verdict_with_gate(r, base, spec, family) for r in judged}
     jid, out_dir = new_judgement_dir(spec.task_id)
@@ -266,6 +272,41 @@ def judge(spec_path: str | Path, patches: list[PatchArg], *, backend: str = "aut
     (out_dir / "judgement.json").write_text(json.dumps(record, indent=1))
     index = write_index(spec.task_id)
     return JudgeResult(rows=judged, verdicts=verdicts, report_dir=out_dir, lines=lines, judgement_id=jid, index=index)
+
+
+STATIC_ONLY = "static checks only (the patch applies, reverts and stays inside the editable region); correctness and timing need a GPU"
+
+
+def static_only_rows(bound: Any, suggestions: list[Suggestion], backend: str, why: str) -> list[VariantResult]:
+    """Rows for a family whose kernel this host's backend cannot run (an external kernel on a host with no GPU):
+    each patch goes through the gate's static stage (parse, apply and revert, editable region, static policy),
+    nothing runs, and a row that passes says what was not checked and why (``why``: the backend's own line), so
+    its verdict is NEEDS_REVIEW, never PASS."""
+    from kernels.candidate import JudgeOptions, static_stage
+    from kregress.core.patch import editable_set, read_sources
+    from kregress.core.records import base_row
+
+    spec, family = bound.spec, bound.family
+    es = editable_set(family)
+    texts = read_sources(es)
+    base_hash = family.source_hash({es.files[rel]: t for rel, t in texts.items()})
+    opts = JudgeOptions.for_spec(spec)
+    rows = []
+    for s in suggestions:
+        row = base_row(s, backend)
+        rows.append(row)
+        if s.patch:
+            cand = static_stage(family, es, texts, base_hash, s, opts)
+            row.gate = cand.report
+            if cand.error:
+                row.error, row.error_detail = cand.error, cand.detail
+                continue
+        problem = family.space.check(s.config, spec.params, spec.hardware.limits)
+        if problem:
+            row.error, row.error_detail = "invalid_config", problem
+            continue
+        row.error_detail = f"{STATIC_ONLY}: {why}"
+    return rows
 
 
 def load_judged_patch(task_id: str, variant_id: str, home: Path | None = None) -> tuple[str, dict[str, Any]]:

@@ -228,14 +228,16 @@ class Family(ABC):
         Each kind says what its kernel is; a family with nothing a patch could edit (a recorded one) returns {}."""
         return {}
 
-    def source_hash(self) -> str:
+    def source_hash(self, texts: dict[Path, str] | None = None) -> str:
         """Hash of what runs, read from disk (so a long-lived process sees an edit): every byte of
-        ``source_files()``. ``TritonFamily`` narrows it to what is compiled."""
+        ``source_files()``. ``TritonFamily`` narrows it to what is compiled. ``texts``: the content of some of
+        the files (by resolved path) instead of what is on disk (the hash of a patched copy)."""
         h = hashlib.sha256(self.name.encode())
+        over = {Path(p).resolve(): t for p, t in (texts or {}).items()}
         for f in self.source_files():
             h.update(str(f.name).encode())
             try:
-                h.update(f.read_bytes())
+                h.update(over[f].encode("utf-8") if f in over else f.read_bytes())
             except OSError:
                 h.update(b"missing")
         return h.hexdigest()[:16]
