@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kernels.compile import CompileError
+from kernels.cuda import confine
 from kernels.cuda.nvcc import compile_variant
-from kregress.core.cuda_source import advice, local_headers, region_findings
+from kernels.cuda.rules import patch_findings
+from kregress.core.cuda_source import local_headers, region_findings
 from kregress.core.family import CUDA_SOURCE_KEY, CudaFamily
 from kregress.core.gate import GateReport
 from kregress.core.patch import Finding, NotAPatch, PatchApplyError, PatchFormatError, apply_and_check, parse_patch
@@ -127,17 +129,28 @@ def static_and_compile(backend: Any, bound: Any, s: Any, tmp: Path, log: Callabl
         report.round_trip_ok = applied.round_trip_ok
         found = [Finding(rule=r, file=f, line=n, message=m)
                  for r, f, n, m in region_findings(names, patch.files, old_texts, applied.new_texts, limit, patch.changed_lines)]
-        for fp in patch.files:
-            added = [a for h in fp.hunks for a in h.added_new_lines()]
-            found += [Finding(rule=r, file=fp.path, line=n, message=m + " (C++ advice: native code is not confined by it)")
-                      for r, n, m in advice(added)]
         if found:
             return _reject(row, report, found), None
         problem = family.space.check(s.config, spec.params, spec.hardware.limits)
         if problem:
             row.error, row.error_detail = "invalid_config", problem
             return row, None
+        why = confine.problem()
+        if why:  # never an unconfined nvcc on a patch
+            return _reject(row, report, [Finding(rule="confinement", file="-", message=f"not judged: {why}")]), None
         source_dir = patched_copy(family, root, applied.new_texts, tmp)
+        try:
+            ruled = patch_findings(family, family.cuda_units(s.config, spec.dtype, spec.params), spec.hardware.arch,
+                                   source_dir)
+        except CompileError as exc:  # the preprocessor's own error, any file outside named but not quoted
+            row.error, row.error_detail = exc.error, exc.detail
+            log(f"  patch {s.variant_id}: {exc.error}: {exc.detail[:200]}")
+            return row, None
+        if ruled:
+            return _reject(row, report, [Finding(rule=r, file=f, line=n, message=m) for r, f, n, m in ruled]), None
+        report.notes.append("rules read nvcc's preprocessed unit: includes inside the family, the toolkit and the system "
+                            "headers; no timer, SM identity, environment, file or process call; the code outside the "
+                            "kernel functions token-identical to the unpatched unit's")
         from kregress.core.cuda_source import sources_hash
 
         report.patched_hash = sources_hash([source_dir / c for c in family.cuda_sources])

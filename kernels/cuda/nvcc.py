@@ -32,7 +32,7 @@ from typing import Any
 
 from kernels.compile import CompileError, occupancy, parse_resource_usage
 from kernels.cuda import confine
-from kregress.core.cuda_source import NVCC_HINT, find_nvcc, sources_hash
+from kregress.core.cuda_source import NVCC_HINT, find_nvcc, local_headers, sources_hash
 from kregress.core.family import CudaFamily, CudaUnit
 from kregress.core.records import CompileStats
 
@@ -253,7 +253,7 @@ def compile_unit(family: CudaFamily, unit: CudaUnit, arch: str, source_dir: Path
         tu, out = Path(tmp) / f"{unit.kernel}_unit.cu", Path(tmp) / "unit.cubin"
         tu.write_text(translation_unit(cu, unit))
         cmd = nvcc_command(nvcc, family, unit, arch, tu, out, cu.parent)
-        proc = _run_nvcc(cmd, nvcc, Path(tmp), cu.parent, trusted=trusted, what=unit.kernel)
+        proc = _run_nvcc(cmd, nvcc, Path(tmp), sources_root(family, source_dir), trusted=trusted, what=unit.kernel)
         log = (proc.stdout + "\n" + proc.stderr).replace(str(tu), f"<{unit.kernel} instance>").replace(tmp + "/", "")
         if source_dir is not None:  # a patched copy: messages name the family's own file
             log = log.replace(str(Path(source_dir).resolve()), str(family.cu_files()[0].parent))
@@ -282,6 +282,81 @@ def compile_unit(family: CudaFamily, unit: CudaUnit, arch: str, source_dir: Path
     _store(root, key, {"entry": entry, "ptxas": build.ptxas.__dict__, "cuobjdump": build.cuobjdump, "log": build.log},
            cubin)
     return build
+
+
+def sources_root(family: CudaFamily, source_dir: Path | None = None) -> Path:
+    """The one folder that holds the family's ``.cu`` files and their local headers (the family's own, or
+    the same place in a patched copy whose module folder is ``source_dir``): nvcc's read-only bind. Always
+    computed from the family's own files, never from what a patched file includes."""
+    mod_dir = Path(family.module.__file__).resolve().parent if getattr(family.module, "__file__", None) else Path.cwd()
+    files = family.cu_files() + local_headers(family.cu_files())
+    top = Path(os.path.commonpath([str(mod_dir)] + [str(f.parent) for f in files]))
+    if source_dir is None:
+        return top
+    root = Path(source_dir).resolve()
+    for _ in mod_dir.relative_to(top).parts:
+        root = root.parent
+    return root
+
+
+@dataclass
+class Preprocessed:
+    """``nvcc -E`` of one unit: the text (line markers kept), the wrapper file's name as the markers give it,
+    the folder the family's files were read from, and the toolkit root."""
+
+    text: str
+    wrapper: str
+    root: Path
+    toolkit: Path
+
+
+PREPROCESSED_MAX_BYTES = 64 << 20
+_DIAG = re.compile(r"^(?P<file>[^\s:()][^:()]*?)(?::(?P<l1>\d+)(?::\d+)?:|\((?P<l2>\d+)\):) *(?P<msg>(?:fatal |catastrophic )?error.*)$")
+
+
+def _safe_diagnostics(log: str, readable: list[Path]) -> str:
+    """The error lines of a failed preprocessor run, each quoted only where its file is one of ``readable``
+    (the family's sources, the toolkit, the system headers); any other file is named with its line, its
+    text withheld. Context lines (gcc's source excerpts, "In file included from") are dropped."""
+    roots = [os.path.normpath(str(r)).rstrip("/") + "/" for r in readable]
+    keep = []
+    for line in log.splitlines():
+        m = _DIAG.match(line.strip())
+        if not m:
+            continue
+        f = os.path.normpath(m.group("file"))
+        n = m.group("l1") or m.group("l2")
+        if any((f + "/").startswith(r) for r in roots) or not os.path.isabs(f):
+            msg = m.group("msg")
+            missing = re.search(r"(cannot open source file|No such file or directory)", msg)
+            keep.append(f"{os.path.basename(f)}:{n}: {msg}" if not missing else f"{os.path.basename(f)}:{n}: {msg[:300]}")
+        else:
+            keep.append(f"{f}:{n}: an error (its text withheld: the file is outside the family's sources and the toolkit)")
+    return " | ".join(keep[:4])[:600] or "the preprocessor failed with no error line"
+
+
+def preprocess_unit(family: CudaFamily, unit: CudaUnit, arch: str, source_dir: Path | None = None) -> Preprocessed:
+    """``nvcc -E`` of ``unit`` (the family's files, or the patched copy whose module folder is ``source_dir``),
+    with the compile's arch, flags and macros (so ``__CUDA_ARCH__`` code is what is read), line markers
+    kept, always confined. Raises ``CompileError``: the tool's error lines, any file outside the family's
+    sources and the toolkit named but never quoted."""
+    nvcc = nvcc_path()
+    root = sources_root(family, source_dir)
+    cu = _cu_files(family, source_dir)[family.cuda_sources.index(unit.source)]
+    tk = confine.toolkit_root(nvcc)
+    with tempfile.TemporaryDirectory(prefix="kregress-nvcc-E-") as tmp:
+        tu, out = Path(tmp) / f"{unit.kernel}_unit.cu", Path(tmp) / "unit.ii"
+        tu.write_text(translation_unit(cu, unit))
+        defines = [f"-D{k}={v}" for k, v in unit.defines]
+        cmd = [nvcc, "-E", f"-arch={arch}", *family.nvcc_flags, *defines, f"-I{cu.parent}", "-o", str(out), str(tu)]
+        proc = _run_nvcc(cmd, nvcc, Path(tmp), root, trusted=False, what=f"{unit.kernel} (preprocessor)")
+        if proc.returncode != 0 or not out.is_file():
+            raise CompileError("compile_failed", "preprocessor: " + _safe_diagnostics(
+                proc.stdout + "\n" + proc.stderr, [root, tk, Path(tmp), *confine.header_roots(nvcc)]))
+        if out.stat().st_size > PREPROCESSED_MAX_BYTES:
+            raise CompileError("compile_failed", f"the preprocessed unit of {unit.kernel} is {out.stat().st_size} bytes, "
+                                                 f"over {PREPROCESSED_MAX_BYTES}")
+        return Preprocessed(text=out.read_text(errors="replace"), wrapper=str(tu), root=root, toolkit=tk)
 
 
 def _run_nvcc(cmd: list[str], nvcc: str, work: Path, sources: Path, *, trusted: bool, what: str,
