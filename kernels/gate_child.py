@@ -202,9 +202,15 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
 
     guarded = _snapshot_guarded()
     if spec.get("interpret"):
-        from kernels.interpreter import install as install_interpreter_fixes
+        from kernels import interpreter as _interpreter
 
-        install_interpreter_fixes()  # the same fixes every interpreter process gets (bf16 dot and rounding, ...)
+        _interpreter.install()  # the same fixes every interpreter process gets (bf16 dot and rounding, ...)
+        # the arch the compiled kernel would run on (tf32 dots from sm_80, fp8 accumulation on sm_90); sm_90
+        # where the judge does not say
+        _interpreter.set_target_arch(spec.get("arch"))
+        # a launch's value is the compiled kernel on the GPU and a stand-in here: reading it is a violation
+        _interpreter.watch_launch_reads(lambda what: sandbox.record_violation(
+            f"the candidate read {what}: a launch's return value tells the CPU interpreter from the GPU"))
         guarded = _snapshot_guarded()
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
