@@ -1,7 +1,10 @@
 """The static policy's tables: what added code may reference (builtins, modules, torch and Triton names,
-attributes) and the rules a finding names. Pure data; ``kregress.core.gate`` walks the code with them."""
+attributes) and the rules a finding names; ``kregress.core.gate`` walks the code with them. One rule is a
+function of its own, ``launch_value_uses``: it needs the statement a launch stands in, not a table."""
 
 from __future__ import annotations
+
+import ast
 
 # --- what added code may reference ------------------------------------------------------------------
 
@@ -135,4 +138,30 @@ RULES = {
     "identity": "an identity test (`is`) on values: which object a call returns tells where it runs",
     "host_data": "reads tensor data into Python or builds tensors from Python data (host-side compute)",
     "kernel_object": "looks into a module-level object (a kernel, a function): its attributes are state every call shares",
+    "launch_value": "uses the value a kernel launch returns (the compiled kernel on a GPU, a stand-in on the CPU "
+                    "interpreter): it tells who runs the kernel; launch as a statement (`kernel[grid](...)`)",
 }
+
+
+def launch_value_uses(fn: ast.AST, changed: set[int]) -> list[tuple[int, str]]:
+    """(line, code) of every launch in ``fn`` (a function's syntax tree) on a ``changed`` line whose value is
+    used: a call of an indexed object (``kernel[grid](...)``, whatever ``kernel`` names: a local alias is a
+    launch too) that is not a statement of its own. Assigned (``h = ...``, ``h: T = ...``, ``h += ...``), in a
+    walrus, compared (``... is None``), passed (``f(k[g](...))``, ``bool(...)``), branched on (``if``,
+    ``while``, ``assert``, a conditional expression, ``and``/``or``), returned, yielded, put in a container
+    or a lambda's body: each reads the handle the compiled launch returns, which the interpreter cannot
+    reproduce (kernels/interpreter.py's ``LaunchHandle``)."""
+    parent = {c: p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
+            continue
+        lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+        if not any(n in changed for n in lines) and not any(
+                n in changed for n in range(getattr(parent.get(node), "lineno", 0) or 0,
+                                            (getattr(parent.get(node), "end_lineno", 0) or 0) + 1)):
+            continue
+        if isinstance(parent.get(node), ast.Expr):
+            continue
+        out.append((node.lineno, ast.unparse(parent.get(node, node))[:80]))
+    return out
