@@ -396,7 +396,7 @@ def make_policy(method: str, seed: int):
 
 def run_local(problem: Problem, seed: int, cap: int, method: str = "local") -> tuple[list[tuple[int, ...]], float, str]:
     from kernel_assets.agent.base import AgentContext
-    from kernel_assets.agent.portfolio import member_of
+    from kernel_assets.agent.portfolio import proposer_of
     from kregress.core.records import VariantResult, config_hash
     table = load_table(problem.path)
     family = _FAMILIES.get(problem.path) or recorded_family(table)
@@ -466,7 +466,7 @@ def run_local(problem: Problem, seed: int, cap: int, method: str = "local") -> t
                     fc_hits.append(s.expected_speedup_low <= measured <= s.expected_speedup_high)
                     fc_err.append(abs(math.log(s.expected_speedup / measured)))
             seq.append(key)
-            who.append(member_of(s.variant_id) or "?")
+            who.append(proposer_of(s.variant_id) or "?")
             reached = reached or problem.values.get(key, math.inf) <= target_1
             if done(problem, seq, cap, reached):
                 break

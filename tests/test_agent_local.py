@@ -632,3 +632,112 @@ def test_the_slow_fence_needs_a_spread():
             y2 = y.copy()
             y2[np.argmax(y)] = max(y.max(), fence) + past  # the slowest row, placed past the fence
             assert slow_fence(y2) == fence
+
+
+# The global explorer (issue 57): a share of every round from the second explores the space away from everything
+# measured, and the share grows while the sweep's best has not moved.
+def _hamming(a: dict, b: dict) -> int:
+    return sum(a[k] != b[k] for k in a)
+
+
+def _stalled_history(unmoved: int, who: tuple[str, ...] = ("local", "ga"), gain_round: float = 0.0):
+    """A baseline (10.0), one round of new bests (9.0 down to 5.5), then ``unmoved`` rounds of slower configs (50.0),
+    the last of them with one config ``gain_round`` faster than the best (a relative gain; 0: none); each config
+    distinct, the members named in turn by ``who``. Returns (history, objective)."""
+    import random as _random
+
+    from kernel_assets.agent.local import valid_set
+
+    valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
+    rows = list(range(len(valid)))
+    _random.Random(5).shuffle(rows)
+    base = fake_row("baseline", SPEC.baseline, 0)
+    history, lat = [base], {base.config_hash: 10.0}
+    cfgs = [valid.config(i) for i in rows if valid.config(i) != SPEC.baseline]
+    for rnd in range(1, 2 + unmoved):
+        for k in range(8):
+            row = fake_row(f"r{rnd}-{who[k % len(who)]}-{k + 1:02d}", cfgs.pop(), rnd)
+            v = 9.0 - 0.5 * k if rnd == 1 else 50.0
+            if rnd == 1 + unmoved and rnd > 1 and k == 0 and gain_round:
+                v = 5.5 * (1.0 - gain_round)
+            row.measurements[0].p50_ms = lat[row.config_hash] = v
+            history.append(row)
+    return history, lat
+
+
+def _ctx_of(history, lat, rnd):
+    c = ctx_for(history, rnd)
+    c.objective.update(lat)
+    return c
+
+
+def test_the_global_explorers_share_grows_while_the_best_has_not_moved():
+    from kernel_assets.agent.portfolio import EXPLORE_GROWTH, EXPLORE_SLOTS, explore_slots, rounds_unmoved
+
+    assert explore_slots(ctx_for([fake_row("baseline", SPEC.baseline, 0)], 1)) == 0  # round 1: the balanced start
+    shares = []
+    for unmoved in range(0, 9):
+        history, lat = _stalled_history(unmoved)
+        ctx = _ctx_of(history, lat, 2 + unmoved)
+        assert rounds_unmoved(ctx) == unmoved
+        shares.append(explore_slots(ctx))
+    assert shares[0] == EXPLORE_SLOTS >= 1  # a share of every round, a moving best too
+    assert shares == sorted(shares) and shares[-1] > shares[0]  # it grows with the stall ...
+    assert shares[EXPLORE_GROWTH] == EXPLORE_SLOTS + 1 and shares[-1] == 4  # ... up to half the round (8 proposals)
+    # a gain too small to be a move (0.5%) leaves the count running; a 5% gain is a move and the share falls back
+    small, lat_s = _stalled_history(6, gain_round=0.005)
+    big, lat_b = _stalled_history(6, gain_round=0.05)
+    assert rounds_unmoved(_ctx_of(small, lat_s, 8)) == 6 and explore_slots(_ctx_of(small, lat_s, 8)) == shares[6]
+    assert rounds_unmoved(_ctx_of(big, lat_b, 8)) == 0 and explore_slots(_ctx_of(big, lat_b, 8)) == shares[0]
+
+
+def test_an_exploring_proposal_lies_outside_the_neighbourhood_of_every_evaluated_config():
+    """The explorer's picks (ids ``r<round>-local-<k>-explore``) differ from every measured config, and from each other,
+    in at least FAR_HAMMING tunables: none is a config the local picks would reach (the incumbent's ring and
+    one-tunable lines); the share is kept even where the bandit gives the local member fewer slots (the genetic
+    algorithm set every new best), and it is off with the knob ``global``."""
+    from kernel_assets.agent.local import FAR_HAMMING
+    from kernel_assets.agent.portfolio import PortfolioPolicy, allocate, explore_slots, proposer_of
+
+    assert FAR_HAMMING >= 2
+    for seed in range(2):
+        for unmoved, who in ((0, ("local", "ga")), (6, ("local", "ga")), (6, ("ga",))):
+            history, lat = _stalled_history(unmoved, who=who)
+            ctx = _ctx_of(history, lat, 2 + unmoved)
+            k_x = explore_slots(ctx)
+            prop = PortfolioPolicy(seed=seed).propose(ctx)
+            assert len(prop.suggestions) == 8 and not prop.dropped
+            ex = [s for s in prop.suggestions if proposer_of(s.variant_id) == "explore"]
+            assert len(ex) == k_x >= 1, (seed, unmoved, who, [s.variant_id for s in prop.suggestions])
+            if who == ("ga",):
+                assert allocate(ctx)["local"] < k_x  # the bandit alone would not have given the local member as many
+            for i, s in enumerate(ex):
+                assert s.variant_id.startswith(f"r{ctx.round}-local-") and GEMM.space.check(s.config) is None
+                assert min(_hamming(s.config, r.config) for r in history) >= FAR_HAMMING
+                assert all(_hamming(s.config, t.config) >= FAR_HAMMING for t in ex[:i])
+            off = PortfolioPolicy(seed=seed, local=LocalPolicy(seed=seed, ablate=frozenset(
+                {"start_cover", "standing", "global"}))).propose(ctx)
+            assert not [s for s in off.suggestions if proposer_of(s.variant_id) == "explore"]
+
+
+def test_the_explorer_draws_uniformly_among_the_far_configs():
+    """``global_explore`` on a valid set with a tenth measured: every pick is at least FAR_HAMMING changes from every
+    measured config; over many draws the picks spread over every value of every tunable (no corner, no model)."""
+    import numpy as np
+
+    from kernel_assets.agent.local import FAR_HAMMING, global_explore, valid_set
+
+    valid = valid_set(GEMM.space, SPEC.params, SPEC.hardware.limits)
+    rng = np.random.default_rng(0)
+    seen = [int(i) for i in rng.choice(len(valid), len(valid) // 10, replace=False)]
+    taken = np.zeros(len(valid), dtype=bool)
+    taken[seen] = True
+    picks = []
+    for s in range(40):
+        got = global_explore(valid, taken, seen, np.ones(len(valid), dtype=bool), 4, np.random.default_rng(s))
+        assert len(got) == len(set(got)) == 4 and not taken[got].any()
+        d = (valid.idx[got][:, None, :] != valid.idx[seen][None, :, :]).sum(axis=2).min(axis=1)
+        assert (d >= FAR_HAMMING).all()
+        picks += got
+    for j, vals in enumerate(valid.values):
+        assert len(set(valid.idx[picks, j].tolist())) == len(vals), valid.keys[j]

@@ -274,6 +274,8 @@ ABLATIONS = {
     "switch": "the stagnation switch's three-way model draws and uniform random picks",
     "winsor": "the cap on slow outliers: the enumerated search's models fit every measured log objective as it is, "
               "not capped at the upper Tukey fence",
+    "global": "the portfolio's global explorer (kernel_assets.agent.portfolio.explore_slots): no share of the round "
+              "kept for uniformly random configs far from every measured one",
     "near_rank": "the local picks model-free: the incumbent's nearest configs, ties in a seeded random order (no "
                  "one-tunable line, no ranking by the model's posterior mean)",
 }
@@ -575,6 +577,43 @@ class Shared:
 Fill = Callable[[Shared, int], list[tuple[int, str]]]
 
 
+# The global explorer (issue 57; kernel_assets.agent.portfolio says how many of a round's picks, ``n_explore``): uniformly
+# random valid configs outside the neighbourhood of everything measured or picked, so that no model, however confident,
+# keeps a round from looking elsewhere. Its picks are the local member's, their ids tagged (``r3-local-05-explore``).
+EXPLORE_TAG = "explore"
+FAR_HAMMING = 2  # an exploring pick differs from every measured (and earlier picked) config in at least this many tunables
+FAR_SAMPLE = 512  # random unmeasured configs drawn per pick, among which one that far is taken
+
+
+def global_explore(valid: ValidSet, taken: np.ndarray, seen: list[int], feasible: np.ndarray, k: int,
+                   rng: np.random.Generator) -> list[int]:
+    """``k`` exploring picks, each a uniformly random config not ``taken`` (and not predicted to fail, ``feasible``,
+    while any such is left) that differs from every ``seen`` config (the measured ones and the round's earlier picks)
+    and every earlier exploring pick in at least ``FAR_HAMMING`` tunables: outside the neighbourhood of each of them
+    that the local picks search (their nearest ring and one-tunable lines), anywhere else in the space with equal
+    chance. Drawn from up to ``FAR_SAMPLE`` random candidates per pick; where none of them is that far (a space nearly
+    exhausted around what is measured), the farthest of them. ``taken`` is not changed."""
+    out: list[int] = []
+    ref = valid.idx[np.asarray(seen, dtype=np.int64)] if len(seen) else valid.idx[:0]
+    avoid = taken.copy()
+    for _ in range(k):
+        free = np.flatnonzero(~avoid & feasible)
+        if not len(free):
+            free = np.flatnonzero(~avoid)
+        if not len(free):
+            break
+        cand = rng.choice(free, min(FAR_SAMPLE, len(free)), replace=False)  # in a random order
+        j = 0
+        if len(ref):
+            dist = (valid.idx[cand][:, None, :] != ref[None, :, :]).sum(axis=2).min(axis=1)
+            j = int(np.flatnonzero(dist >= min(FAR_HAMMING, int(dist.max())))[0])  # a uniform draw among the far
+        i = int(cand[j])
+        avoid[i] = True
+        out.append(i)
+        ref = np.vstack([ref, valid.idx[i][None, :]])
+    return out
+
+
 def slow_fence(y: np.ndarray) -> float:
     """The upper Tukey fence of the measured log objectives (third quartile + 1.5 x the interquartile range), where
     the models cap them: what lies beyond is slow, and how slow does not matter to a search for the fastest. No
@@ -601,6 +640,7 @@ class _Round:
         self.ok_y: list[float] = []
         self.all_rows: list[int] = []  # every measured row, in the order measured (ok and failed)
         self.picked: list[int] = []
+        self.explored: set[int] = set()  # the picks of the global explorer (``global_explore``)
         self._post: Posterior | None = None  # fitted once, when first needed
         fail, ok_v = [], []
         for row in ctx.history:
@@ -716,7 +756,7 @@ class _Round:
                ) -> tuple[list[dict[str, int]], list[tuple[float, float] | None], list[str]]:
         """The other members fill the round (``fill``, the portfolio); every pick gets the pairwise model's
         forecast; the member that picked each."""
-        ctx, members = self.ctx, [name] * len(self.picked)
+        ctx, members = self.ctx, [EXPLORE_TAG if i in self.explored else name for i in self.picked]
         if fill is not None and len(self.picked) < ctx.n:
             model = (lambda rows: self.feats.predict(np.asarray(rows), self.posterior().mean[:, None])[:, 0]
                      ) if len(self.ok_rows) >= MODEL_MIN else None
@@ -762,10 +802,12 @@ class LocalPolicy:
         self.stagnation_switch = stagnation_switch
         self.ablate = frozenset(ablate)
 
-    def propose(self, ctx: AgentContext, n_own: int | None = None, fill: Fill | None = None) -> Proposal:
+    def propose(self, ctx: AgentContext, n_own: int | None = None, fill: Fill | None = None,
+                n_explore: int = 0) -> Proposal:
         """The round's proposals. With ``fill`` (the portfolio), this policy picks ``n_own`` of the ``ctx.n``
         and ``fill`` the rest from the same evaluated set; each proposal's id names its member
-        (``r<round>-<member>-<k>``), and every proposal gets this policy's model forecast."""
+        (``r<round>-<member>-<k>``), and every proposal gets this policy's model forecast. ``n_explore`` of its own
+        picks are the global explorer's (``global_explore``; enumerated spaces), their ids ``r<round>-local-<k>-explore``."""
         spec, fam = ctx.spec, ctx.family
         base_seed = spec.search.seed if self.seed is None else self.seed
         best, bad = self._incumbent(ctx)
@@ -776,7 +818,7 @@ class LocalPolicy:
         if valid is not None and len(valid):
             stale = ctx.round - 1 - (best.round if best else 0)  # finished rounds since the best was found
             picked, forecasts, members = self._propose_enumerated(ctx, valid, anchor, bad, base_seed, stale, notes,
-                                                                  n_own=n_own, fill=fill)
+                                                                  n_own=n_own, fill=fill, n_explore=n_explore)
         else:
             picked = self._propose_sampled(ctx, anchor, base_seed * 1009 + ctx.round)
             forecasts = main_effects_forecast(ctx, bad, picked)
@@ -793,8 +835,10 @@ class LocalPolicy:
                 # the forecast is of log(variant objective) - log(baseline): speedup = exp(-that)
                 speed = dict(expected_speedup=_speedup(mean), expected_speedup_low=_speedup(mean + Z80 * sd),
                              expected_speedup_high=_speedup(mean - Z80 * sd))
+            vid = (f"r{ctx.round}-{self.name}-{k:02d}-{EXPLORE_TAG}" if member == EXPLORE_TAG
+                   else f"r{ctx.round}-{member}-{k:02d}")
             suggestions.append(Suggestion(
-                variant_id=f"r{ctx.round}-{member}-{k:02d}", config=cfg, patch_summary=summary, expected_effect=effect,
+                variant_id=vid, config=cfg, patch_summary=summary, expected_effect=effect,
                 risk=risk, parent=anchor_id, source="local", round=ctx.round, **speed,
             ))
         if base_value is None:
@@ -819,7 +863,7 @@ class LocalPolicy:
 
     def _propose_enumerated(self, ctx: AgentContext, valid: ValidSet, anchor: dict, bad: set[str],
                             base_seed: int, stale: int = 0, notes: list[str] | None = None,
-                            n_own: int | None = None, fill: Fill | None = None,
+                            n_own: int | None = None, fill: Fill | None = None, n_explore: int = 0,
                             ) -> tuple[list[dict[str, int]], list[tuple[float, float] | None], list[str]]:
         """The round's picks (configs) and each one's forecast of log(variant / baseline objective) as
         (mean, sd), None where the model has too few points (the caller uses the prior forecast); and the member
@@ -830,8 +874,14 @@ class LocalPolicy:
         n = ctx.n if n_own is None else min(n_own, ctx.n)
         if r.exhausted:
             return [], [], []
-        n_local = max(1, n // FIRST_NEAR_DIV) if len(r.ok_rows) <= 1 else min(N_LOCAL, n)
+        n_x = min(max(0, n_explore), n)  # the global explorer's picks: kept whatever the local picks take
+        n_local = min(n - n_x, max(1, (n - n_x) // FIRST_NEAR_DIV) if len(r.ok_rows) <= 1 else N_LOCAL)
         self._local_picks(r, n_local, stale)
+        if n_x:
+            rng = np.random.default_rng([abs(int(base_seed)), int(ctx.round), 0x61AB])
+            for i in global_explore(valid, r.taken, r.all_rows + r.picked, r.feas_all, n_x, rng):
+                r.pick(i)
+                r.explored.add(i)
         if len(r.ok_rows) < max(MODEL_MIN, ctx.n // 2):
             # Until the model has a few points: space-filling random picks, first (they cover the space).
             cand = r.unmeasured()

@@ -40,7 +40,7 @@ import re
 
 from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.agent.ga import GeneticAlgorithm
-from kernel_assets.agent.local import EXPLORE_AFTER, LocalPolicy, Shared
+from kernel_assets.agent.local import EXPLORE_AFTER, EXPLORE_TAG, LocalPolicy, Shared
 from kernel_assets.agent.mls import MultiStartLocalSearch
 from kernel_assets.agent.ps import PatternSearch
 from kernel_assets.agent.tpe import TPE
@@ -91,12 +91,53 @@ MIN_SLOTS = 0  # proposals per round every member keeps
 # method local:local+ga+mls-start_cover-standing-balance runs uniform random picks there (the stop-46 default).
 LOCAL_OFF = frozenset({"start_cover", "standing"})
 _ID = re.compile(r"^r\d+-([a-z]+)-\d+")
+# The global explorer (issue 57): whatever the members learn, from round 2 a share of every round goes to uniformly
+# random valid configs outside the neighbourhood of every measured config (``local.global_explore``), and the share
+# grows while the sweep's best has not moved. Its picks are made by the local member out of its share (raised to the
+# explorer's when the bandit gave it less), tagged (``r3-local-05-explore``), and count for no member's yield: the
+# share is kept, not earned. A trap (a lone optimum, a combination of three values that pays only together) is found
+# by sampling where nothing was measured; a bandit that follows what paid does not send proposals there, and the
+# stagnation switch fires only after three rounds without any new best, a small gain on a plateau resetting it. So the
+# share here grows with the rounds since the best last gained ``MOVE_TOL``.
+EXPLORER = EXPLORE_TAG  # what proposer_of calls the global explorer
+EXPLORE_SLOTS = 1  # proposals of every round from the second
+EXPLORE_GROWTH = 2  # one more per this many rounds without the best moving
+EXPLORE_MAX_SHARE = 0.5  # at most this share of a round
+MOVE_TOL = 0.01  # the best has moved: it gained at least this much (relative) over the best before
 
 
 def member_of(variant_id: str) -> str | None:
-    """The member that proposed a row, read off its id (``r3-ga-05`` -> ``ga``); None for other rows."""
+    """The member that proposed a row, read off its id (``r3-ga-05`` -> ``ga``; the global explorer's picks,
+    ``r3-local-05-explore``, are the local member's); None for other rows."""
     m = _ID.match(variant_id)
     return m.group(1) if m and m.group(1) in MEMBERS else None
+
+
+def proposer_of(variant_id: str) -> str | None:
+    """Who proposed a row: ``explore`` for the global explorer's picks (``r3-local-05-explore``), else its member."""
+    return EXPLORER if variant_id.endswith("-" + EXPLORE_TAG) and member_of(variant_id) else member_of(variant_id)
+
+
+def rounds_unmoved(ctx: AgentContext) -> int:
+    """Finished rounds since the sweep's best last moved, counted from the baseline's round (0): it moved when it
+    gained ``MOVE_TOL`` over the best at its last move (so gains too small to count add up until they do); 0 in round
+    1, and while every round moves it."""
+    ref, moved = math.inf, 0
+    for row in ctx.history:
+        v = ran_value(ctx, row)
+        if v is not None and (not math.isfinite(ref) or v < ref * (1.0 - MOVE_TOL)):
+            ref, moved = v, max(moved, row.round)
+    return max(0, ctx.round - 1 - moved)
+
+
+def explore_slots(ctx: AgentContext) -> int:
+    """The global explorer's share of this round: none in round 1 (the start is a balanced design, already global),
+    from round 2 ``EXPLORE_SLOTS`` plus one per ``EXPLORE_GROWTH`` rounds the best has not moved, at most
+    ``EXPLORE_MAX_SHARE`` of the round (at least one proposal)."""
+    if ctx.round <= 1 or ctx.n < 2:
+        return 0
+    cap = max(1, int(EXPLORE_MAX_SHARE * ctx.n))
+    return min(cap, EXPLORE_SLOTS + rounds_unmoved(ctx) // EXPLORE_GROWTH)
 
 
 def ran_value(ctx: AgentContext, row) -> float | None:
@@ -113,7 +154,7 @@ def yields(ctx: AgentContext, members=DEFAULT_MEMBERS) -> tuple[dict[str, float]
     for row in ctx.history:
         v = ran_value(ctx, row)
         ok = v is not None
-        m = member_of(row.variant_id) if row.round > 0 else None
+        m = proposer_of(row.variant_id) if row.round > 0 else None  # the explorer's picks: no member's yield
         if m in gain:
             w = DISCOUNT ** max(0, ctx.round - 1 - row.round)
             evals[m] += w
@@ -187,7 +228,13 @@ class PortfolioPolicy:
                                                       ("ps", PatternSearch()), ("tpe", TPE())) if m in members}
 
     def propose(self, ctx: AgentContext) -> Proposal:
+        k_x = explore_slots(ctx) if "global" not in self.local.ablate else 0
         share = allocate(ctx, self.members)
+        for m in sorted(self.members[1:], key=lambda m: -share[m]):  # the explorer's picks come out of local's share
+            give = min(share[m], k_x - share["local"])
+            if give > 0:
+                share[m] -= give
+                share["local"] += give
         order = [m for m in self.members if m != "local"]
 
         def fill(shared: Shared, k: int) -> list[tuple[int, str]]:
@@ -210,9 +257,9 @@ class PortfolioPolicy:
                     break
             return out
 
-        prop = self.local.propose(ctx, n_own=share["local"], fill=fill if order else None)
+        prop = self.local.propose(ctx, n_own=share["local"], fill=fill if order else None, n_explore=k_x)
         made = {m: sum(member_of(s.variant_id) == m for s in prop.suggestions) for m in self.members}
-        note = "portfolio: " + ", ".join(f"{m} {share[m]}" for m in self.members)
+        note = "portfolio: " + ", ".join(f"{m} {share[m]}" for m in self.members) + (f", {EXPLORER} {k_x}" if k_x else "")
         if any(made[m] > share[m] for m in order):  # slots another member could not fill
             note += " (proposed: " + ", ".join(f"{m} {made[m]}" for m in self.members if made[m]) + ")"
         prop.notes.append(note)
