@@ -7,17 +7,25 @@ root, as for Triton patches). In order, each stage putting its cause on the row:
    ``.cu`` files, changes lines only inside the family's ``kernel_functions`` (their ``__global__`` and
    ``__device__`` definitions, template heads included; comments and blank lines elsewhere are free),
    leaves the code between them as it was, and stays under ``patches.max_changed_lines``.
-2. **Advice** (REGRESS ``rejected``): the added C++ reaches for no host I/O, processes, sockets, the
-   environment, raw system calls or device timers, and adds no ``#include``
-   (``kregress.core.cuda_source.advice``). Advice, not the boundary: native code can make any system call.
-3. **Compile** (REGRESS ``infeasible``): the patched copy compiled by nvcc for the spec's arch; ptxas's
-   over-limit error (``uses too much shared data``) and any other nvcc error are the row's error, in the
-   tool's own words; the spec's register, spill and shared-memory constraints apply to its facts.
-4. **CPU host**: nothing can run the kernel, so the row has compile facts only and says so
+2. **Confinement** (REGRESS ``rejected``, "not judged"): without bubblewrap (``kernels.cuda.confine``) no
+   patch is preprocessed, compiled or run: the row says ``apt-get install bubblewrap``.
+3. **Rules on the preprocessed unit** (REGRESS ``rejected``; ``kernels.cuda.rules``): ``nvcc -E`` of the
+   patched copy and of the family's own files, confined, with the compile's arch, flags and macros. Every
+   included file lies in the family's sources, the toolkit or the system headers (named, never quoted);
+   the family's tokens hold no timer, SM identity or special-register read in inline asm, no environment,
+   file, process or dynamic-loading call, and no ``#line``; outside the kernel functions the tokens are the
+   unpatched unit's, token for token. Macros, token pasting, digraphs, comments and split literals change
+   none of it: the rules read what the compiler reads.
+4. **Compile** (REGRESS ``infeasible``): the patched copy compiled by nvcc for the spec's arch, confined;
+   ptxas's over-limit error (``uses too much shared data``) and any other nvcc error are the row's error,
+   in the tool's own words; the spec's register, spill and shared-memory constraints apply to its facts.
+5. **CPU host**: nothing can run the kernel, so the row has compile facts only and says so
    (NEEDS_REVIEW, never PASS), with ptxas's facts of the patched kernel beside the unpatched one's.
-   **GPU host**: the patched cubin is checked against the float64 reference on the correctness shapes and
-   a hidden odd shape with a secret seed, then timed in one batch beside the baseline, in a child process
-   whose environment is an allowlist (no credentials) and which is killed past its time limit.
+   **GPU host**: a confined child (``kernels.cuda.gpu_child``: bwrap, no network namespace means no
+   judgement, allowlisted environment, killed past its time limit) checks the patched cubin against the
+   float64 reference with output memory NaN-poisoned on every case of ``gpu_cases`` (every timed shape,
+   the correctness shapes, a hidden odd shape, a shape just past every timed value of every dimension, a
+   large one, the least shape; secret seed), then times it in one batch beside the baseline.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import Any, Callable
 
 from kernels.compile import CompileError
 from kernels.cuda import confine
-from kernels.cuda.nvcc import compile_variant
+from kernels.cuda.nvcc import compile_variant, sources_root
 from kernels.cuda.rules import patch_findings
 from kregress.core.cuda_source import local_headers, region_findings
 from kregress.core.family import CUDA_SOURCE_KEY, CudaFamily
@@ -176,66 +184,107 @@ def static_and_compile(backend: Any, bound: Any, s: Any, tmp: Path, log: Callabl
 
 
 def child_env(backend: Any) -> dict[str, str]:
-    """A GPU child's environment for patched native code: the worker environment, allowlisted."""
+    """A GPU child's environment for patched native code: the worker environment, allowlisted (no keys);
+    ``KREGRESS_NVCC`` set to the toolkit's own nvcc (its ``--version`` is part of the cubin cache key)."""
     env = backend.env(False)
-    return {k: v for k, v in env.items() if k in ENV_ALLOW}
+    out = {k: v for k, v in env.items() if k in ENV_ALLOW}
+    from kregress.core.cuda_source import find_nvcc
+
+    nvcc = find_nvcc()
+    if nvcc:
+        out["KREGRESS_NVCC"] = str(confine.real_nvcc(nvcc))
+    return out
 
 
-def hidden_shape(family: CudaFamily, spec: Any, rng: secrets.SystemRandom) -> dict[str, int] | None:
-    """A shape no spec names: each dimension of the first correctness shape moved to a nearby odd value, or
-    doubled where the family refuses odd ones (K of a block-scaled GEMM); None when nothing changed."""
-    base = spec.correctness_shapes[0]
-    cand = dict(base)
-    for k, v in base.items():
-        for value in (v + 2 * rng.randrange(1, 32) + 1, 2 * v):
-            if family.check_shape({**cand, k: value}) is None:
-                cand[k] = value
-                break
-    return cand if cand != base else None
+def gpu_job(bound: Any, cfg: dict, cases: list, seed: int, batch_id: str) -> dict:
+    """The GPU child's job for one patched variant: every case (timed, hidden, structure) checked, then the
+    timed shapes measured beside the baseline."""
+    spec, family = bound.spec, bound.family
+    return {"family": family.lookup or family.name, "params": spec.params, "config": cfg, "dtype": spec.dtype,
+            "tolerance": spec.constraints.numeric_tolerance, "seed": seed,
+            "cases": [{"kind": c.kind, "shape": c.shape} for c in cases],
+            "measure": {"baseline": spec.baseline, "shapes": spec.shape_matrix, "warmup_ms": spec.benchmark.warmup_ms,
+                        "rep_ms": spec.benchmark.rep_ms, "batch_id": batch_id, "rounds": 4}}
+
+
+def run_child(job: dict, work: Path, ro: list[Path], env: dict[str, str], family_root: Path | None,
+              timeout: float) -> dict:
+    """One confined GPU child (``kernels.cuda.gpu_child``): its answer, or the row's error."""
+    import json
+    import subprocess
+
+    from kernels.cuda.gpu_child import PREFIX, child_command
+
+    why = confine.problem()
+    if why:
+        return {"error": "patch_rejected", "detail": f"not judged: {why}"}
+    cmd, _ = child_command(work, ro, env, family_root)
+    try:
+        proc = confine.run_prepared(cmd, json.dumps(job), timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "timeout", "detail": f"the GPU child ran past {timeout:.0f} s and was killed"}
+    except confine.ConfinementError as exc:
+        return {"error": "patch_rejected", "detail": f"not judged: {exc}"}
+    for line in proc.stdout.splitlines():
+        if line.startswith(PREFIX):
+            return json.loads(line[len(PREFIX):])
+    if proc.returncode != 0 and proc.stderr.startswith("bwrap:"):
+        return {"error": "patch_rejected", "detail": f"not judged: bwrap could not start the GPU child: {proc.stderr[:200]}"}
+    return {"error": "crashed", "detail": f"the GPU child exited {proc.returncode} with no answer: {proc.stderr.strip()[-300:]}"}
 
 
 def run_on_gpu(backend: Any, bound: Any, rows: list[VariantResult], dirs: list[Path], log: Callable[[str], None]) -> None:
-    """Correctness (secret seed, a hidden shape) and same-batch timing of the patched cubins in an
-    allowlisted child; a failure is the row's error."""
-    from resources.workers import WorkerPool
+    """Every case of ``gpu_cases`` (the timed shapes, hidden odd, past-timed and large shapes, the structure
+    case; secret seed; output memory NaN-poisoned) and same-batch timing of the patched cubins, each in its
+    own confined child (bwrap: no network, allowlisted environment); a failure is the row's error. No
+    bwrap, no judgement."""
+    from kernels.cuda.gpu_child import gpu_cases
 
     spec, family = bound.spec, bound.family
+    why = confine.problem()
+    if why:
+        for row in rows:
+            row.error, row.error_detail = "patch_rejected", f"not judged on the GPU: {why}"
+        return
     rng = secrets.SystemRandom()
     seed = backend.patch_seed or rng.randrange(1, 2**31)
-    shapes = list(spec.correctness_shapes)
-    hidden = hidden_shape(family, spec, rng)
-    if hidden:
-        shapes.append(hidden)
+    cases = gpu_cases(family, spec, rng)
     timeout = backend.timeout_s or spec.benchmark.timeout_s
-    name = family.lookup or family.name
-    with WorkerPool(1, child_env(backend)) as pool:
-        for row, d in zip(rows, dirs):
-            cfg = {**row.config, CUDA_SOURCE_KEY: str(d)}
-            (res,) = pool.run([{"op": "correctness", "family": name, "config": cfg, "dtype": spec.dtype, "shapes": shapes,
-                                "tolerance": spec.constraints.numeric_tolerance, "params": spec.params, "device": "cuda",
-                                "interpret": False, "seed": seed}], timeout)
-            row.gate.seeds, row.gate.cases = 1, len(shapes)
-            row.gate.hidden_shapes = [family.shape_label(hidden)] if hidden else []
-            if "correctness" not in res:
-                row.error, row.error_detail = res.get("error", "runtime_error"), res.get("detail", "")
-                continue
+    cache = backend.cache_root() / "cuda"
+    try:  # the baseline's cubin, built here (trusted), for the child to load: the child compiles nothing
+        compile_variant(family, spec.baseline, spec.dtype, spec.params, spec.hardware.arch, spec.hardware.limits, cache=cache)
+    except CompileError as exc:
+        log(f"  the baseline did not compile for the GPU stage: {exc.error}: {exc.detail[:200]}")
+    env = child_env(backend)
+    env["KREGRESS_CUDA_CACHE"] = str(cache)
+    root = package_root(family)
+    for row, d in zip(rows, dirs):
+        cfg = {**row.config, CUDA_SOURCE_KEY: str(d)}
+        with tempfile.TemporaryDirectory(prefix="kregress-cu-gpu-") as work:
+            res = run_child(gpu_job(bound, cfg, cases, seed, f"{spec.task_id}/patch/{row.variant_id}"), Path(work),
+                            [sources_root(family, d), cache], env, root, timeout * 3)
+        row.gate.seeds, row.gate.cases = 1, len(cases)
+        row.gate.hidden_shapes = [f"{c.kind} {family.shape_label(c.shape)}" for c in cases if c.kind not in ("timed", "correctness")]
+        row.gate.notes.append("GPU cases: " + ", ".join(f"{c.kind} {family.shape_label(c.shape)}" for c in cases))
+        if res.get("correctness"):
             row.correctness = Correctness(**res["correctness"])
-            if not row.correctness.ok:
-                row.error = "nan_inf" if row.correctness.nan_inf else "numeric_mismatch"
-                row.error_detail = row.correctness.mismatch_sample[:600]
-                continue
-            (res,) = pool.run([{"op": "measure_batch", "family": name, "baseline": spec.baseline, "configs": {"v": cfg},
-                                "dtype": spec.dtype, "shapes": spec.shape_matrix, "params": spec.params,
-                                "warmup_ms": spec.benchmark.warmup_ms, "rep_ms": spec.benchmark.rep_ms,
-                                "batch_id": f"{spec.task_id}/patch/{row.variant_id}", "rounds": 4, "order": "interleaved"}],
-                              timeout * 2)
-            if "batch" not in res:
-                row.error, row.error_detail = res.get("error", "runtime_error"), res.get("detail", "")
-                continue
-            row.batch_baseline = [Measurement(**m) for m in res["batch"]["baseline"]]
-            row.measurements = [Measurement(**m) for m in res["batch"]["v"]]
-            row.evidence = "cuda"
-            log(f"  patch {row.variant_id}: correct on {len(shapes)} shape(s) (secret seed), timed beside the baseline")
+        if "error" in res:
+            row.error, row.error_detail = res["error"], res.get("detail", "")
+            continue
+        if res.get("failed"):
+            f = res["failed"]
+            row.error = "nan_inf" if row.correctness and row.correctness.nan_inf else "numeric_mismatch"
+            row.error_detail = (f"{f['kind']} shape {family.shape_label(f['shape'])}: "
+                                f"{row.correctness.mismatch_sample[:500] if row.correctness else ''}")
+            continue
+        if "batch" not in res:
+            row.error, row.error_detail = "runtime_error", "the GPU child returned no timing"
+            continue
+        row.batch_baseline = [Measurement(**m) for m in res["batch"]["baseline"]]
+        row.measurements = [Measurement(**m) for m in res["batch"]["v"]]
+        row.evidence = "cuda"
+        log(f"  patch {row.variant_id}: correct on {len(cases)} case(s) incl. every timed shape (secret seed, "
+            f"poisoned outputs), timed beside the baseline")
 
 
 def evaluate_cuda_patches(backend: Any, bound: Any, suggestions: list, log: Callable[[str], None], stats: Any) -> list[VariantResult]:

@@ -202,10 +202,16 @@ def run(argv: list[str], *, ro: list[Path], rw: list[Path], env: dict[str, str],
     if why:
         raise ConfinementError(why)
     cmd = command(argv, ro=ro, rw=rw, env=env, cwd=cwd, limits=limits, devices=devices, sys_ro=sys_ro)
+    return run_prepared(cmd, input_text, limits.wall_s)
+
+
+def run_prepared(cmd: list[str], input_text: str | None, wall_s: float) -> subprocess.CompletedProcess:
+    """A command ``command`` built, run in its own session: past ``wall_s`` its whole process group is
+    killed and ``subprocess.TimeoutExpired`` raised; bwrap's own failure to start is ``ConfinementError``."""
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, err = proc.communicate(input_text, timeout=limits.wall_s)
+        out, err = proc.communicate(input_text, timeout=wall_s)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
