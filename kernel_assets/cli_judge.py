@@ -13,6 +13,11 @@ $DAGSTER_HOME/reports/<task_id>/judge/<judgement id>/ (report.md, the Parquet ta
 patches), listed in reports/<task_id>/judge/index.md; a sweep's report is never touched. The working
 tree is never modified.
 
+Input errors are errors, never verdicts: a malformed or truncated diff, a patch that does not apply to the
+family's source as it is, or a config outside the family's space exits 2 with one line (the file, the field,
+the fix) before anything is judged. What a patch does (an edit outside the kernel, a cheat, a kernel that does
+not compile) is judged: that is a verdict.
+
 A patch already applied to the working tree (`git diff > mine.patch`, then judge) is refused with exit
 2: judge it against the committed source with `--base HEAD` (an export of that commit is judged; the
 working tree stays as it is), or stash the change first.
@@ -26,9 +31,11 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_BAD_ARGUMENT = 0, 2
-EPILOG = ("exit codes: 0 judging completed, whatever the verdicts; 2 an argument is not a patch (no such file, not a "
-          "diff), a config is unreadable, the spec is invalid, or a patch is already applied to the working tree "
-          "(use --base HEAD, or stash): nothing was judged")
+EPILOG = ("exit codes: 0 judging completed, whatever the verdicts; 2 an input error, one line naming the file, the "
+          "field and the fix, and nothing was judged: an argument is not a patch (no such file, not a diff, a "
+          "malformed or truncated diff), a patch does not apply to the family's source, a config is unreadable or "
+          "outside the family's space (a value not allowed, an unknown key), the spec is invalid, or a patch is "
+          "already applied to the working tree (use --base HEAD, or stash)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,8 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_judge(args: argparse.Namespace) -> int:
-    from kernel_assets.judge import BadArgument, judge, read_patch_args
+    from kernel_assets.judge import BadArgument, check_inputs, judge, read_patch_args
     from kregress.core import paths
+    from kregress.core.bind import load_bound
     from kregress.core.spec import SpecError, load_spec
     from resources.gpu import BenchmarkError
 
@@ -70,9 +78,19 @@ def cmd_judge(args: argparse.Namespace) -> int:
         return EXIT_BAD_ARGUMENT
     if args.base:
         return _judge_at_base(args, home)
-    applied = _already_applied(args.spec, patches)
+    try:
+        bound = load_bound(args.spec)  # the family's own checks (a CUDA family with no nvcc here: one line)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENT
+    applied = _already_applied(bound.family, patches)
     if applied:
         print(f"error: {applied}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENT
+    try:  # input errors are errors, never verdicts: a truncated diff, one that does not apply, a bad config
+        check_inputs(bound, patches)
+    except BadArgument as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_BAD_ARGUMENT
 
     def log(msg: str) -> None:
@@ -80,7 +98,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
     print(f"kregress: judging {len(patches)} patch(es) against {args.spec}; DAGSTER_HOME={home}", file=sys.stderr)
     try:
-        result = judge(args.spec, patches, backend=args.backend, seed=args.seed, log=log)
+        result = judge(args.spec, patches, backend=args.backend, seed=args.seed, log=log, bound=bound)
     except (SpecError, BenchmarkError) as exc:  # the family's own checks (no nvcc here), a backend this host lacks
         print(f"error: {args.spec}: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGUMENT
@@ -91,16 +109,10 @@ def cmd_judge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _already_applied(spec_path: str, patches: list) -> str:
+def _already_applied(family, patches: list) -> str:
     """One line when a patch is already applied to the working tree (its reverse applies cleanly), else ''."""
     from kernel_assets.judge import already_applied
-    from kregress.core.bind import load_bound
-    from kregress.core.spec import SpecError
 
-    try:
-        family = load_bound(spec_path).family
-    except SpecError:
-        return ""  # the judgement itself says what is wrong with the spec
     for p in patches:
         files = already_applied(family, p.text)
         if files:

@@ -111,6 +111,41 @@ def read_patch_args(args: list[str], config: str | None = None) -> list[PatchArg
     return out
 
 
+def check_inputs(bound: Any, patches: list[PatchArg]) -> None:
+    """Refuse, before any judging, what is an input error rather than a patch to judge: a diff whose hunks are
+    malformed or cut short, a patch that does not apply to the family's editable files as they are, a config
+    outside the family's space (a value not allowed, an unknown key, a rule it breaks). Raises ``BadArgument``
+    with one line naming the file, the field and the fix. What the patch does (outside the region, a cheat, a
+    kernel that does not compile) is left to the judgement: that is a verdict."""
+    from kregress.core.patch import PatchApplyError, PatchFormatError, apply_and_check, editable_set, read_sources
+
+    spec, family = bound.spec, bound.family
+    try:
+        es = editable_set(family)
+    except ValueError as exc:
+        raise BadArgument(f"{spec.task_id}: {exc}. Fix: judge a patch against a spec whose family has source") from None
+    texts = read_sources(es)
+    for p in patches:
+        try:
+            patch = parse_patch(p.text)
+        except PatchFormatError as exc:
+            raise BadArgument(f"{p.path}: a malformed or truncated diff: {exc}. Fix: write it again with `git diff` "
+                              "(every hunk whole, as its @@ header counts)") from None
+        ours = [fp for fp in patch.files if fp.status == "modified" and fp.path in es.files]
+        try:
+            apply_and_check(type(patch)(text=patch.text, files=ours), texts)
+        except PatchApplyError as exc:
+            raise BadArgument(f"{p.path}: does not apply to {exc.file} line {exc.line or '-'}: {exc.reason}. Fix: make the "
+                              "diff against the source as it is now (git diff), or judge it against the commit it was "
+                              "made on (--base REF)") from None
+        config = {**spec.baseline, **(p.config or {})}
+        problem = family.space.check(config, spec.params, spec.hardware.limits)
+        if problem:
+            where = p.config_source or f"{spec.task_id} baseline"
+            raise BadArgument(f"{where}: config for {p.path.name}: {problem}. Fix: a config inside the family's space "
+                              f"({family.space.describe()})")
+
+
 def per_shape_sol(row: VariantResult, baseline: VariantResult, spec: Any, family: Any) -> list[tuple[str, float, float | None, float]]:
     """(shape, variant p50, same-batch baseline p50, speed of light) per measured shape; [] on model
     evidence (an estimate is not a timing to doubt)."""
@@ -218,9 +253,10 @@ def write_index(task_id: str) -> Path:
 
 
 def judge(spec_path: str | Path, patches: list[PatchArg], *, backend: str = "auto", seed: int = 0,
-          log: Callable[[str], None] = print) -> JudgeResult:
+          log: Callable[[str], None] = print, bound: Any = None) -> JudgeResult:
     """Judge ``patches`` against the spec's baseline with the sweep's backends and gate; write the
-    judgement's own record (a new folder under ``reports/<task_id>/judge/``) and the task's index."""
+    judgement's own record (a new folder under ``reports/<task_id>/judge/``) and the task's index.
+    ``bound``: the spec as ``load_bound(spec_path)`` binds it, when the caller has it already."""
     import time
 
     from kernel_assets.report import write_report
@@ -229,7 +265,7 @@ def judge(spec_path: str | Path, patches: list[PatchArg], *, backend: str = "aut
     from kregress.core.family import ExternalFamily
     from resources.gpu import compiled_backend
 
-    bound = load_bound(spec_path)  # the same binding a sweep makes: schema and the family's checks
+    bound = bound or load_bound(spec_path)  # the same binding a sweep makes: schema and the family's checks
     spec, family = bound.spec, bound.family
     choice = backend if backend != "auto" else (spec.benchmark.backend if spec.benchmark.backend != "auto" else "auto")
     bench = compiled_backend(choice, patch_seed=seed)
