@@ -327,7 +327,7 @@ def directive_lines(source: str) -> list[tuple[int, str]]:
     clean = "".join(buf)
     out = []
     for m in _DIRECTIVE.finditer(clean):
-        pos = m.start(1)
+        pos = m.start()
         out.append((phys[min(pos, len(phys) - 1)] if phys else 1, m.group(1)))
     return out
 
