@@ -172,9 +172,13 @@ def verdict_with_gate(row: VariantResult, baseline: VariantResult, spec: Any, fa
     the sweep's rule unchanged."""
     from kernel_assets.sweep import verdict_for
 
-    if row.gate is None:
-        return verdict_for(row, baseline, spec)
-    return gate_verdict(row, row.gate, per_shape_sol(row, baseline, spec, family)) or verdict_for(row, baseline, spec)
+    v = (None if row.gate is None else gate_verdict(row, row.gate, per_shape_sol(row, baseline, spec, family))) \
+        or verdict_for(row, baseline, spec)
+    if row.error and v.reasons:  # the sweep's failure line is cut for a prompt; a judgement's record keeps it whole
+        from kregress.core.records import config_label
+
+        v.reasons[0] = f"{row.variant_id} [{config_label(row.config)}]: {row.error}: {' '.join(row.error_detail.split())}"
+    return v
 
 
 @dataclass
@@ -187,10 +191,16 @@ class JudgeResult:
     index: Path | None = None  # reports/<task_id>/judge/index.md
 
 
-def verdict_line(v: Verdict) -> str:
-    """``<variant_id> <VERDICT> <cause>: <reason>`` (cause ``-`` when the verdict has none)."""
+TERMINAL_REASON_CHARS = 400  # a verdict line on the terminal; the record (judgement.json, report.md) keeps it whole
+
+
+def verdict_line(v: Verdict, record: Path | None = None, max_chars: int | None = None) -> str:
+    """``<variant_id> <VERDICT> <cause>: <reason>`` (cause ``-`` when the verdict has none). With ``max_chars``
+    a longer reason is cut there and ends with ``...`` and where the whole text is (``record``)."""
     reason = " ".join((v.reasons[0] if v.reasons else "").split())
-    return f"{v.variant_id} {v.verdict} {v.cause or '-'}: {reason[:400]}"
+    if max_chars is not None and len(reason) > max_chars:
+        reason = reason[:max_chars].rstrip() + "..." + (f" (whole reason: {record})" if record else "")
+    return f"{v.variant_id} {v.verdict} {v.cause or '-'}: {reason}"
 
 
 JUDGE_DIR = "judge"  # reports/<task_id>/judge/: one folder per judgement and the index; a sweep never writes here
@@ -296,18 +306,20 @@ def judge(spec_path: str | Path, patches: list[PatchArg], *, backend: str = "aut
                        + [f"{p.variant_id}: {p.path}" + (f" with config {p.config_source}" if p.config_source else "")
                           for p in patches])
     write_report(out_dir, spec, str(spec_path), state, verdicts, list(family.space.params), judgement=True)
-    lines = [verdict_line(verdicts[r.variant_id]) for r in judged]
+    lines = [verdict_line(verdicts[r.variant_id]) for r in judged]  # whole, as the record keeps them
     record = {"judgement_id": jid, "task_id": spec.task_id, "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
               "spec": str(spec_path), "spec_hash": spec.content_hash(), "base": base_src, "seed": seed,
               "backend": base.backend, "evidence": base.evidence,
               "verdicts": [{"variant_id": r.variant_id, "verdict": verdicts[r.variant_id].verdict,
-                            "cause": verdicts[r.variant_id].cause, "patch_sha256": r.patch_sha256,
+                            "cause": verdicts[r.variant_id].cause, "reasons": list(verdicts[r.variant_id].reasons),
+                            "patch_sha256": r.patch_sha256,
                             "patch_file": str(next(p.path for p in patches if p.variant_id == r.variant_id))}
                            for r in judged],
               "lines": lines}
     (out_dir / "judgement.json").write_text(json.dumps(record, indent=1))
     index = write_index(spec.task_id)
-    return JudgeResult(rows=judged, verdicts=verdicts, report_dir=out_dir, lines=lines, judgement_id=jid, index=index)
+    terminal = [verdict_line(verdicts[r.variant_id], out_dir / "judgement.json", TERMINAL_REASON_CHARS) for r in judged]
+    return JudgeResult(rows=judged, verdicts=verdicts, report_dir=out_dir, lines=terminal, judgement_id=jid, index=index)
 
 
 STATIC_ONLY = "static checks only (the patch applies, reverts and stays inside the editable region); correctness and timing need a GPU"

@@ -682,7 +682,7 @@ def patch_section(history: list[VariantResult], verdicts: dict[str, Verdict]) ->
         g = r.gate
         out += [f"### {r.variant_id}: {v.verdict if v else '-'} {(v.cause or '') if v else ''}".rstrip(), ""]
         if v and v.reasons:
-            out += [f"- reason: {' '.join(v.reasons[0].split())[:600]}"]
+            out += [f"- reason: {' '.join(v.reasons[0].split())}"]  # whole: the terminal may shorten it, the record never
         out += [f"- patch sha256 `{r.patch_sha256}`; applies to kernel hash `{r.patch_base_hash}`"
                 + (f" -> `{g.patched_hash}`" if g and g.patched_hash else "")]
         if g is not None:
@@ -925,7 +925,7 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
     lines += patch_section(state.history, verdicts)
     from kernel_assets.sweep import constraint_violations
 
-    failed = [f"- {r.variant_id} [{config_label(r.config)}]: **{r.error}**: {' '.join(r.error_detail.split())[:300]}"
+    failed = [f"- {r.variant_id} [{config_label(r.config)}]: **{r.error}**: {' '.join(r.error_detail.split())}"
               for r in state.history if r.error]
     failed += [f"- {r.variant_id} [{config_label(r.config)}]: **over a constraint**: {'; '.join(v)}"
                for r in state.history if not r.error and (v := constraint_violations(r, spec))]
