@@ -86,7 +86,7 @@ def test_quality_at_the_sweeps_counts_is_after_that_many_proposals():
     q = search.quality_all(_problem(vals, keys[0]), keys)
     assert list(q) == list(search.QUALITY_KEYS)
     # after B proposals = evaluation 1 + B (the start config is the sweep's baseline); 50..400 count the start
-    assert (q["8"], q["16"], q["32"], q["64"]) == (8.0, 6.0, 5.0, 3.0)
+    assert (q["8"], q["16"], q["24"], q["32"], q["64"]) == (8.0, 6.0, 6.0, 5.0, 3.0)
     assert (q["50"], q["100"], q["400"]) == (4.0, 2.0, 2.0)
 
 
@@ -177,7 +177,7 @@ def test_short_run_writes_the_json_schema(tmp_path, capsys, monkeypatch):
         for k in ("evals_to_5_q", "evals_to_1_q"):
             assert len(s[k]) == 3
         # every method at the sweep's counts (8 to 64 proposals after the start config) and at the fixed budgets
-        keys = ["8", "16", "32", "50", "64", "100", "200", "400"]
+        keys = ["8", "16", "24", "32", "50", "64", "100", "200", "400"]
         assert sorted(s["quality"], key=int) == keys == list(search.QUALITY_KEYS)
         qs = [s["quality"][b] for b in keys]
         assert all(q >= 1.0 for q in qs) and qs == sorted(qs, reverse=True)  # best so far never worsens
@@ -204,6 +204,12 @@ def test_short_run_writes_the_json_schema(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(search, "dist_version", lambda d: "0.0-other" if d == "numpy" else real(d))
     assert search.main(argv) == 0
     assert f"reused 0 runs from {runs}; {2 * len(methods)} to run" in capsys.readouterr().out
+    # rounds of another size (--per-round): the local runs are not the rounds-of-8 runs, so none is reused
+    monkeypatch.setattr(search, "dist_version", real)
+    assert search.main(argv + ["--per-round", "12", "--methods", "local"]) == 0
+    text = capsys.readouterr().out
+    assert "12 proposals/round" in text and f"reused 0 runs from {runs}; 2 to run" in text
+    monkeypatch.setattr(search, "N_PER_ROUND", 8)
 
 
 def test_local_policy_climbs_a_space_where_single_moves_are_invalid():
@@ -540,7 +546,7 @@ def test_protocol_odds_apply_the_split_tables_targets_to_drawn_seeds(seed):
             e5 = None if rng.random() < 0.3 else int(rng.integers(2, 60) * scale)
             q100 = 1.0 + scale * float(rng.exponential(0.03))
             out.append({"file": f"/x/{name}", "method": method, "seed": s, "evals": [e5, None], "n": 400, "n_failed": 0,
-                        "quality": {**{k: q100 * 1.2 for k in ("8", "16", "32", "64")}, "50": q100 * 1.1,
+                        "quality": {**{k: q100 * 1.2 for k in ("8", "16", "24", "32", "64")}, "50": q100 * 1.1,
                                     "100": q100, "200": q100, "400": 1.0 + (q100 - 1.0) / 3},
                         "policy_s_per_round": 0.0, "policy_s_per_round_max": 0.0})
         return out
