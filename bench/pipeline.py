@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/pipeline.py [specs/gemm_h100_bf16.yaml] [--env local|gpu] [--skip-in-process]
     .venv/bin/python bench/pipeline.py --vs /tmp/base --pairs 3     # cold sweeps, this checkout vs another, A B A B
+    .venv/bin/python bench/pipeline.py --launched [--json OUT]       # the CLI against a run launched by `dagster dev`
 
 Prints:
 - `kregress --help` and `kregress sweep --help` wall time (fresh processes, median of 3) and whether they
@@ -16,6 +17,19 @@ Prints:
   from the run's own record and the assets' metadata;
 - the in-process figures (one process, job.execute_in_process twice): cold vs warm wall time, compiles,
   cache hits, compile and correctness seconds per variant, read from the assets' metadata;
+- with ``--launched``: one instance (a fresh DAGSTER_HOME), a cold CLI sweep to warm the disk caches, then a
+  run of the same spec submitted to a real ``dagster dev`` on that instance (GraphQL ``launchRun``, the way
+  the UI launches it: queued, dequeued by the daemon, started by the instance's run launcher in a process
+  of the code server), then a warm ``kregress sweep --force``: both timed runs find the same caches. It
+  prints (and with ``--json OUT`` writes) ``cli_s`` (the warm CLI, whole process), ``launched_s`` (submit to
+  the run's end), their ratio, and per step where its seconds go, read from the run's event log:
+  ``process_start_s`` (the step's first event to STEP_START: a step process's start, imports and resource
+  set-up under the multiprocess executor; 0 in-process), ``io_s`` (STEP_START to the last input loaded,
+  plus STEP_OUTPUT to HANDLED_OUTPUT: the IO manager's loads and stores), ``work_s`` (inputs loaded to
+  STEP_OUTPUT: the asset's own code) and ``events_s`` (the rest of the step: materialization and check
+  events written, bookkeeping); ``run`` has the launch (submit to RUN_START: queue, launch, the run
+  worker's imports) and the gaps between steps. ``KREGRESS_EXECUTOR`` in the environment picks the
+  launched run's executor (unset: the definitions' default), so the same command measures before and after;
 - with ``--vs DIR`` (another checkout of kregress, e.g. ``git worktree add /tmp/base main``): cold CLI sweeps
   of this checkout (A) and that one (B) in turn, each on a fresh DAGSTER_HOME with this interpreter, the
   wall and CPU seconds (children included) of each, and the ratio A/B pair by pair: on a shared machine
@@ -261,6 +275,176 @@ def in_process_lines(spec_path: Path, env_name: str) -> list[str]:
     return lines
 
 
+# --- the CLI against a run launched by `dagster dev` ------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGTERM to ``dagster dev`` (it stops its webserver, daemon and code server), then SIGKILL to what is left
+    of its process group."""
+    import signal
+
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def step_breakdown(instance, run_id: str, submitted_at: float | None = None) -> dict:
+    """Where a run's seconds went, step by step, from its event log (see the module docstring)."""
+    by_step: dict[str, list] = {}
+    run_events: dict[str, float] = {}
+    for rec in instance.all_logs(run_id):
+        ev = rec.dagster_event
+        kind = ev.event_type_value if ev else "LOG"
+        if rec.step_key:
+            by_step.setdefault(rec.step_key, []).append((rec.timestamp, kind))
+        elif kind in ("RUN_ENQUEUED", "RUN_STARTING", "RUN_START", "RUN_SUCCESS", "RUN_FAILURE", "RUN_CANCELED"):
+            run_events.setdefault(kind, rec.timestamp)
+    steps: dict[str, dict] = {}
+    spans = []
+    for key, evs in by_step.items():
+        evs.sort()
+        first = evs[0][0]
+        at = lambda kind, pick=min, evs=evs: pick((t for t, k in evs if k == kind), default=None)  # noqa: E731
+        start, success = at("STEP_START"), at("STEP_SUCCESS") or at("STEP_FAILURE")
+        if start is None or success is None:
+            continue
+        loaded = at("LOADED_INPUT", max)
+        inputs_done = max(t for t in (start, loaded, at("STEP_INPUT", max)) if t is not None)
+        output, handled = at("STEP_OUTPUT"), at("HANDLED_OUTPUT", max)
+        work_end = output if output is not None else success
+        load_s = (loaded - start) if loaded is not None else 0.0
+        store_s = (handled - output) if handled is not None and output is not None else 0.0
+        process_s = start - first
+        work_s = max(0.0, work_end - inputs_done)
+        wall = success - first
+        steps[key] = {"process_start_s": round(process_s, 3), "io_s": round(load_s + store_s, 3),
+                      "events_s": round(max(0.0, wall - process_s - load_s - store_s - work_s), 3),
+                      "work_s": round(work_s, 3), "wall_s": round(wall, 3), "events": len(evs)}
+        spans.append((first, success))
+    spans.sort()
+    gaps = sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+    start = run_events.get("RUN_START")
+    end = run_events.get("RUN_SUCCESS") or run_events.get("RUN_FAILURE") or run_events.get("RUN_CANCELED")
+    run = {"launch_s": round(start - submitted_at, 3) if start and submitted_at else None,
+           "steps_first_to_last_s": round(spans[-1][1] - spans[0][0], 3) if spans else None,
+           "between_steps_s": round(gaps, 3),
+           "run_start_to_end_s": round(end - start, 3) if start and end else None}
+    return {"steps": steps, "run": run}
+
+
+def _wait_for_location(client, deadline: float) -> None:
+    """Until the code location of ``dagster dev`` has loaded the sweep job."""
+    q = "{ repositoriesOrError { __typename ... on RepositoryConnection { nodes { name jobs { name } } } } }"
+    while True:
+        try:
+            got = client._execute(q)
+            nodes = (got.get("repositoriesOrError") or {}).get("nodes") or []
+            if any(j["name"] == "sweep_job" for n in nodes for j in n["jobs"]):
+                return
+        except Exception:  # noqa: BLE001 - the server is still starting
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("dagster dev did not load the sweep job within its deadline")
+        time.sleep(1.0)
+
+
+def launched_figures(spec_path: Path, env_name: str, timeout_s: float = 1200.0) -> dict:
+    """A cold CLI sweep (warms the caches), a run of the same spec launched by `dagster dev` on the same
+    instance, a warm CLI sweep --force; the figures of the module docstring."""
+    from dagster_graphql import DagsterGraphQLClient
+
+    from kregress.core.spec import load_spec
+
+    spec = load_spec(spec_path)
+    home = _fresh_home()
+    env = _env(home)
+    env["KREGRESS_SPEC_FILES"] = str(spec_path)
+    env["KREGRESS_ENV"] = env_name
+    cmd = [sys.executable, "-m", "kernel_assets.cli", "sweep", str(spec_path), "--env", env_name]
+    cold, p = _wall(cmd, env)
+    if p.returncode:
+        raise RuntimeError(f"cold CLI sweep failed (exit {p.returncode}): {p.stderr.strip()[-800:]}")
+    port = _free_port()
+    log = open(home / "dagster_dev.log", "w")
+    dev = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "dev", "-w", str(REPO / "workspace.yaml"),
+                            "-p", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    try:
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port, timeout=60)
+        _wait_for_location(client, time.monotonic() + 600)
+        time.sleep(5.0)  # the daemon's first pass (its own imports) out of the way
+        load = os.getloadavg()[0]
+        submitted = time.time()
+        run_id = client.submit_job_execution("sweep_job", tags={"dagster/partition": spec.task_id})
+        os.environ["DAGSTER_HOME"] = str(home)
+        import dagster as dg
+
+        instance = dg.DagsterInstance.get()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            run = instance.get_run_by_id(run_id)
+            if run is not None and run.is_finished:
+                break
+            if time.monotonic() > deadline or dev.poll() is not None:
+                raise RuntimeError(f"launched run {run_id} did not finish (dagster dev log: {home / 'dagster_dev.log'})")
+            time.sleep(0.5)
+        if run.status != dg.DagsterRunStatus.SUCCESS:
+            raise RuntimeError(f"launched run {run_id} ended {run.status.value} (see {home / 'dagster_dev.log'})")
+        figures = step_breakdown(instance, run_id, submitted)
+        ends = [r.timestamp for r in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_SUCCESS)]
+        launched = ends[-1] - submitted
+    finally:
+        _stop_group(dev)
+        log.close()
+    warm, p = _wall(cmd + ["--force"], env)
+    if p.returncode:
+        raise RuntimeError(f"warm CLI sweep failed (exit {p.returncode}): {p.stderr.strip()[-800:]}")
+    from kernel_assets.executors import executor_kind
+
+    out = {"spec": spec_path.name, "cli_s": round(warm, 2), "cli_cold_s": round(cold, 2), "launched_s": round(launched, 2),
+           "ratio": round(launched / warm, 3), "executor": executor_kind(), "run_id": run_id,
+           "cpus": os.cpu_count(), "load_average_at_launch": round(load, 2), "load_average_end": round(os.getloadavg()[0], 2),
+           **figures}
+    shutil.rmtree(home, ignore_errors=True)
+    return out
+
+
+def launched_lines(fig: dict) -> list[str]:
+    run = fig["run"]
+    lines = [f"launched vs CLI, {fig['spec']}, executor {fig['executor']}, {fig['cpus']} CPUs, load average "
+             f"{fig['load_average_at_launch']} at launch, {fig['load_average_end']} at the end",
+             f"CLI (warm caches, --force) {fig['cli_s']:.1f} s; CLI cold {fig['cli_cold_s']:.1f} s; launched by dagster dev "
+             f"{fig['launched_s']:.1f} s; ratio launched/CLI {fig['ratio']:.2f}",
+             f"launched run: submit to RUN_START {run['launch_s']} s; first step to last {run['steps_first_to_last_s']} s; "
+             f"between steps {run['between_steps_s']} s",
+             f"{'step':<24}{'process':>9}{'io':>8}{'events':>8}{'work':>8}{'wall':>8}"]
+    tot = dict.fromkeys(("process_start_s", "io_s", "events_s", "work_s", "wall_s"), 0.0)
+    for key, st in fig["steps"].items():
+        lines.append(f"{key:<24}{st['process_start_s']:>9.2f}{st['io_s']:>8.2f}{st['events_s']:>8.2f}{st['work_s']:>8.2f}"
+                     f"{st['wall_s']:>8.2f}")
+        for k in tot:
+            tot[k] += st[k]
+    lines.append(f"{'total':<24}{tot['process_start_s']:>9.2f}{tot['io_s']:>8.2f}{tot['events_s']:>8.2f}{tot['work_s']:>8.2f}"
+                 f"{tot['wall_s']:>8.2f}")
+    return lines
+
+
 def main() -> int:
     import argparse
 
@@ -270,6 +454,8 @@ def main() -> int:
     ap.add_argument("--skip-in-process", action="store_true", help="only the CLI and --help figures")
     ap.add_argument("--vs", type=Path, help="another kregress checkout: cold sweeps of both in turn, ratio A/B (only that)")
     ap.add_argument("--pairs", type=int, default=3, help="with --vs: A/B pairs (default 3)")
+    ap.add_argument("--launched", action="store_true", help="the CLI against a run launched by `dagster dev` (only that)")
+    ap.add_argument("--json", type=Path, metavar="OUT", help="with --launched: write the figures as JSON to OUT")
     args = ap.parse_args()
     spec_path = Path(args.spec).resolve()
     from kregress.core.spec import load_spec
@@ -278,6 +464,15 @@ def main() -> int:
     print(f"spec {spec_path.name} (env {args.env}): {spec.search.variants_per_round} variants x up to "
           f"{spec.search.max_rounds} rounds, {len(spec.correctness_shapes)} correctness shapes, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}")
+    if args.launched:
+        import json
+
+        fig = launched_figures(spec_path, args.env)
+        for line in launched_lines(fig):
+            print(line, flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(fig, indent=1))
+        return 0
     if args.vs:
         for line in vs_lines(spec_path, args.env, args.vs.resolve(), args.pairs):
             print(line, flush=True)

@@ -15,6 +15,7 @@ changes the run.
 import hashlib
 import time
 import warnings
+from dataclasses import dataclass, field
 from enum import Enum
 from types import SimpleNamespace
 from typing import Any
@@ -94,11 +95,46 @@ def _skipped_md(k: int, reason: str) -> dict:
     return {"skipped": f"round {k} did not run: {reason}"}
 
 
-def not_checked(check_name: str, why: str, task_id: str, **metadata) -> dg.AssetCheckResult:
-    """A check that could not run: a WARN saying "not checked: why", never a pass (nor "none")."""
-    return dg.AssetCheckResult(check_name=check_name, passed=False, severity=dg.AssetCheckSeverity.WARN,
-                               description=f"not checked: {why}",
-                               metadata={"task_id": task_id, "checked": False, "not_checked": why, **metadata})
+@dataclass(frozen=True)
+class NotChecked:
+    """A check that could not run on this evidence. No ``AssetCheckResult`` is yielded for it (the assets with
+    checks are ``asset_with_checks``: optional check outputs; and generators: a returned ``MaterializeResult``
+    must carry every check's result): Dagster keeps the
+    check's execution PLANNED and, once the run has succeeded, resolves it SKIPPED (the UI draws it "Skipped",
+    neither passed nor failed; a run that failed leaves it "Execution failed"). The reason is one click away:
+    the asset's materialization metadata (``<check>: not checked``) and the run's log line."""
+
+    check_name: str
+    why: str
+    task_id: str
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def line(self) -> str:
+        return f"check {self.check_name} not checked: {self.why}"
+
+
+def not_checked(check_name: str, why: str, task_id: str, **metadata) -> NotChecked:
+    """A check that could not run: never a pass, never a failure; see ``NotChecked``."""
+    return NotChecked(check_name, why, task_id, dict(metadata))
+
+
+def not_checked_key(check_name: str) -> str:
+    """The materialization metadata key that carries why ``check_name`` was not checked."""
+    return f"{check_name}: not checked"
+
+
+def check_results(context: dg.AssetExecutionContext, md: dict, checks: list) -> list[dg.AssetCheckResult]:
+    """The results to yield: the checks that ran. Each one that could not run puts its reason in ``md`` (the
+    asset's metadata) and in the run's log, and yields nothing (see ``NotChecked``)."""
+    out = []
+    for c in checks:
+        if isinstance(c, NotChecked):
+            md[not_checked_key(c.check_name)] = c.why
+            context.log.info(c.line)
+        else:
+            out.append(c)
+    return out
 
 
 # Recorded runs carry no compile facts: the constraints checks cannot run on a replay family.
@@ -116,14 +152,27 @@ def _bound(bound: BoundSpec | None, step: str) -> BoundSpec:
     return bound
 
 
-@dg.asset(
-    partitions_def=SPECS_PARTITIONS,
+def asset_with_checks(name: str, *, description: str, group_name: str, kinds: set[str],
+                      check_specs: list[dg.AssetCheckSpec], ins: dict | None = None, pool: str | None = None,
+                      op_tags: dict | None = None):
+    """``@dg.asset`` for a spec-partitioned asset whose checks may go unevaluated: a one-asset ``multi_asset``
+    with ``can_subset=True``, which makes the check outputs optional (``@asset``'s are required), so a check
+    that could not run yields no result (``NotChecked``). The asset's own output is still required."""
+    return dg.multi_asset(
+        name=name, ins=ins, partitions_def=SPECS_PARTITIONS, pool=pool, op_tags=op_tags, check_specs=check_specs,
+        can_subset=True, description=description,
+        outs={name: dg.AssetOut(description=description, group_name=group_name, code_version=CODE_VERSION,
+                                kinds=kinds, owners=OWNERS, is_required=True)},
+    )
+
+
+@asset_with_checks(
+    "baseline_metrics",
+    description="Compile, correctness and latency of the spec's baseline config.",
     group_name=GROUP_BASELINE,
     pool=BENCH_POOL,
     op_tags=GPU_OP_TAGS,
-    code_version=CODE_VERSION,
     kinds={"triton", "pytorch"},
-    owners=OWNERS,
     check_specs=[
         dg.AssetCheckSpec("baseline_correct", asset="baseline_metrics", blocking=True, partitions_def=SPECS_PARTITIONS,
                           description="Baseline compiles and matches the float64 reference (blocks the sweep)."),
@@ -177,7 +226,8 @@ def baseline_metrics(context: dg.AssetExecutionContext, specs: SpecStore, bench:
                                              description="; ".join(violations)[:500] or None,
                                              metadata={"task_id": task, "violating": len(violations),
                                                        "violations": "; ".join(violations) or "within every limit"}))
-    return dg.MaterializeResult(value=state, metadata=md, check_results=[correct_check, constraints_check])
+    yield dg.MaterializeResult(value=state, metadata=md,
+                               check_results=check_results(context, md, [correct_check, constraints_check]))
 
 
 def build_round(k: int):
@@ -233,10 +283,10 @@ def build_round(k: int):
             md[f"tokens_{key}"] = val
         return dg.MaterializeResult(value=proposal, metadata=md)
 
-    @dg.asset(
-        name=f"round_{k}_variants", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
+    @asset_with_checks(
+        f"round_{k}_variants", group_name=GROUP_ROUNDS,
         pool=BENCH_POOL, op_tags=GPU_OP_TAGS, ins={"proposal": dg.AssetIn(f"round_{k}_suggestions")},
-        kinds={"triton", "pytorch"}, owners=OWNERS,
+        kinds={"triton", "pytorch"},
         description=f"Round {k}: compile stats, correctness and latency of every proposal; failures are rows.",
         check_specs=[dg.AssetCheckSpec(f"round_{k}_constraints", asset=f"round_{k}_variants", partitions_def=SPECS_PARTITIONS,
                                        description="Variants within the register, spill and shared-memory limits.")],
@@ -247,8 +297,10 @@ def build_round(k: int):
         spec, fam = bound.spec, bound.family
         task = context.partition_key
         if proposal.skipped is not None:  # the round did not run: say so, and check nothing
-            return dg.MaterializeResult(value=[], metadata=_skipped_md(k, proposal.skipped), tags=SKIPPED_TAGS, check_results=[
-                not_checked(f"round_{k}_constraints", f"round {k} did not run ({proposal.skipped})", task)])
+            md = _skipped_md(k, proposal.skipped)
+            yield dg.MaterializeResult(value=[], metadata=md, tags=SKIPPED_TAGS, check_results=check_results(
+                context, md, [not_checked(f"round_{k}_constraints", f"round {k} did not run ({proposal.skipped})", task)]))
+            return
         rows, ev = ([], None)
         if proposal.suggestions:
             rows, ev = backend_for(fam, bench, replay).evaluate(bound, proposal.suggestions, log=_log_fn(context))
@@ -273,7 +325,7 @@ def build_round(k: int):
                           "details": dg.MetadataValue.md("\n".join(f"- {v}: {'; '.join(x)}" for v, x in bad.items())
                                                          or f"all {len(compiled)} compiled variant(s) within the limits")},
             )
-        return dg.MaterializeResult(value=rows, metadata=md, check_results=[check])
+        yield dg.MaterializeResult(value=rows, metadata=md, check_results=check_results(context, md, [check]))
 
     @dg.asset(
         name=f"round_{k}_profiles", partitions_def=SPECS_PARTITIONS, group_name=GROUP_ROUNDS, code_version=CODE_VERSION,
@@ -306,9 +358,9 @@ def _last_profiles_key() -> str:
     return f"round_{ROUNDS[-1]}_profiles"
 
 
-@dg.asset(
-    partitions_def=SPECS_PARTITIONS, group_name=GROUP_REPORT, code_version=CODE_VERSION,
-    ins={"state": dg.AssetIn(_last_profiles_key())}, kinds={"pandas", "parquet"}, owners=OWNERS,
+@asset_with_checks(
+    "verdict_report", description="PASS / REGRESS / NEEDS_REVIEW per variant with its evidence; report.md and Parquet tables.",
+    group_name=GROUP_REPORT, ins={"state": dg.AssetIn(_last_profiles_key())}, kinds={"pandas", "parquet"},
     check_specs=[dg.AssetCheckSpec("regression_guard", asset="verdict_report", partitions_def=SPECS_PARTITIONS,
                                    description="The sweep's best config is correct, within constraints and not a regression."),
                  dg.AssetCheckSpec("baseline_vs_history", asset="verdict_report", partitions_def=SPECS_PARTITIONS,
@@ -385,7 +437,7 @@ def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource
     else:  # correct and within constraints, but the guard compares timings and nothing was timed
         guard = not_checked("regression_guard", "nothing was timed (analytic estimates only; the guard compares cuda or "
                             "replay timings); the best variant is correct and within constraints", task, **guard_md)
-    return dg.MaterializeResult(value=summary, metadata=md, check_results=[
+    yield dg.MaterializeResult(value=summary, metadata=md, check_results=check_results(context, md, [
         guard,
         # nothing to compare with (a first sweep, or no timing today): not checked; undecided is a warning, never a pass
         not_checked("baseline_vs_history", past.reason, task, **history_md)
@@ -393,7 +445,7 @@ def verdict_report(context: dg.AssetExecutionContext, taotoken: TaotokenResource
         else dg.AssetCheckResult(check_name="baseline_vs_history", passed=past.verdict in ("PASS", "ACKNOWLEDGED"),
                                  severity=dg.AssetCheckSeverity.WARN, description=past.reason,
                                  metadata={"task_id": task, **history_md}),
-    ])
+    ]))
 
 
 def build_sweep_assets() -> list:

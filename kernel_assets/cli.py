@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -34,11 +35,14 @@ PLUGINS = ("kernel_assets.cli_usage", "kernel_assets.clients.cli", "kernel_asset
 
 # Exit codes. A bad spec is 2 wherever a spec is read (sweep, specs validate, review).
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_BUDGET, EXIT_NO_PROPOSAL = 0, 1, 2, 3, 4
+EXIT_CANNOT_RUN = 2  # sweep: the chosen backend cannot work on this host (refused before any run is created)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it)
 EXIT_NOT_FOUND = 1  # history show: no sweep of that task recorded
 SWEEP_EPILOG = ("exit codes: 0 done (or unchanged since the last sweep); 1 a step failed (the reason is printed on one "
-                "line); 2 the spec is invalid; 3 the token budget was exceeded, or refused every prompt so that no model "
+                "line); 2 the spec is invalid, or the backend asked for cannot run on this host (refused before any run starts); "
+                "3 the token budget was exceeded, or refused every prompt so that no model "
                 "call was sent (--budget-overshoot warn: a warning); 4 strategy llm and no round produced a usable "
-                "proposal (the round's line names the cause and the fix)")
+                "proposal (the round's line names the cause and the fix); 130 interrupted (Ctrl-C)")
 VALIDATE_EPILOG = "exit codes: 0 every spec is valid; 2 at least one is not (one line per problem, naming file and field)"
 HISTORY_EPILOG = "exit codes: 0 shown; 1 no sweep of that task is recorded under this DAGSTER_HOME"
 # Test hook: `step:<step_key>` (at that step's start) or `log:<text>` (after a progress line containing text)
@@ -136,6 +140,24 @@ def invoked_as() -> str:
 ROUND_STEPS = ("suggestions", "variants", "profiles")  # the steps of one round, in order
 _ROUND_STEP = re.compile(r"^round_(\d+)_(suggestions|variants|profiles)$")
 _SKIPPED = re.compile(r"^round (\d+) skipped: (.*)$")
+_UNEVALUATED_CHECKS = re.compile(r"^op '[^']+' did not yield or return expected outputs \{.*\}\.?$", re.S)
+_NOT_CHECKED = re.compile(r"^check (\S+) not checked: (.*)$", re.S)  # kernel_assets.assets.NotChecked.line
+
+
+INTERRUPT_ERRORS = ("DagsterExecutionInterruptedError", "KeyboardInterrupt")
+
+
+def is_interrupt(err) -> bool:
+    """Whether a Dagster error (a SerializableErrorInfo) is a Ctrl-C, anywhere in its chain."""
+    return any(getattr(e, "cls_name", None) in INTERRUPT_ERRORS for e in _error_chain(err))
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C ended the run: Dagster ended it as a failure, the CLI has marked it canceled."""
+
+    def __init__(self, run_id: str):
+        super().__init__(run_id)
+        self.note = f"; run {run_id} marked canceled"
 
 
 class _Progress(logging.Handler):
@@ -153,8 +175,9 @@ class _Progress(logging.Handler):
         self.stream = stream
         self.failures: list[tuple[str, str]] = []  # (step, one line)
         self.skipped_rounds: set[int] = set()
-        self.not_checked: set[str] = set()  # the "not checked: why" lines already printed
+        self.not_checked: set[str] = set()  # the reasons of "check X not checked: why" lines already printed
         self._pending: str | None = None  # a round's suggestions step line, held until we know it ran
+        self.interrupted = False  # a step ended by Ctrl-C
         self.kill_at = os.environ.get(KILL_ENV, "")
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -181,26 +204,31 @@ class _Progress(logging.Handler):
             elif kind == "STEP_FAILURE":
                 self._flush()
                 self.done += 1
+                if is_interrupt(getattr(event.event_specific_data, "error", None)):
+                    self.interrupted = True  # Ctrl-C: main() says so on one line
+                    return
                 why = failure_line(getattr(event.event_specific_data, "error", None))
                 self.failures.append((step, why))
                 self._line(f"{elapsed} FAILED {step}: {why}")
             elif kind == "ASSET_CHECK_EVALUATION":
                 data = event.event_specific_data
-                desc = (data.description or "").strip()
-                if not data.passed and desc.startswith("not checked: "):
-                    # a check that could not run: said once per reason (every round of a replay has the same one)
-                    if desc not in self.not_checked:
-                        self.not_checked.add(desc)
-                        self._flush()
-                        self._line(f"{elapsed}   check {data.check_name} {' '.join(desc.split())[:300]}")
-                elif not data.passed:
+                if not data.passed:
                     self._flush()
                     detail = (data.description or "").strip() or _check_detail(data.metadata)
                     self._line(f"{elapsed}   check {data.check_name} FAILED ({data.severity.value})"
                                + (f": {' '.join(detail.split())[:400]}" if detail else ""))
             return
         msg = meta.get("orig_message") or record.getMessage()
+        if _UNEVALUATED_CHECKS.match(msg or ""):
+            return  # Dagster's note on a check that yielded no result: the asset said why on its own line
         if record.levelno >= logging.INFO and msg and not msg.startswith(("Finished", "Started", "Executing", "Dependencies for step")):
+            nc = _NOT_CHECKED.match(msg)
+            if nc:  # a check that could not run: said once per reason (every round of a replay has the same one)
+                if nc.group(2) not in self.not_checked:
+                    self.not_checked.add(nc.group(2))
+                    self._flush()
+                    self._line(f"{elapsed}   {' '.join(msg.split())[:300]}")
+                return
             m = _SKIPPED.match(msg)
             if m:
                 self.skipped_rounds.add(int(m.group(1)))
@@ -383,7 +411,7 @@ def _bind(spec):
         return None
 
 
-def _prepare(args: argparse.Namespace, spec, start_workers: bool = False):
+def _prepare(args: argparse.Namespace, spec, start_workers: bool = False, capture_compute_logs: bool = True):
     """(spec, home, resources, instance) for a command that runs one spec in-process. A bound spec (a
     sweep) becomes the run's ``run_context`` resource: its first step takes it and validates nothing again. ``start_workers``
     (a bound spec): start a CPU sweep's workers first."""
@@ -403,7 +431,7 @@ def _prepare(args: argparse.Namespace, spec, start_workers: bool = False):
     resources["specs"] = SpecStore()
     if isinstance(spec, BoundSpec):  # the run's context starts from this binding (its first step takes it)
         resources["run_context"] = HandedRunContext(spec)
-    instance = prepared_instance(home, spec.task_id, log=_say)
+    instance = prepared_instance(home, spec.task_id, log=_say, capture_compute_logs=capture_compute_logs)
     return spec, home, resources, instance
 
 
@@ -440,6 +468,59 @@ def _budget_verdict(resources: dict, spec, run_id: str) -> list[str]:
     return [b.text for b in budget_report(resources["ledger"].get_ledger(), spec.budget, scope.sweep).breaches]
 
 
+_BACKQUOTED = re.compile(r"`([^`]*)`")
+_SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z])")
+
+
+def next_lines(text: str, command: str | None = None) -> list[str]:
+    """The report's ``next_step`` text as lines to act on: per sentence, the explanation on one line
+    (``next: ...``, its command named "the command below") and then the command alone on the next line, quoted
+    for a POSIX shell, so that pasting that line runs it. A command is a back-quoted part that starts with the
+    kregress the user invoked (``command``, default ``$KREGRESS_COMMAND`` or ``kregress``); other back quotes
+    become plain quotes. Never a back quote in what is printed: bash would run what they enclose."""
+    import shlex
+
+    cmd = command or os.environ.get(COMMAND_ENV) or "kregress"
+    lines: list[str] = []
+    for sentence in _SENTENCE_END.split(" ".join(text.split())):
+        found: list[str] = []
+        parts, at = [], 0
+        for m in _BACKQUOTED.finditer(sentence):
+            inner = m.group(1).strip()
+            parts.append(sentence[at:m.start()])
+            at = m.end()
+            if inner == cmd or inner.startswith(cmd + " "):
+                parts.append("" if found else "{below}")
+                found.append(shlex.join(shlex.split(inner)))
+            else:
+                parts.append(f"'{inner}'")
+        explained = ("".join(parts) + sentence[at:]).replace("`", "'")
+        below = "the command below" if len(found) == 1 else "the commands below"
+        lines.append("next: " + explained.replace("{below}", below).strip())
+        lines.extend(found)
+    return lines if text.strip() else []
+
+
+def cuda_refusal(args: argparse.Namespace, bound) -> str:
+    """One line when the sweep asks for the cuda backend (``--backend cuda``, or ``--env gpu`` without a
+    ``--backend``) and this host cannot give it, '' otherwise. A recorded family replays: it needs no GPU."""
+    from kregress.core.family import RecordedFamily
+
+    how = "--backend cuda" if args.backend == "cuda" else (
+        f"--env gpu ({'KREGRESS_ENV' if not getattr(args, 'env', None) else 'the option'})"
+        if resource_env(getattr(args, "env", None)) == "gpu" and not args.backend else "")
+    if not how or isinstance(bound.family, RecordedFamily):
+        return ""
+    from resources.gpu import cuda_unavailable
+
+    why = cuda_unavailable()
+    if not why:
+        return ""
+    return (f"kregress: sweep {bound.spec.task_id}: {how} cannot run on this host: {why}; nothing was started. Run it "
+            f"on a GPU host, or here without {how.split(' (')[0]} (the interpreter backend: compile facts and modelled "
+            "latency)")
+
+
 def _say_unchanged(task_id: str, last: dict) -> int:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(last.get("ts", 0)))
     _say(f"kregress: sweep {task_id} unchanged since run {last['run_id']} ({when}): same spec hash "
@@ -448,8 +529,8 @@ def _say_unchanged(task_id: str, last: dict) -> int:
     print(f"report: {last['report']}")
     if last.get("verdicts"):
         print(last["verdicts"])
-    if last.get("next"):
-        print(f"next: {last['next']}")
+    for line in next_lines(last.get("next") or ""):
+        print(line)
     return EXIT_OK
 
 
@@ -464,9 +545,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     bound = _bind(spec)  # the run's one binding: the family's checks, the kernel hash
     if bound is None:
         return EXIT_BAD_SPEC
+    refused = cuda_refusal(args, bound)
+    if refused:  # before any run exists: no partition is left Failed by a run that could not do its work
+        _say(refused)
+        return EXIT_CANNOT_RUN
     _say(f"kregress: sweep {spec.task_id}: spec valid, family {spec.kernel_family} bound; starting workers and "
          f"Dagster (seconds before the first step)")
-    loaded, (bound, home, resources, instance) = spec, _prepare(args, bound, start_workers=True)
+    loaded, (bound, home, resources, instance) = spec, _prepare(args, bound, start_workers=True, capture_compute_logs=False)
     spec = bound.spec
     import dagster as dg
 
@@ -478,6 +563,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.backend:
         resources["bench"] = compiled_backend(args.backend)
     handler = _Progress(total_steps=0)
+    # A blocking check that could not run yields no result (kernel_assets.assets.NotChecked) and Dagster warns
+    # that the downstream steps proceed ungated; the progress already said "check ... not checked: why".
+    logging.getLogger("dagster._core.execution.plan.active").addFilter(
+        lambda rec: "emitted no result" not in rec.getMessage())
 
     @dg.logger(description="kregress CLI progress display")
     def progress(_init_context):
@@ -502,6 +591,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     threading.Thread(target=_warm_report_imports, daemon=True).start()
     result = job.execute_in_process(partition_key=spec.task_id, instance=instance, run_config=run_config,
                                     raise_on_error=False, tags=run_tags())
+    if handler.interrupted or any(is_interrupt(getattr(e.event_specific_data, "error", None)) for e in result.all_events
+                                  if e.event_type_value in ("STEP_FAILURE", "RUN_FAILURE")):
+        # Dagster ends an interrupted run as failed: canceled is what it was (no partition reads Failed)
+        instance.report_run_canceled(instance.get_run_by_id(result.run_id), message="kregress: interrupted (Ctrl-C)")
+        instance.event_log_storage.free_concurrency_slots_for_run(result.run_id)
+        raise SweepInterrupted(result.run_id)
     try:
         over = _budget_verdict(resources, spec, result.run_id)
     except Exception as exc:  # noqa: BLE001 - an unreadable ledger: its one line, not a traceback
@@ -526,7 +621,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _say(f"kregress: sweep {spec.task_id} FAILED (run {result.run_id}); failed steps: "
              f"{', '.join(s for s, _ in failures) or '-'}{first}")
         return EXIT_FAILED
-    summary = result.output_for_node("verdict_report")
+    summary = result.output_for_node("verdict_report", "verdict_report")  # its output is named for the asset
     counts = summary["counts"]
     report = f"{summary['report_dir']}/report.md"
     causes = summary.get("causes") or {}
@@ -538,8 +633,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 f"({summary['variants']} variants; {best}; stopped: {summary['stopped'] or 'no'})")
     print(f"report: {report}")
     print(verdicts + ("; budget EXCEEDED" if over else ""))
-    if summary.get("next_step"):  # model evidence only: how to see measured verdicts
-        print(f"next: {summary['next_step']}")
+    for line in next_lines(summary.get("next_step") or ""):  # model evidence only: how to see measured verdicts
+        print(line)
     strategy = args.strategy or spec.search.strategy
     if strategy == "llm" and not (summary.get("sources") or {}).get("llm") and not over:
         _say(f"kregress: sweep {spec.task_id}: no round produced a usable proposal from the model "
@@ -742,7 +837,42 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[COMMAND_ENV] = invoked_as()  # what the report's `next:` line tells the user to paste
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt as exc:
+        return interrupted(args, getattr(exc, "note", None))
+
+
+def interrupted(args: argparse.Namespace, note: str | None = None) -> int:
+    """Ctrl-C: one line, no traceback. The worker processes end with this process (``resources.workers``
+    ends them at exit); a run left STARTED is marked canceled here, so no partition reads Failed for it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while tidying up prints nothing either
+    if note is None:
+        try:
+            note = _cancel_own_runs()
+        except Exception:  # noqa: BLE001 - tidying up after Ctrl-C never prints a traceback
+            note = ""
+    _say(f"kregress: {getattr(args, 'command', '') or 'command'} interrupted (Ctrl-C){note}; exit {EXIT_INTERRUPTED}")
+    return EXIT_INTERRUPTED
+
+
+def _cancel_own_runs() -> str:
+    """Mark the runs this process started and left unfinished as canceled (only when Dagster was imported)."""
+    if "dagster" not in sys.modules:
+        return ""
+    import dagster as dg
+
+    from kernel_assets.run_guard import HOST_TAG, PID_TAG
+
+    instance = dg.DagsterInstance.get()
+    live = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+            dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.QUEUED]
+    runs = instance.get_runs(filters=dg.RunsFilter(statuses=live, tags={HOST_TAG: socket.gethostname(),
+                                                                          PID_TAG: str(os.getpid())}))
+    for run in runs:
+        instance.report_run_canceled(run, message="kregress: interrupted (Ctrl-C)")
+        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+    return f"; run {runs[0].run_id} marked canceled" if runs else ""
 
 
 if __name__ == "__main__":

@@ -3,8 +3,15 @@ definitions runs on a laptop, on several GPU hosts sharing one instance, and on 
 
 ``KREGRESS_EXECUTOR``:
 
-* ``multiprocess`` (default): steps in child processes on this host;
-* ``in_process``: every step in the run worker (debugging; the fewest processes and connections);
+* ``in_process`` (default): every step of a run in its run worker, one after the other, as ``kregress sweep``
+  runs them: one process imports Dagster, torch, Triton and the definitions once, keeps its in-memory caches
+  (compiled kernels, bound specs, the resources) across the run's steps, and holds one storage connection. A
+  sweep is a chain (baseline, then each round's three steps, then the report): steps in parallel would gain
+  nothing, while a process per step cost more than the work (issue 55: 401-456 s a launched run against
+  17-35 s from the CLI, 16 processes each importing the same modules). The device pool holds as under any
+  executor: Dagster's in-process executor claims a step's pool slot before the step runs;
+* ``multiprocess``: every step in its own child process on this host (a step crashing the interpreter then
+  fails that step alone); each child imports the definitions again;
 * ``k8s``: dagster-k8s's ``k8s_job_executor``, one Kubernetes Job (pod) per step, configured by
   ``deploy/k8s/executor.yaml``; benchmark steps get their GPU from ``benchmark_op_tags()``.
 
@@ -20,8 +27,9 @@ pool of the device it times on, ``gpu/<host>/<device>`` (``kregress.core.names.d
   ``gpu/k8s/<product>`` for ``KREGRESS_GPU_PRODUCT`` (also the pods' node selector), its limit is the
   number of such GPUs, and the NVIDIA device plugin gives each pod a GPU of its own.
 
-``KREGRESS_STEPS_PER_RUN``: steps of one run at once (the executor's ``max_concurrent``), the knob that
-bounds a run worker's PostgreSQL connections (deploy/README.md has the arithmetic).
+``KREGRESS_STEPS_PER_RUN``: steps of one run at once under ``multiprocess`` and ``k8s`` (the executor's
+``max_concurrent``), the knob that bounds a run worker's PostgreSQL connections (deploy/README.md has the
+arithmetic); an in-process run is one step at a time.
 
 The pool is computed where the definitions are loaded: the code server and the run workers it starts on
 that host, which is where the benchmark steps of the multiprocess and in-process executors run.
@@ -79,8 +87,11 @@ def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if environ is None else environ
 
 
+DEFAULT_EXECUTOR = "in_process"
+
+
 def executor_kind(environ: Mapping[str, str] | None = None) -> str:
-    kind = _env(environ).get(ENV_EXECUTOR, "").strip() or "multiprocess"
+    kind = _env(environ).get(ENV_EXECUTOR, "").strip() or DEFAULT_EXECUTOR
     if kind not in EXECUTORS:
         raise ValueError(f"{ENV_EXECUTOR}={kind!r} is not an executor; allowed: {', '.join(EXECUTORS)}")
     return kind
@@ -215,8 +226,8 @@ def benchmark_op_tags(environ: Mapping[str, str] | None = None) -> dict[str, Any
 
 
 def executor_from_env(environ: Mapping[str, str] | None = None) -> ExecutorDefinition:
-    """The executor named by ``KREGRESS_EXECUTOR`` (default ``multiprocess``), with ``KREGRESS_STEPS_PER_RUN``
-    as its ``max_concurrent`` where set."""
+    """The executor named by ``KREGRESS_EXECUTOR`` (default ``in_process``), with ``KREGRESS_STEPS_PER_RUN``
+    as the ``max_concurrent`` of ``multiprocess`` and ``k8s`` where set."""
     env = _env(environ)
     kind = executor_kind(env)
     steps = steps_per_run(env)

@@ -64,15 +64,29 @@ def init_lock(home: Path, timeout_s: float = 300.0) -> Iterator[None]:
             os.close(fd)
 
 
-def prepared_instance(home: Path, partition: str | None = None, log: Callable[[str], None] | None = None):
+NO_COMPUTE_LOGS = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
+                                     "class": "NoOpComputeLogManager"}}
+
+
+def prepared_instance(home: Path, partition: str | None = None, log: Callable[[str], None] | None = None,
+                      capture_compute_logs: bool = True):
     """The instance of ``home`` with its storage initialised, ``partition`` added to the specs partitions and
-    dead CLI runs reaped, all under the init lock."""
+    dead CLI runs reaped, all under the init lock. ``capture_compute_logs=False``: this process's instance does
+    not capture its steps' stdout and stderr into files (the instance's other users, the UI and the daemon,
+    still do): Dagster's capture mirrors each step's output through a ``tail`` process and a Python watcher
+    beside it, in the terminal's process group, where a Ctrl-C reaches them and each prints a traceback; the
+    CLI shows its own progress and its steps print nothing to capture."""
     import dagster as dg
 
     from kernel_assets.constants import SPECS_PARTITIONS
 
     with init_lock(home):
-        instance = dg.DagsterInstance.get()
+        if capture_compute_logs:
+            instance = dg.DagsterInstance.get()
+        else:
+            from dagster._core.instance.ref import InstanceRef
+
+            instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home), overrides=NO_COMPUTE_LOGS))
         # Touch every storage once so its schema is created/migrated here, not concurrently later.
         instance.get_runs(limit=1)
         instance.event_log_storage.get_concurrency_keys()

@@ -107,6 +107,23 @@ def gpu_visible() -> bool:
         return False
 
 
+def cuda_unavailable() -> str:
+    """Why the cuda backend cannot time on this host, '' when it can: torch built without CUDA, or no CUDA
+    device visible to this process. Creates no CUDA context (``torch.cuda.is_available`` asks the driver for
+    a device count), so a refusal costs an import, not a failed run."""
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 - an unusable torch is an answer too
+        return f"torch cannot be imported ({type(exc).__name__}: {exc})"
+    if not getattr(torch.version, "cuda", None):
+        return f"torch {torch.__version__} was built without CUDA"
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return ("no CUDA device is visible to this process" + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None
+                                                               else f" (torch {torch.__version__}, CUDA {torch.version.cuda})"))
+    return ""
+
+
 class BenchmarkError(RuntimeError):
     """A spec that cannot run on this backend; the message says which backend to use instead."""
 
