@@ -81,7 +81,9 @@ def cmd_new(args: argparse.Namespace) -> int:
     print(f"family {args.name} scaffolded in {target}. Next:\n"
           f"  pip install -e {target}\n"
           f"  kregress family check {args.name}\n"
-          f"  kregress sweep {target / 'specs' / (args.name + '.yaml')}")
+          f"  kregress sweep {target / 'specs' / (args.name + '.yaml')}\n"
+          f"  kregress judge {target / 'specs' / (args.name + '.yaml')} mine.patch   # a patch to its kernel (git diff, "
+          f"paths relative to {target})")
     return 0
 
 

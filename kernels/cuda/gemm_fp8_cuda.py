@@ -8,8 +8,9 @@
 - Tunables: BLOCK_M, BLOCK_N, STAGES, TM, TN, all template arguments of ``fp8_gemm_kernel``.
 - Facts that matter: ptxas refuses static shared memory over 48 KiB on sm_90 (``STAGES * ((BLOCK_M +
   BLOCK_N) * 144 + 4 * BLOCK_M)`` bytes), and big micro-tiles (2 * TM * TN fp32 accumulators a thread)
-  spill. The space's rules keep only what is well-formed (threads per block), not what fits: nvcc says
-  what fits.
+  spill. The family declares the shared-memory formula (``static_smem_bytes``), so a config over 48 KiB is
+  refused before nvcc (the ``static_smem`` rule, with its figure); the space's own rule keeps threads per
+  block well-formed; what spills, nvcc says.
 
 The host wrapper launches the cubin nvcc built through the CUDA driver (``kernels.cuda.launch``): on a
 GPU a variant is checked and timed like every family's; on a CPU host it has compile facts only.
@@ -30,9 +31,14 @@ def _threads(c: dict) -> int:
     return (c["BLOCK_M"] // c["TM"]) * (c["BLOCK_N"] // c["TN"])
 
 
+ROW_PAD = 16  # KREGRESS_PAD in the .cu: a staged row is SCALE_BLOCK + 16 bytes (144 B stride)
+
+
 def static_smem_bytes(c: dict) -> int:
-    """What the kernel's __shared__ arrays take (ptxas reports the same)."""
-    return c["STAGES"] * ((c["BLOCK_M"] + c["BLOCK_N"]) * (SCALE_BLOCK + 16) + 4 * c["BLOCK_M"])
+    """What the kernel's __shared__ arrays take, in bytes, exactly as ptxas reports it (37,376 B for the
+    spec's baseline 64x64, 2 stages): per stage, sA[BLOCK_M][144] and sB[BLOCK_N][144] e4m3 bytes and
+    sSA[BLOCK_M] fp32 scales (``gemm_fp8_cuda.cu``; every array a multiple of 16 B, so no padding between)."""
+    return c["STAGES"] * ((c["BLOCK_M"] + c["BLOCK_N"]) * (SCALE_BLOCK + ROW_PAD) + 4 * c["BLOCK_M"])
 
 
 SPACE = Space(
@@ -87,6 +93,9 @@ class GemmFp8CudaFamily(DenseFp8Problem, CudaFamily):
 
     def cuda_units(self, config, dtype, params):
         return [self.unit("fp8_gemm_kernel", config, threads=_threads(config))]
+
+    def static_smem_bytes(self, config):
+        return static_smem_bytes(config)
 
     def run(self, inputs, config, params):
         return fp8_gemm_cuda(inputs["a"], inputs["sa"], inputs["b"], inputs["sb"], config)

@@ -47,6 +47,9 @@ class Rule:
     name: str
     text: str
     predicate: Callable[[dict[str, int], dict[str, Any], "HardwareLimits"], bool]
+    # ``detail(config, params, limits)``: the figures of a config that breaks the rule (e.g. "56064 B > 49152 B"),
+    # appended to the rule's text where a config is refused. None: the text says it all.
+    detail: Callable[[dict[str, int], dict[str, Any], "HardwareLimits"], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,8 @@ class Space:
         lim = limits if limits is not None else _default_limits()
         for rule in self.rules:
             if not rule.predicate(config, params or {}, lim):
-                return f"violates rule {rule.name}: {rule.text}"
+                detail = f" ({rule.detail(config, params or {}, lim)})" if rule.detail else ""
+                return f"violates rule {rule.name}: {rule.text}{detail}"
         return None
 
     def enumerate(self, params: dict[str, Any] | None = None, limits: "HardwareLimits | None" = None):
@@ -415,6 +419,10 @@ class CudaUnit:
 # A config key that only the patch judge sets (never a tunable): the folder of a patched copy of the .cu files.
 CUDA_SOURCE_KEY = "_cuda_source_dir"
 
+# ptxas refuses more static shared memory (``__shared__`` arrays) per kernel than this on every arch kregress
+# targets ("uses too much shared data (..., 0xc000 max)"); more needs dynamic shared memory and an opt-in.
+CUDA_STATIC_SMEM_LIMIT = 48 * 1024
+
 
 @dataclass
 class CudaFamily(KernelFamily):
@@ -441,6 +449,25 @@ class CudaFamily(KernelFamily):
     @abstractmethod
     def cuda_units(self, config: dict[str, int], dtype: str, params: dict) -> list[CudaUnit]:
         """The kernels of one variant (``self.unit(...)`` fills the template arguments and macros)."""
+
+    def static_smem_bytes(self, config: dict[str, int]) -> int | None:
+        """The static shared memory (bytes) the variant ``config`` declares, from the config alone: the size of
+        its kernels' ``__shared__`` arrays, which ptxas reports as the kernel's static ``smem``. None (the
+        default): the family does not declare it, and ptxas alone says what fits. A family that overrides it
+        gets the space rule ``static_smem`` (``__post_init__``): a config over ``CUDA_STATIC_SMEM_LIMIT`` is
+        refused wherever configs are checked (the search never proposes it, a sweep never compiles it, the
+        judge refuses it), with this figure in the reason; ptxas still confirms what compiles."""
+        return None
+
+    def __post_init__(self) -> None:
+        if type(self).static_smem_bytes is not CudaFamily.static_smem_bytes:  # the family declares its formula
+            rule = Rule("static_smem",
+                        f"static shared memory (static_smem_bytes) at most {CUDA_STATIC_SMEM_LIMIT} B, ptxas's "
+                        "limit: more is infeasible, never compiled",
+                        lambda c, p, lim: (self.static_smem_bytes(c) or 0) <= CUDA_STATIC_SMEM_LIMIT,
+                        lambda c, p, lim: f"{self.static_smem_bytes(c)} B > {CUDA_STATIC_SMEM_LIMIT} B")
+            if all(r.name != rule.name for r in self.space.rules):
+                self.space = Space(self.space.params, self.space.rules + (rule,))
 
     def unit(self, kernel: str, config: dict[str, int], *, source: str | None = None, threads: int = 128,
              dynamic_smem_bytes: int = 0, extra_defines: dict[str, int] | None = None) -> CudaUnit:
