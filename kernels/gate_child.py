@@ -205,12 +205,16 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
         from kernels import interpreter as _interpreter
 
         _interpreter.install()  # the same fixes every interpreter process gets (bf16 dot and rounding, ...)
-        # the arch the compiled kernel would run on (tf32 dots from sm_80, fp8 accumulation on sm_90); sm_90
-        # where the judge does not say
-        _interpreter.set_target_arch(spec.get("arch"))
-        # a launch's value is the compiled kernel on the GPU and a stand-in here: reading it is a violation
-        _interpreter.watch_launch_reads(lambda what: sandbox.record_violation(
-            f"the candidate read {what}: a launch's return value tells the CPU interpreter from the GPU"))
+        # (the module is the judged tree's: `kregress judge --base REF` of an older commit has neither hook)
+        set_arch = getattr(_interpreter, "set_target_arch", None)
+        if set_arch is not None:
+            # the arch the compiled kernel would run on (tf32 dots from sm_80, fp8 accumulation on sm_90); sm_90
+            # where the judge does not say
+            set_arch(spec.get("arch"))
+        watch = getattr(_interpreter, "watch_launch_reads", None)
+        if watch is not None:
+            # a launch's value is the compiled kernel on the GPU and a stand-in here: reading it is a violation
+            watch(_launch_read_recorder(sandbox))
         guarded = _snapshot_guarded()
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
@@ -252,6 +256,19 @@ def child_main(rfd: int, wfd: int, spec: dict, info: dict) -> None:
                                 "traceback": traceback.format_exc(limit=4)[-1500:]}, []
         reply["violations"] = sandbox.violations() + _changed_guarded(state["guarded"])
         sandbox.write_frame(wfd, reply, out_blobs)
+
+
+def _launch_read_recorder(sandbox: Any) -> Callable[[str], None]:
+    """A ``watch_launch_reads`` callback: each distinct read of a launch's value is one violation."""
+    seen: set[str] = set()
+
+    def record(what: str) -> None:
+        if what not in seen:
+            seen.add(what)
+            sandbox.record_violation(f"the candidate read {what}: a launch's return value tells the CPU interpreter "
+                                     f"from the GPU")
+
+    return record
 
 
 _THREADS = {"in_call": False, "started": 0}
