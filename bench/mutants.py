@@ -364,14 +364,16 @@ def generate(target: Target, max_n: int, seed: int) -> list[Mutant]:
 #               window edges, a config constexpr);
 #   interpreter a tell: a probe tl.dot of fp32 (1 + 2^-20) values, whose sum is 4096 exactly only where the dot
 #               rounds to tf32 (a compiled run), or a launch's return value in the wrapper (None under the
-#               interpreter), remembered on the kernel object for the next call.
+#               interpreter as shipped), kept on the kernel object and passed to the next launch as a new
+#               constexpr COMPILED.
 
 GUARD_CLASSES = ("size", "programs", "structure", "interpreter")
 PROBE_ONE = "1.00000095367431640625"  # 1 + 2**-20, exact in fp32; tf32 (10-bit mantissa) rounds it to 1.0
 PROBE_PRELUDE = f"_mut_probe = tl.full([16, 16], {PROBE_ONE}, tl.float32)"
 PROBE_COND = "tl.sum(tl.sum(tl.dot(_mut_probe, _mut_probe), 1), 0) == 4096.0"
-LAUNCH_FLAG = "compiled"  # the attribute a launch_return mutant keeps on its kernel copy
+LAUNCH_FLAG = "compiled"  # the attribute a launch_return mutant keeps on its kernel object
 RESIDUE_MODULI = (2, 3, 5, 7)
+MAX_CHANGED_LINES = 60  # kregress.core.patch.DEFAULT_MAX_CHANGED_LINES: a bigger patch is refused for its size
 # the operators the issue names (drop a mask term, skip the first or last iteration, shift a store, a scale by 1,
 # skip work, remap program ids) come first in each class's round robin
 GUARDED_FIRST = ("drop_mask_term", "skip_first_iteration", "store_shifted_row", "scale_to_one", "skip_large_sizes",
@@ -677,7 +679,7 @@ def _guards_at(target: Target, fn: str, names: set[str], rng: random.Random, lau
         out.append(Guard("programs", "affine", f"({ea} + {k} * {eb}) % {m} == {r}", reads, (la, lb), r, m, k, fn=fn))
     out.append(Guard("interpreter", "probe_dot", PROBE_COND, prelude=(PROBE_PRELUDE,), fn=fn))
     if launched:
-        out.append(Guard("interpreter", "launch_return", f'getattr({fn}_mut, "{LAUNCH_FLAG}", False)', fn=fn))
+        out.append(Guard("interpreter", "launch_return", "COMPILED", fn=fn))
     return out
 
 
@@ -727,34 +729,33 @@ def _launch_statement(tree: ast.Module, fn_name: str) -> ast.stmt | None:
     return None
 
 
-def _guarded_launch(src: str, lines: list[str], tree: ast.Module, fn: ast.FunctionDef, site: _Site, cond: str) -> str | None:
-    """A mutated copy of ``fn`` (``<fn>_mut``) that the wrapper launches where ``cond`` holds: once an earlier
-    launch returned a handle (a compiled run; the interpreter returns None)."""
+def _guarded_launch(lines: list[str], tree: ast.Module, fn: ast.FunctionDef, site: _Site, cond: str) -> str | None:
+    """The statement holding ``site`` runs mutated where the new constexpr ``COMPILED`` is set (``cond``: its text,
+    or True forced); the wrapper sets it from the previous launch's return value (a handle when compiled, None
+    under the interpreter), kept on the kernel object: ``fn.compiled = fn[grid](..., COMPILED=getattr(fn,
+    "compiled", False)) is not None``."""
     st = _launch_statement(tree, fn.name)
-    if st is None or st.lineno <= fn.end_lineno:
+    if st is None or st.lineno <= fn.end_lineno or not fn.args.args:
         return None
     ab = _statement_lines(lines, st)
     if ab is None:
         return None
-    mtree = ast.parse(_apply(lines, site))
-    mfn = next(n for n in mtree.body if isinstance(n, ast.FunctionDef) and n.name == fn.name)
-    mlines = _apply(lines, site).splitlines(True)
-    first = min([d.lineno for d in mfn.decorator_list] + [mfn.lineno]) - 1
-    copy = "".join(mlines[first:mfn.end_lineno]).replace(f"def {fn.name}(", f"def {fn.name}_mut(", 1)
-    if copy == "".join(lines[first:fn.end_lineno]).replace(f"def {fn.name}(", f"def {fn.name}_mut(", 1):
-        return None
     a, b = ab
-    launch = lines[a:b]
-    if not launch[-1].rstrip().endswith(")"):
+    launch = list(lines[a:b])
+    if len(launch) < 2 or launch[-1].strip() != ")" or not launch[-2].rstrip().endswith(","):
         return None
     ind = " " * st.col_offset
-    mut = [launch[0].replace(f"{fn.name}[", f"{fn.name}_mut[", 1)] + launch[1:]
-    noted = [launch[0][:st.col_offset] + f"{fn.name}_mut.{LAUNCH_FLAG} = " + launch[0][st.col_offset:]] + launch[1:]
-    noted[-1] = noted[-1].rstrip("\n").rstrip() + " is not None\n"
-    block = [f"{ind}if {cond}:  # an earlier launch returned a handle: compiled, not the interpreter\n"] + _indent(mut) \
-        + [f"{ind}else:\n"] + _indent(noted)
-    out = lines[:a] + block + lines[b:]
-    out[fn.end_lineno:fn.end_lineno] = ["\n", "\n"] + copy.splitlines(True)
+    launch[0] = ind + f"{fn.name}.{LAUNCH_FLAG} = " + launch[0][st.col_offset:]
+    launch[-1] = launch[-1].rstrip() + " is not None\n"
+    launch.insert(-1, f'{ind}    COMPILED=getattr({fn.name}, "{LAUNCH_FLAG}", False),  # a handle came back before: compiled\n')
+    edited = lines[:a] + launch + lines[b:]
+    text = _guarded_statement(edited, fn, site, Guard("interpreter", "launch_return", "COMPILED"), cond)
+    if text is None:
+        return None
+    out = text.splitlines(True)
+    last = fn.args.args[-1]
+    i, c = last.end_lineno - 1, last.end_col_offset
+    out[i] = out[i][:c] + ", COMPILED: tl.constexpr = False" + out[i][c:]
     return "".join(out)
 
 
@@ -762,7 +763,7 @@ def _guarded_source(src: str, lines: list[str], tree: ast.Module, fn: ast.Functi
                     forced: bool = False) -> str | None:
     cond = "True" if forced else guard.text
     if guard.kind == "launch_return":
-        return _guarded_launch(src, lines, tree, fn, site, cond)
+        return _guarded_launch(lines, tree, fn, site, cond)
     return _guarded_statement(lines, fn, site, guard, cond)
 
 
@@ -811,10 +812,11 @@ def generate_guarded(target: Target, max_n: int, seed: int) -> list[Mutant]:
                     continue
                 try:
                     ast.parse(text)
-                    forced = _guarded_source(src, lines, tree, fn, s, g, forced=True)
-                    ast.parse(forced or "")
                 except SyntaxError:
                     continue
+                if _changed_lines(lines, text) > MAX_CHANGED_LINES:  # the gate would refuse it for its size
+                    continue
+                forced = _guarded_source(src, lines, tree, fn, s, g, forced=True)
                 seen.add(text)
                 chosen.append(Mutant(name="", op=s.op, line=s.node.lineno, source=text, cls=c, guard=g, forced=forced or ""))
                 break
@@ -825,6 +827,11 @@ def generate_guarded(target: Target, max_n: int, seed: int) -> list[Mutant]:
         body = "".join(difflib.unified_diff(lines, m.source.splitlines(True), f"a/{rel}", f"b/{rel}", n=3))
         m.diff = f"diff --git a/{rel} b/{rel}\n" + body
     return chosen
+
+
+def _changed_lines(lines: list[str], text: str) -> int:
+    return sum(1 for ln in difflib.unified_diff(lines, text.splitlines(True), n=0)
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
 
 
 def spread_sample(mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
@@ -843,7 +850,7 @@ def spread_sample(mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
     return sorted(out, key=lambda m: m.name)
 
 
-def import_check(target: Target, mutants: list[Mutant], timeout_s: float = 600.0) -> dict[str, str | None]:
+def import_check(mutants: list[Mutant], timeout_s: float = 600.0) -> dict[str, str | None]:
     """name -> None when the mutant's module (and its forced twin) imports under TRITON_INTERPRET=1 in a child,
     else the error."""
     job = {m.name: [m.source] + ([m.forced] if m.forced else []) for m in mutants}
@@ -1009,7 +1016,7 @@ def run_guarded(target: Target, max_n: int, seed: int, workdir: Path, check_kill
     muts = generate_guarded(target, max_n, seed)
     if sample is not None:
         muts = spread_sample(muts, sample, seed)
-    bad = {k: v for k, v in import_check(target, muts).items() if v}
+    bad = {k: v for k, v in import_check(muts).items() if v}
     if bad:  # never judged: a mutant that does not import is the generator's bug, not a kill
         raise RuntimeError(f"{target.key}: guarded mutants that do not import under TRITON_INTERPRET=1: {bad}")
     log(f"{target.key}/guarded: {len(muts)} mutants, judging")
@@ -1017,17 +1024,28 @@ def run_guarded(target: Target, max_n: int, seed: int, workdir: Path, check_kill
     t_judge = time.perf_counter() - t0
     static = {m.name: guard_reachable(m.guard) for m in muts}
     dead = [m for m in muts if killed(*verdicts[m.name][:2])]
-    live = [m for m in muts if m not in dead]
+    to_check = [m for m in muts if static[m.name][0] and (check_killed or m not in dead)]
+    log(f"{target.key}/guarded: {len(dead)} killed, {len(muts) - len(dead)} live; equivalence check of {len(to_check)} forced twins")
+    eq = equivalence(target, [Mutant(name=m.name, op=m.op, line=m.line, source=m.forced) for m in to_check])
+    out = classify_guarded(muts, verdicts, static, eq)
+    out.update(seconds=round(time.perf_counter() - t0, 1), seconds_judging=round(t_judge, 1),
+               seconds_per_judged_patch=round(t_judge / max(1, len(muts)), 2))
+    return out
+
+
+def classify_guarded(muts: list[Mutant], verdicts: dict[str, tuple[str, str | None, str]],
+                     static: dict[str, tuple[bool, str]], eq: dict[str, str | None]) -> dict[str, Any]:
+    """The report of one key's guarded mutants from the gate's verdicts, the static reachability of each guard and
+    the independent check's result on each checked forced twin (name -> None: no difference; absent: not checked).
+    Equivalent: unreachable, or reachable and the forced twin not told apart. Killed and equivalent: a false alarm."""
     reasons: dict[str, str] = {}
     for m in muts:
         if not static[m.name][0]:
             reasons[m.name] = f"unreachable: {static[m.name][1]}"
-    to_check = [m for m in live + (dead if check_killed else []) if static[m.name][0]]
-    log(f"{target.key}/guarded: {len(dead)} killed, {len(live)} live; equivalence check of {len(to_check)} forced twins")
-    eq = equivalence(target, [Mutant(name=m.name, op=m.op, line=m.line, source=m.forced) for m in to_check])
-    for m in to_check:
-        if eq.get(m.name) is None:
+        elif m.name in eq and eq[m.name] is None:
             reasons[m.name] = "no effect where the condition holds: the check cannot tell the forced twin from the original"
+    dead = [m for m in muts if killed(*verdicts[m.name][:2])]
+    live = [m for m in muts if m not in dead]
     equivalent = [m.name for m in live if m.name in reasons]
     survived = [m.name for m in live if m.name not in reasons]
     false_alarms = [m.name for m in dead if m.name in reasons]
@@ -1035,10 +1053,8 @@ def run_guarded(target: Target, max_n: int, seed: int, workdir: Path, check_kill
     non_eq = len(muts) - len(eq_names)
     dead_names = {m.name for m in dead}
     return {
-        "generated": len(muts), "equivalent": len(eq_names), "killed": len(dead),
-        "survived": survived, "seconds": round(time.perf_counter() - t0, 1),
+        "generated": len(muts), "equivalent": len(eq_names), "killed": len(dead), "survived": survived,
         "score": round((len(dead) - len(false_alarms)) / non_eq, 4) if non_eq else None,
-        "seconds_judging": round(t_judge, 1), "seconds_per_judged_patch": round(t_judge / max(1, len(muts)), 2),
         "false_alarms": false_alarms,
         "by_condition": _breakdown(muts, "cls", eq_names, dead_names),
         "by_operator": _breakdown(muts, "op", eq_names, dead_names),
