@@ -172,3 +172,13 @@ def test_gpu_child_starts_confined_and_sees_no_network(tmp_path):
     assert out["paths"]["/etc/hostname"] == "FileNotFoundError" and out["paths"][str(REPO / "README.md")] == "FileNotFoundError"
     assert out["paths"][str(REPO / "kernels" / "__init__.py")] == "readable"
     assert not any(k.startswith(("OPENAI", "AWS", "DAGSTER")) for k in out["env"]) and os.environ.get("PATH") is not None
+
+
+def test_gpu_child_with_a_network_judges_nothing(monkeypatch):
+    """A child that sees an interface besides lo (no network namespace) answers 'not judged' before it
+    imports torch or touches the GPU."""
+    from kernels.cuda import gpu_child
+
+    monkeypatch.setattr(gpu_child, "network_interfaces", lambda: ["lo", "eth0"])
+    out = gpu_child.run_job({"op": "check", "family": "gemm_fp8_cuda", "cases": []})
+    assert out["error"] == "patch_rejected" and "eth0" in out["detail"] and "not judged" in out["detail"]

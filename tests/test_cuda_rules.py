@@ -60,6 +60,10 @@ def red_team(old: str, marker_file: Path) -> dict[str, str]:
                            "    const int tid = threadIdx.x;\n", "    kr_pad[tid] = static_cast<uint8_t>(K);\n"
                                                                  "    if (kr_pad[(tid * 7) % 65536] == 3u) return;\n"),
         "planted_marker": _after(old, ANCHOR, f"#include \"{marker_file}\"\n"),
+        # wrong only when K >= 2048 (every timed K): a CPU host cannot tell, so NEEDS_REVIEW, never PASS
+        "wrong_at_timed_k": old.replace("    for (int kb = 0; kb < kslabs; ++kb) {\n",
+                                        "    for (int kb = 0; kb < kslabs; ++kb) {\n"
+                                        "        if (K >= 2048 && kb == kslabs - 1) break;\n", 1),
         # honest edits
         "honest_comment": _after(old, ANCHOR, "    // the number of 128-wide K slabs (a comment only)\n"),
         "honest_rename": old.replace("kslabs", "num_kslabs"),
@@ -80,7 +84,7 @@ CHEATS = {  # variant: (cause, words the verdict's reason must hold)
     "smem_64k": ("infeasible", "shared"),
     "planted_marker": ("rejected", "includes"),
 }
-HONEST = ("honest_comment", "honest_rename", "honest_unroll")
+HONEST = ("honest_comment", "honest_rename", "honest_unroll", "wrong_at_timed_k")
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +179,33 @@ def test_no_bwrap_no_judgement(tmp_path, monkeypatch):
     v = result.verdicts["p"]
     assert (v.verdict, v.cause) == ("REGRESS", "rejected")
     assert "apt-get install bubblewrap" in " ".join(v.reasons)
+
+
+def test_a_visible_system_file_is_named_not_quoted(tmp_path):
+    """A file nvcc can see (the shared-library folder is bound for the compiler's own use) but that is no
+    header of the toolkit or the system: refused before any compile, by name, its text in no finding."""
+    import glob
+
+    from kernels.compile import CompileError
+    from kernels.cuda.gemm_fp8_cuda import FAMILY
+    from kernels.cuda.rules import patch_findings
+    from resources.cuda_judge import editable_files, patched_copy
+
+    cands = [p for p in sorted(glob.glob("/usr/lib/*-linux-gnu/pkgconfig/*.pc")) if Path(p).stat().st_size > 40]
+    if not cands:
+        pytest.skip("no pkg-config file in the shared-library folder")
+    target = Path(cands[0])
+    old = (REPO / REL).read_text()
+    root, _files = editable_files(FAMILY)
+    d = patched_copy(FAMILY, root, {REL: _after(old, ANCHOR, f'#include "{target}"\n')}, tmp_path / "copy")
+    units = FAMILY.cuda_units({"BLOCK_M": 64, "BLOCK_N": 64, "STAGES": 2, "TM": 4, "TN": 4}, "fp8_e4m3", {})
+    try:
+        found = patch_findings(FAMILY, units, "sm_90", d)
+        text = " ".join(m for _r, _f, _n, m in found)
+        assert found and found[0][0] == "include" and str(target) in text
+    except CompileError as exc:  # the preprocessor choked on it: the error names the file, withholds its text
+        text = exc.detail
+        assert str(target) in text and "withheld" in text
+    for line in target.read_text(errors="replace").splitlines():
+        if len(line.strip()) >= 8:
+            assert line.strip() not in text

@@ -27,7 +27,8 @@ from kregress.core.family import CudaFamily, CudaUnit
 
 WRAPPER = "<unit wrapper>"
 # gcc's and cudafe's words for an #include it cannot open (the path is the patch's own text, never the file's)
-_MISSING = re.compile(r"(?:fatal error: |cannot open source file \")([^\s\"]+?)(?::? No such file or directory|\")")
+_MISSING = re.compile(r"(?:([^\s|:]+):(\d+): )?(?:fatal error: |catastrophic error: cannot open source file \")"
+                      r"([^\s\"]+?)(?::? No such file or directory|\")")
 
 
 class _Unit:
@@ -103,9 +104,9 @@ def patch_findings(family: CudaFamily, units: list[CudaUnit], arch: str, source_
         except CompileError as exc:
             missing = _MISSING.findall(exc.detail)
             if missing:  # confinement hid it: a file outside the family, the toolkit and the system headers
-                return [("include", "-", None, f"includes {m!r}: outside the family's sources, the CUDA toolkit and the "
-                                               f"compiler's system headers (nvcc runs confined and cannot see it)")
-                        for m in dict.fromkeys(missing)]
+                return [("include", f or "-", int(n) if n else None,
+                         f"includes {m!r}: outside the family's sources, the CUDA toolkit and the compiler's system "
+                         f"headers (nvcc runs confined and cannot see it)") for f, n, m in dict.fromkeys(missing)]
             raise
         out += tokens.include_findings(tokens.marker_files(pp.text), allowed, [root], {pp.wrapper})
         if out:
