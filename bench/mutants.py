@@ -17,11 +17,24 @@ no case tells it from the original: every output within max(3x the original's er
 buffer regions and read-only inputs unchanged, a second call the same. It shares nothing with the gate's
 case generator.
 
-Output: ``{"<family>[/<layout or variant>]": {"generated", "equivalent", "killed", "survived": [names],
-"seconds", ...}}`` plus ``false_alarms`` (killed mutants the check cannot tell from the original, when
-``--check-killed``), per mutant verdicts and the survivors' diffs under ``details``.
+Guarded (conditional) mutants (``generate_guarded``, docs/mutants.md): each operator's statement also runs
+mutated only where a condition holds, ``if COND: <mutated> else: <original>``, as a cheat is written. The
+conditions, in the kernel's own terms: ``size`` (a dimension just past the largest checked, hidden and timed
+value), ``programs`` (program-id residues, affine mixes of two axes, ids past a count), ``structure`` (a structure
+key or config constexpr past its timed value), ``interpreter`` (a tf32 probe dot; a launch's return value). A
+guarded mutant the gate lets through is equivalent when no launch within the declared limits makes its condition
+true (decided statically, ``guard_reachable``) or when the check cannot tell its forced twin (the condition
+replaced by True) from the original; the report counts the two reasons apart.
 
-CPU heavy: run it with ``nice -n 5``. Options: --families, --max-per-family (default 40), --seed, --check-killed.
+Output: ``{"<family>[/<layout or variant>]": {"generated", "equivalent", "killed", "survived": [names],
+"seconds", "by_operator", ...}}`` plus ``false_alarms`` (killed mutants the check cannot tell from the original,
+when ``--check-killed``), per mutant verdicts and the survivors' diffs under ``details``; and one key per family
+``"<family>[/<layout or variant>]/guarded"`` with the same fields plus ``"by_condition": {class: {"generated",
+"equivalent", "killed"}}`` and ``equivalent_reasons``.
+
+CPU heavy: run it with ``nice -n 5``. Options: --families or --family (repeatable), --max-per-family (default 40),
+--seed, --check-killed, --guarded-only, --no-guarded, --sample N (N per key, spread over operators or classes),
+--list.
 """
 
 from __future__ import annotations
