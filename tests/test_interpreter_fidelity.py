@@ -209,6 +209,7 @@ def ptx(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # a child process on the interpreter, or AOT compiles for sm_90
 def test_compiled_fp32_dot_reads_tf32_by_default_and_honours_ieee_and_tf32x3(ptx):
     for prec in ("default", "tf32"):
         ops = _ops(ptx[f"dot_{prec}"])
@@ -223,6 +224,7 @@ def test_compiled_fp32_dot_reads_tf32_by_default_and_honours_ieee_and_tf32x3(ptx
     assert not any(".tf32" in o for o in sm75) and "fma.rn.f32" in sm75
 
 
+@pytest.mark.slow  # a child process on the interpreter, or AOT compiles for sm_90
 def test_compiled_fp8_dot_promotes_only_when_max_num_imprecise_acc_says(ptx):
     chain, mni = ptx["fp8_chain"], ptx["fp8_mni32"]
     assert any(o.startswith("wgmma.") and "e4m3" in o for o in _ops(chain))
@@ -244,6 +246,7 @@ def test_tf32_helpers():
     assert (r.view(np.uint32) & 0x1FFF == 0)[[0, 1, 2, 3, 6]].all() and np.isinf(r[6])  # past max rounds to inf
 
 
+@pytest.mark.slow  # a child process on the interpreter, or AOT compiles for sm_90
 def test_fp32_dot_rounds_like_the_compiled_kernel(child):
     a, b = _fp32_operands()
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
@@ -265,6 +268,7 @@ def test_fp32_dot_rounds_like_the_compiled_kernel(child):
     assert sm75[0, 0] == np.float32(1 + 2.0 ** -20), "below sm_80 an fp32 dot is FMA: no tf32"
 
 
+@pytest.mark.slow  # a child process on the interpreter, or AOT compiles for sm_90
 def test_triton_f32_default_env_is_honoured(tmp_path):
     """TRITON_F32_DEFAULT=ieee makes the default dot ieee when compiled (triton.language.dot reads it); the
     interpreter runs the same language code, so it follows."""
@@ -272,6 +276,7 @@ def test_triton_f32_default_env_is_honoured(tmp_path):
     assert got["dot_default"][0][0] == np.float32(1 + 2.0 ** -20)
 
 
+@pytest.mark.slow  # a child process on the interpreter, or AOT compiles for sm_90
 def test_fp8_dot_accumulates_like_sm90(child):
     fa, fb = _fp8_operands()
     ref = fa.double() @ fb.double()
@@ -281,6 +286,19 @@ def test_fp8_dot_accumulates_like_sm90(child):
     assert err["promote"] < 1e-3 and err["mni32"] < 1e-3, err
     assert err["chain"] > 10 * max(err["promote"], err["mni32"]) and err["chain"] > 5e-3, err
     assert err["chain_sm80"] < 1e-5, err  # other arches accumulate in fp32
+
+
+def test_fp32_dot_rules():
+    a, b = _fp32_operands()
+    d = np.zeros((16, 16), np.float32)
+    trunc = np.matmul(ki.tf32_truncate(a), ki.tf32_truncate(b), dtype=np.float32)
+    assert np.array_equal(ki.fp32_dot(a, b, d, "tf32", 90), trunc)
+    assert np.array_equal(ki.fp32_dot(a, b, d, "tf32", 80), trunc)
+    assert np.array_equal(ki.fp32_dot(a, b, d, "tf32", 75), np.matmul(a, b, dtype=np.float32))  # FMA below sm_80
+    assert np.array_equal(ki.fp32_dot(a, b, d, "ieee", 90), np.matmul(a, b, dtype=np.float32))
+    assert ki.fp32_dot(a, b, d, "tf32", 90)[0, 0] == 1.0 and ki.fp32_dot(a, b, d, "tf32x3", 90)[0, 0] == np.float32(1 + 2.0 ** -20)
+    with pytest.raises(ValueError, match="bf16x3"):
+        ki.fp32_dot(a, b, d, "bf16x3", 90)
 
 
 def test_fp8_dot_emulation_rules():
@@ -297,6 +315,7 @@ def test_fp8_dot_emulation_rules():
     assert ki.fp8_dot(-a, b, -d, 2 ** 30)[0, 0] == -(2.0 ** 14)
 
 
+@pytest.mark.slow  # a child process on the interpreter, or AOT compiles for sm_90
 def test_launch_returns_a_handle_whose_reads_are_reported(child):
     assert child["copied"] and child["handle_is_none"] is False
     assert child["reads_after_launch"] == []  # launching without reading reports nothing
@@ -307,6 +326,7 @@ def test_launch_returns_a_handle_whose_reads_are_reported(child):
     assert "copy_tile[grid](...)" in reads
 
 
+@pytest.mark.slow  # a child process on the interpreter, or AOT compiles for sm_90
 def test_fidelity_is_recorded(child):
     fid = child["fidelity"]
     assert fid["arch"] == "sm_90"
