@@ -13,6 +13,12 @@ and a variant past the spec's per-block limits are ``out_of_resources`` with the
 other nvcc failure is ``compile_failed`` with its first error lines. The cubin and its facts are cached
 on disk (``$KREGRESS_CUDA_CACHE``), keyed by the nvcc version, the flags, the arch, the unit and the hash
 of the ``.cu`` files and every local header they include: the GPU path launches that very cubin.
+
+Every nvcc and cuobjdump run is confined (``kernels.cuda.confine``: bubblewrap, read-only toolkit, host
+compiler and family sources, a read-write work folder, no network, an allowlisted environment, rlimits and
+a wall limit). A patched copy is never compiled without it; the family's own files compile unconfined only
+where bwrap is missing. ``preprocess_unit`` is ``nvcc -E`` of a unit under the same confinement, for the
+rules of ``kernels.cuda.rules``.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ only looked for here, never run.
   (their ``template <...>`` head included), found by scanning tokens with comments and strings blanked.
 - ``local_headers`` / ``sources_hash``: every ``#include "..."`` reachable from the family's ``.cu`` files,
   so an edit to a header recompiles.
-- ``advice``: what the added C++ lines reach for (host I/O, processes, sockets, the environment, timers,
-  inline system calls). Advice, not the boundary: native code can make any system call, so the child's
-  confinement is what holds on a GPU host (README, "CUDA families").
+- ``advice``: what added C++ lines reach for, read per line on raw text (host I/O, processes, sockets, the
+  environment, timers, inline system calls). No longer the CUDA judge's decision: a macro, token pasting or a
+  split literal walks around a per-line regex, so the judge's rules read nvcc's preprocessed tokens
+  (``kernels.cuda.rules``) and nvcc and the GPU child run confined (``kernels.cuda.confine``; docs/cuda.md).
 """
 
 from __future__ import annotations
