@@ -395,17 +395,23 @@ def fp32_dot(a, b, d, precision: str, capability: int):
 
 
 def _aligned_sum(acc, prods, bits: int):
-    """``acc + sum(prods)`` (``prods``: (..., M, k, N), ``acc``: (..., M, N), float64 holding exact values) as
+    """``acc + sum(prods)`` (``prods``: (..., M, k, N), ``acc``: (..., M, N), float32 holding exact values) as
     sm_90's fp8 MMA adds them: every term is aligned to the largest exponent among them and keeps ``bits``
-    significant bits below it (truncated toward zero), then the aligned terms are summed exactly."""
+    significant bits below it (truncated toward zero), then the aligned terms are summed exactly.
+
+    The largest exponent is the exponent of the largest magnitude; scaling by a power of two, truncating and
+    summing at most 33 integers below 2**bits are exact in float32 (a product of two fp8 values has 8
+    significant bits), so no wider type is needed."""
     import numpy as np
 
-    terms = np.concatenate([acc[..., None, :], prods], axis=-2)
-    _, exp = np.frexp(terms)
-    exp = np.where(terms != 0, exp, np.iinfo(np.int32).min // 2)
-    emax = exp.max(axis=-2, keepdims=True)
-    quantum = np.ldexp(1.0, np.maximum(emax - bits, -1074))
-    return (np.trunc(terms / quantum) * quantum).sum(axis=-2)
+    big = np.maximum(np.abs(prods).max(axis=-2), np.abs(acc))
+    _, exp = np.frexp(big)
+    # 1 / quantum, a normal float32 (an accumulator below 2**-113 keeps fewer bits: far below any tolerance)
+    scale = np.ldexp(np.float32(1.0), np.clip(bits - exp, -126, 127).astype(np.int32)).astype(np.float32)
+    scale = np.where(big > 0, scale, np.float32(1.0))
+    inv = (np.float32(1.0) / scale).astype(np.float32)
+    kept = np.trunc(prods * scale[..., None, :]).sum(axis=-2, dtype=np.float32) + np.trunc(acc * scale)
+    return (kept * inv).astype(np.float32)
 
 
 def fp8_dot(a, b, d, max_num_imprecise_acc: int, bits: int = FP8_ACC_BITS, chunk: int = FP8_MMA_K):
@@ -421,23 +427,23 @@ def fp8_dot(a, b, d, max_num_imprecise_acc: int, bits: int = FP8_ACC_BITS, chunk
     ``a``, ``b``: the operands' exact values (any float dtype); ``d``: the fp32 accumulator."""
     import numpy as np
 
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
     full = np.asarray(d, dtype=np.float32)
     k_total = a.shape[-1]
     promote = max_num_imprecise_acc <= k_total
-    part = np.zeros(full.shape, np.float64) if promote else full.astype(np.float64)
+    part = np.zeros(full.shape, np.float32) if promote else full
     since = 0
     for k0 in range(0, k_total, chunk):
         k1 = min(k0 + chunk, k_total)
-        prods = a[..., :, k0:k1, None] * b[..., None, k0:k1, :]  # exact: fp8 x fp8 fits in float64
-        part = _aligned_sum(part, prods, bits).astype(np.float32).astype(np.float64)
+        prods = a[..., :, k0:k1, None] * b[..., None, k0:k1, :]  # exact: an fp8 x fp8 product has 8 bits
+        part = _aligned_sum(part, prods, bits)
         since += k1 - k0
         if promote and (since >= max_num_imprecise_acc or k1 == k_total):
-            full = (full + part.astype(np.float32)).astype(np.float32)
-            part = np.zeros(full.shape, np.float64)
+            full = (full + part).astype(np.float32)
+            part = np.zeros(full.shape, np.float32)
             since = 0
-    return full if promote else part.astype(np.float32)
+    return full if promote else part
 
 
 def _probe_tf32_dot() -> bool:
