@@ -27,7 +27,7 @@ from kernel_assets import history, sweep
 from kernel_assets.agent import policy_for
 from kernel_assets.agent.base import AgentContext, Proposal
 from kernel_assets.constants import GROUP_BASELINE, GROUP_REPORT, GROUP_ROUNDS, OWNERS, ROUNDS, SPECS_PARTITIONS
-from kernel_assets.executors import benchmark_op_tags, benchmark_pool
+from kernel_assets.executors import benchmark_op_tags, benchmark_pool, needs_tags
 from kernel_assets.report import _md_table, evidence_of, evidence_text, latency_label, md_image, narrative_origin, overview_markdown, tables, verdict_records, write_report
 from kernel_assets.specs_resource import SpecStore
 from kregress.core import paths
@@ -46,7 +46,7 @@ warnings.filterwarnings("ignore", message="Specifying a partitions_def on an Ass
 # Benchmark steps: one slot of the pool of the device they time on (gpu/<host>/<device>, one benchmark per
 # GPU at a time) and, under the k8s executor, a one-GPU pod on a node of the chosen GPU model.
 BENCH_POOL = benchmark_pool()
-GPU_OP_TAGS = benchmark_op_tags()
+GPU_OP_TAGS = {**benchmark_op_tags(), **needs_tags()}  # needs_tags: what the launcher checks of the host
 
 
 def kernels_code_version() -> str:

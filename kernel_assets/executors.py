@@ -222,6 +222,21 @@ def benchmark_op_tags(environ: Mapping[str, str] | None = None) -> dict[str, Any
     return tags
 
 
+# --- what a benchmark step needs of its host ----------------------------------------------------------
+
+NEEDS_TAG = "kregress/needs"  # op tag of the benchmark steps: "cuda" when the code location times on a GPU
+
+
+def needs_tags(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Op tags saying what the benchmark steps need of the host they run on: ``{"kregress/needs": "cuda"}``
+    when the code location's resource set is ``gpu`` (``KREGRESS_ENV``: the cuda backend, nothing else), else
+    none (``local`` takes the cuda backend only where torch sees a GPU). The run launcher reads them from the
+    run's plan (``kernel_assets.run_guard.host_refusal``) and refuses a run this host cannot serve."""
+    from kregress.core.names import ENV_VAR
+
+    return {NEEDS_TAG: "cuda"} if (_env(environ).get(ENV_VAR) or "").strip() == "gpu" else {}
+
+
 # --- the executor --------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,9 @@
   or the UI carry no such tags: Dagster's run monitoring (dagster.yaml ``run_monitoring``) watches those.
 - ``run_tags()``: the tags the CLI puts on each run it launches.
 - ``WorkerCheckingRunLauncher``: Dagster's ``DefaultRunLauncher`` (runs start in a process of the code server
-  of their location) that also answers run monitoring's health check, so the daemon marks a run failed when
+  of their location) that refuses, before it starts, a run whose steps cannot work on this host
+  (``host_refusal``: marked canceled with the reason, so no partition reads Failed), and also answers run
+  monitoring's health check, so the daemon marks a run failed when
   its run worker is gone. It asks the code server that started the worker; where that server does not vouch
   for it (restarted, or gone) and the worker ran on the daemon's host, the worker's PID and start time decide;
   a server on another host silent for ``unreachable_grace_seconds`` is taken for a dead host. Without it run
@@ -185,6 +187,32 @@ def is_this_host(host: str | None) -> bool:
     return host in names or host.startswith("127.")
 
 
+def host_refusal(instance, run) -> str:
+    """Why the steps of ``run`` cannot work on this host, '' when they can (or when the run's code server is on
+    another host, which this one cannot probe). A benchmark step tagged ``kregress/needs: cuda``
+    (``kernel_assets.executors.needs_tags``: a code location with ``KREGRESS_ENV=gpu``) needs a CUDA device and a
+    torch built with CUDA; without them it would fail after seconds ("Torch not compiled with CUDA enabled")
+    and leave its partitions Failed."""
+    from kernel_assets.executors import NEEDS_TAG
+
+    snap = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id) if run.execution_plan_snapshot_id else None
+    steps = [s.key for s in (snap.steps if snap else []) if (s.tags or {}).get(NEEDS_TAG) == "cuda"]
+    if not steps:
+        return ""
+    origin = run.remote_job_origin.repository_origin.code_location_origin if run.remote_job_origin else None
+    if not is_this_host(getattr(origin, "host", None)):
+        return ""
+    from resources.gpu import cuda_unavailable
+
+    why = cuda_unavailable()
+    if not why:
+        return ""
+    shown = ", ".join(steps[:3]) + (f" and {len(steps) - 3} more" if len(steps) > 3 else "")
+    return (f"kregress: run refused before it started: {shown} need the cuda backend (KREGRESS_ENV=gpu in the code "
+            f"location) and {socket.gethostname()} cannot give it: {why}. Launch it from a GPU host's code location, "
+            "or set KREGRESS_ENV=local in this one (the interpreter backend)")
+
+
 def _make_launcher_class():
     from dagster._core.launcher.default_run_launcher import DefaultRunLauncher
 
@@ -221,6 +249,16 @@ def _make_launcher_class():
         @classmethod
         def from_config_value(cls, inst_data, config_value):
             return cls(inst_data=inst_data, **dict(config_value))
+
+        def launch_run(self, context) -> None:
+            """Refuse a run this host cannot serve (``host_refusal``): it is marked canceled with the reason
+            before any step starts, so none of its partitions reads Failed; otherwise launch it as Dagster does."""
+            run = context.dagster_run
+            why = host_refusal(self._instance, run)
+            if why:
+                self._instance.report_run_canceled(run, message=why)
+                return
+            super().launch_run(context)
 
         @property
         def supports_check_run_worker_health(self) -> bool:
