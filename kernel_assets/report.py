@@ -172,11 +172,25 @@ def _short_reason(rec) -> str:
 
 def evidence_of(history: list[VariantResult]) -> str:
     """``measured`` when any row was timed on a GPU or replayed, ``model`` when the only latencies are
-    analytic estimates, ``none`` when nothing has a latency."""
+    analytic estimates, ``compile`` when nothing has a latency but variants have compile facts (a CUDA family
+    on a host with no GPU: nvcc and ptxas ran, nothing else), ``none`` when there is neither."""
     kinds = {r.evidence for r in history if r.measurements}
     if kinds & MEASURED_EVIDENCE:
         return "measured"
-    return "model" if kinds else "none"
+    if kinds:
+        return "model"
+    return "compile" if any(r.compile is not None for r in history) else "none"
+
+
+def compile_only_text(history: list[VariantResult], arch: str) -> str:
+    """What a compile-only sweep rests on, in words (its report's evidence paragraph)."""
+    n = sum(1 for r in history if r.compile is not None)
+    return (f"**Evidence: compile facts only.** This host ran nothing: {n} of {len(history)} rows (the baseline "
+            f"included) were compiled by nvcc for {arch}, and their registers, spills, shared memory and barriers "
+            "(ptxas's own figures) are real. No variant was checked against the reference or timed, and no latency "
+            "was estimated either (a CUDA family has no latency model: there is no estimated time to show): so no "
+            "variant can PASS; those that compiled within the constraints are NEEDS_REVIEW, and a REGRESS (did not "
+            "compile, over a limit, refused before nvcc) is real.")
 
 
 def latency_label(kind: str) -> str:
@@ -615,7 +629,10 @@ def tolerance_section(spec: TaskSpec, history: list[VariantResult]) -> str:
                      "err / ref rounding": ratio,
                      "max_rel_err": c.max_rel_err, "ref rounding rel": c.ref_rounding_rel,
                      "within rounding": _rounding_class(ratio), "ok": c.ok, "backend": r.backend})
-    if not recs and not patched:  # recorded runs: nothing to explain
+    if not recs and not patched:  # nothing checked: recorded runs, or compile facts only
+        if any(r.compile is not None for r in history):
+            return ("_no correctness check in this sweep: nothing ran on this host (compile facts only); on a GPU every "
+                    "variant is checked against the float64 reference on the correctness shapes_\n")
         return "_no correctness check in this sweep: recorded runs are not re-checked (they were validated when recorded)_\n"
     gate_part = _patch_tolerance(patched)
     if not recs:
@@ -745,8 +762,13 @@ def next_step(kind: str, spec: TaskSpec, spec_path: str, judgement: bool = False
 
 
 def _baseline_lines(baseline: VariantResult, recorded: bool) -> list[str]:
-    lines = [f"- config `{config_label(baseline.config)}`; backend {baseline.backend}; evidence {baseline.evidence}",
-             f"- error: {baseline.error or 'none'} {baseline.error_detail}".rstrip()]
+    evidence = baseline.evidence or ("compile facts only (nothing run or timed)" if baseline.compile is not None
+                                     else "none (nothing run or timed)")
+    lines = [f"- config `{config_label(baseline.config)}`; backend {baseline.backend}; evidence {evidence}"]
+    if baseline.error:
+        lines.append(f"- error: {baseline.error} {baseline.error_detail}".rstrip())
+    else:
+        lines.append("- error: none" + (f"; note: {baseline.error_detail}" if baseline.error_detail else ""))
     if baseline.compile is not None:
         cs = baseline.compile
         lines.append(f"- compile for {cs.arch}: {cs.regs_per_thread} regs/thread, {cs.spill_bytes} B spills, "
@@ -797,6 +819,9 @@ def conditions_lines(history: list[VariantResult], kind: str) -> list[str]:
     evidence = {m.evidence for r in history for m in r.measurements}
     if kind == "model":
         return ["- devices: none: nothing was timed (every latency is a model estimate)",
+                "- batches: none (nothing was timed)", "- clock locking: not applicable"]
+    if not evidence:  # compile facts only, or nothing at all: no latency of any kind
+        return [f"- devices: none: nothing was run or timed{' (compile facts only)' if kind == 'compile' else ''}",
                 "- batches: none (nothing was timed)", "- clock locking: not applicable"]
     if evidence <= {"replay"}:
         return [f"- devices: {', '.join(devices) or 'unknown'} (as recorded in the file)",
@@ -852,6 +877,8 @@ def write_report(out_dir: Path, spec: TaskSpec, spec_path: str, state, verdicts:
                   "from the variant's real compile facts, not a measurement, so no variant can PASS or REGRESS "
                   "on speed here; those that compiled, fit the limits and match the reference are NEEDS_REVIEW. "
                   "REGRESS verdicts (did not compile, over a limit, wrong numbers) are real. " + follow, ""]
+    elif kind == "compile":
+        lines += [compile_only_text(state.history, spec.hardware.arch) + " " + follow, ""]
     elif kind == "none":
         lines += ["**Nothing was timed**: no variant has a latency. " + follow, ""]
     ran = state.round  # the last round that ran (a skipped round passes the state on unchanged)
