@@ -66,6 +66,15 @@ JUDGING_MODULES = frozenset({
 })
 
 
+# The tiers. The README's test command is the default tier, `pytest -m "not long"` (at most 10 minutes on two
+# cores); the long tier, `pytest -m long`, holds the judging corpora (every module that judges candidates on the
+# interpreter: JUDGING_MODULES, or a module marked `judging`) and the fleet-scale runs (LONG_MODULES). `.ci/run`
+# runs both. One cheat per gate check stays in the default tier (tests/test_gate_one_per_check.py).
+LONG_MODULES = JUDGING_MODULES | frozenset({
+    "test_shared_instance.py",
+})
+
+
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: without xdist (the GPU check's minimal environments) unused
 def pytest_xdist_make_scheduler(config, log):
     """`-n N` (xdist's default `--dist load`): one unit of work per module, the judging modules one unit."""
@@ -83,10 +92,15 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    slow = pytest.mark.slow
+    slow, judging, long = pytest.mark.slow, pytest.mark.judging, pytest.mark.long
     for item in items:
-        if item.path.name in SLOW_MODULES:
+        name = item.path.name
+        if name in SLOW_MODULES:
             item.add_marker(slow)
+        if name in JUDGING_MODULES:
+            item.add_marker(judging)
+        if name in LONG_MODULES or item.get_closest_marker("judging") is not None:
+            item.add_marker(long)
     if hasattr(config, "workerinput"):  # an xdist worker: the judging unit first (the longest), the rest beside it
         items.sort(key=lambda item: item.path.name not in JUDGING_MODULES)
     try:
