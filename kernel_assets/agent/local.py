@@ -62,6 +62,12 @@ per process and space) get the model-based search:
     cover pick in a three-way cell, or one on a lone optimum's shoulder, is such a config: the search
     then climbs that basin while the main search stays where it is, and moves over once it is better.
 
+* The global explorer (``global_explore``, run by the portfolio, ``kernel_assets.agent.portfolio.explore_slots``): a
+  share of every round from the second, growing while the sweep's best has not moved, goes to uniformly random valid
+  configs at least ``FAR_HAMMING`` changes from every measured config and earlier pick. No model steers it, so no
+  model can keep a round from looking where nothing was measured (issue 57: a trap that held the median seed at 1.19
+  of the optimum from evaluation 100 to 400).
+
 * Moves that cannot change the objective: when measured configs that differ only in one tunable have
   given exactly the same objective, in at least ``EQUAL_MIN`` contexts and never a different one (a
   model estimate blind to that tunable: pipeline depth, L2 grouping), its values are equivalent, and a

@@ -31,6 +31,14 @@ like the others'; before that it proposes only for slots the others cannot fill 
 nothing to learn from) is the local policy's start: a balanced design (each tunable's values spread over the
 picks, as a Latin hypercube) and the baseline's neighbours (the portfolio runs the local policy without the
 parts in ``LOCAL_OFF``).
+
+The global explorer (issue 57): whatever the bandit learns, from round 2 a share of every round (``explore_slots``:
+``EXPLORE_SLOTS`` of it, one more per ``EXPLORE_GROWTH`` rounds in which the sweep's best has not gained ``MOVE_TOL``, at
+most ``EXPLORE_MAX_SHARE`` of the round) goes to uniformly random valid configs that differ from every measured config
+in at least ``local.FAR_HAMMING`` tunables (``local.global_explore``): outside every neighbourhood the members search.
+The picks are the local member's, out of its share (raised to the explorer's where the bandit gave it less), their ids
+tagged (``r3-local-05-explore``, ``proposer_of``), and they count for no member's yield. The knob ``global`` of the local
+policy turns it off (bench method ``local:local+ga+mls-start_cover-standing-global``: the default before issue 57).
 """
 
 from __future__ import annotations
