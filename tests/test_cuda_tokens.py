@@ -42,6 +42,7 @@ def test_literals_are_joined_and_unescaped():
     ('__asm__ __volatile__("mov.u32 %0, %%laneid;" : "=r"(n));\n', "special_register", "laneid"),
     ("long long t = clock64();\n", "timer", "clock64"),
     ("long t = __clock_internal();\n", "timer", "__clock_internal"),
+    ("unsigned s = cuda::ptx::get_sreg_smid();\n", "timer", "get_sreg_smid"),
     ('const char* s = "%globaltimer";\n', "special_register", "globaltimer"),
     ('if (getenv("X")) return;\n', "environment", "getenv"),
     ('void* h = dlopen("x", 1);\n', "dynamic_loading", "dlopen"),

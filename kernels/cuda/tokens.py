@@ -172,8 +172,10 @@ def joined_strings(toks: list[Tok]) -> list[tuple[Tok, str]]:
 
 # (rule, identifiers refused wherever they appear, identifiers refused when called, what it reaches for)
 TIMER = ("timer", re.compile(r"^(clock|clock64|__clock\w*|\w*globaltimer\w*|clock_gettime|gettimeofday|__rdtsc\w*|rdtsc|"
-                             r"chrono|steady_clock|system_clock|high_resolution_clock)$"),
-         "a timer (a kernel that reads the clock can tell it is being timed)")
+                             r"chrono|steady_clock|system_clock|high_resolution_clock|__builtin_readcyclecounter|"
+                             r"__builtin_ia32_rdtsc\w*|get_sreg_\w+)$"),
+         "a timer or a special register (a kernel that reads the clock can tell it is being timed; "
+        "cuda::ptx::get_sreg_* reads %smid, %globaltimer and the like)")
 CALLS: tuple[tuple[str, re.Pattern, str], ...] = (
     ("environment", re.compile(r"^(getenv|secure_getenv|setenv|putenv|unsetenv|clearenv|environ|__environ)$"),
      "the environment"),
@@ -231,11 +233,11 @@ def token_findings(toks: list[Tok], family_file) -> list[tuple[str, str, int, st
             continue
         called = k + 1 < len(own) and own[k + 1].text == "("
         if TIMER[1].match(t.text):
-            out.append((TIMER[0], label[t.file], t.line, f"reaches for {TIMER[2]}: {t.text!r}"))
+            out.append((TIMER[0], label[t.file], t.line, f"{t.text!r}: {TIMER[2]}"))
             continue
         for rule, pat, what in CALLS:
             if pat.match(t.text) and (called or rule in ("environment", "dynamic_loading")):
-                out.append((rule, label[t.file], t.line, f"reaches for {what}: {t.text!r}" + (" called" if called else "")))
+                out.append((rule, label[t.file], t.line, f"{t.text!r}{' called' if called else ''}: reaches for {what}"))
                 break
     asm = _asm_strings(own)
     asm_ids = {id(first) for first, _ in asm}
