@@ -52,6 +52,12 @@ from dagster._utils import mkdir_p
 
 LOCK_NAME = "pool-slots.lock"
 
+# The Dagster releases this module and pool_storage_postgres.py were checked against (last: dagster 1.13.27 with
+# dagster-postgres 0.29.27). pyproject.toml pins the same ranges; tests/test_pool_storage_dagster.py names every
+# Dagster internal both rely on and fails, naming the version, when one changes. Widen the pins only after it passes.
+DAGSTER_CHECKED = ">=1.13,<1.14"
+DAGSTER_POSTGRES_CHECKED = ">=0.29,<0.30"
+
 # Every method of the event log that reads and then writes the pool tables (claims, frees, queue
 # assignment, limits). Reads alone (get_concurrency_info, ...) need no lock.
 SLOT_WRITERS = (
