@@ -88,7 +88,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
         print(f"error: {applied}", file=sys.stderr)
         return EXIT_BAD_ARGUMENT
     try:  # input errors are errors, never verdicts: a truncated diff, one that does not apply, a bad config
-        check_inputs(bound, patches)
+        check_inputs(bound, patches, args.spec)
     except BadArgument as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_BAD_ARGUMENT

@@ -111,19 +111,21 @@ def read_patch_args(args: list[str], config: str | None = None) -> list[PatchArg
     return out
 
 
-def check_inputs(bound: Any, patches: list[PatchArg]) -> None:
+def check_inputs(bound: Any, patches: list[PatchArg], spec_path: str | Path = "") -> None:
     """Refuse, before any judging, what is an input error rather than a patch to judge: a diff whose hunks are
     malformed or cut short, a patch that does not apply to the family's editable files as they are, a config
     outside the family's space (a value not allowed, an unknown key, a rule it breaks). Raises ``BadArgument``
     with one line naming the file, the field and the fix. What the patch does (outside the region, a cheat, a
-    kernel that does not compile) is left to the judgement: that is a verdict."""
+    kernel that does not compile) is left to the judgement: that is a verdict. ``spec_path``: the spec's file, named
+    where the spec is at fault (default: its task_id)."""
     from kregress.core.patch import PatchApplyError, PatchFormatError, apply_and_check, editable_set, read_sources
 
     spec, family = bound.spec, bound.family
     try:
         es = editable_set(family)
     except ValueError as exc:
-        raise BadArgument(f"{spec.task_id}: {exc}. Fix: judge a patch against a spec whose family has source") from None
+        raise BadArgument(f"{spec_path or spec.task_id}: kernel_family: {exc}. Fix: judge a patch against a spec whose "
+                          "family has source") from None
     texts = read_sources(es)
     for p in patches:
         try:
@@ -141,7 +143,7 @@ def check_inputs(bound: Any, patches: list[PatchArg]) -> None:
         config = {**spec.baseline, **(p.config or {})}
         problem = family.space.check(config, spec.params, spec.hardware.limits)
         if problem:
-            where = p.config_source or f"{spec.task_id} baseline"
+            where = p.config_source or f"{spec_path or spec.task_id}: baseline"
             raise BadArgument(f"{where}: config for {p.path.name}: {problem}. Fix: a config inside the family's space "
                               f"({family.space.describe()})")
 

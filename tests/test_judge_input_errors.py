@@ -145,3 +145,13 @@ def test_what_a_patch_does_is_still_a_verdict_not_an_input_error(tmp_path, monke
     patches = [PatchArg(path=tmp_path / "o.patch", text=outside, variant_id="o"),
                PatchArg(path=tmp_path / "t.patch", text=other, variant_id="t")]
     check_inputs(load_bound(REPO / "specs" / "gemm_smoke.yaml"), patches)  # no BadArgument
+
+
+def test_a_recorded_family_has_nothing_to_patch_exit_2(tmp_path, monkeypatch, capsys):
+    """A recorded family (its runs replayed from a file) has no source: a patch to it is an input error."""
+    patch = tmp_path / "any.patch"
+    patch.write_text(comment_patch(REPO, "kernels/gemm.py", "def matmul("))
+    spec = REPO / "specs" / "replay_clblast_rtx3090.yaml"
+    rc, out, err = judge_in_process([str(spec), str(patch)], tmp_path / "home", monkeypatch, capsys)
+    assert rc == 2 and out == "", err
+    assert err.strip().count("\n") == 0 and str(spec) in err and "kernel_family" in err and "(recorded)" in err
