@@ -148,30 +148,144 @@ def _outputs(value: Any) -> list:
 
 # --- the timed shape on a CPU host: a few programs of each launch --------------------------------------------
 
-# Programs run per launch (see ``program_slots``): on every grid axis one program in each residue class
-# modulo STRATA (so also modulo 8, 4 and 2), chosen so that, as far as the axis allows, they also cover every
-# class modulo COVER; an axis of at most STRATA programs runs all of them; every class modulo STRATA of the
-# flattened index; the first and the last program; then uniform working programs (``choose_programs``). The
-# slots and a uniform pool are drawn once per judgement and case and run by the baseline (idle programs replaced
-# by working ones of the same class); each candidate draws its programs from those, with its own secret seed.
+# Programs run per launch (see ``program_slots``): a covering design over the launch's residue classes
+# (``program_classes``): every class modulo STRATA of each grid axis (so also modulo 8, 4 and 2) and, as far as
+# the axis allows, modulo COVER; where two or more axes have several programs, every class modulo STRATA of the
+# flattened index (both ways round) and of the affine mixes MIXES of every two such axes (a*pid0 + b*pid1: a
+# GEMM whose tiles on one diagonal skip half their K). Programs are chosen greedily, each covering the most
+# classes not yet covered (``cover_programs``); then the first and the last program and uniform working programs
+# (``choose_programs``). The slots and a uniform pool are drawn once per judgement and case and run by the
+# baseline (idle programs replaced by working ones of the same classes modulo STRATA); each candidate draws its
+# programs from those, with its own secret seed.
 STRATA = 16
 COVER = (3, 5, 7)
+MIXES = ((1, 1), (1, -1), (1, 2), (2, 1))  # (a, b): the classes of (a * pid_i + b * pid_j) mod STRATA, every i < j
+COVER_POOL = 256  # random programs the greedy cover chooses from (and a program built for each class they miss)
 
 
-def _axis_picks(n: int, rng: Any) -> list[int]:
-    """Coordinates on an axis of ``n`` programs: every one when ``n <= STRATA``, else one per residue class
-    modulo STRATA, each the member of its class that covers the most new classes modulo COVER."""
-    if n <= STRATA:
-        return rng.sample(range(n), n)
-    covered: dict[int, set[int]] = {m: set() for m in COVER}
-    picks = []
-    for r in rng.sample(range(STRATA), STRATA):
-        members = range(r, n, STRATA)
-        cands = members if len(members) <= 64 else [members[rng.randrange(len(members))] for _ in range(64)]
-        best = max(cands, key=lambda x: (sum(x % m not in covered[m] for m in COVER), rng.random()))
-        for m in COVER:
-            covered[m].add(best % m)
-        picks.append(best)
+def _families(grid: tuple[int, int, int]) -> list[tuple]:
+    """The class families of a ``grid`` launch (see ``program_classes``), each (name, modulus)."""
+    multi = [a for a in range(3) if grid[a] > 1]
+    fams: list[tuple] = [(("axis", a, m), m) for a in multi for m in (STRATA,) + COVER if m == STRATA or grid[a] > STRATA]
+    if len(multi) >= 2 and math.prod(grid) > STRATA:
+        fams += [(("flat", True), STRATA), (("flat", False), STRATA)]
+    fams += [(("mix", i, j, a, b), STRATA) for ii, i in enumerate(multi) for j in multi[ii + 1:] for a, b in MIXES]
+    return fams
+
+
+def _values(name: tuple, progs: Any, grid: tuple[int, int, int]) -> Any:
+    """The value of class family ``name`` for each program (rows of the int64 array ``progs``)."""
+    nx, ny, nz = grid
+    if name[0] == "axis":
+        return progs[:, name[1]] % name[2]
+    if name[0] == "flat":
+        flat = progs[:, 0] + nx * progs[:, 1] + nx * ny * progs[:, 2] if name[1] else \
+            progs[:, 0] * ny * nz + progs[:, 1] * nz + progs[:, 2]
+        return flat % STRATA
+    _, i, j, a, b = name
+    return (a * progs[:, i] + b * progs[:, j]) % STRATA
+
+
+def _reachable(grid: tuple[int, int, int], fams: list[tuple]) -> Any:
+    """Per class family of ``fams``, a boolean vector over its values: the values some program of the grid takes."""
+    import numpy as np
+
+    out = []
+    for name, m in fams:
+        v = np.zeros(m, dtype=bool)
+        if name[0] == "axis":
+            v[:min(m, grid[name[1]])] = True
+        elif name[0] == "flat":
+            v[:] = True
+        else:
+            _, i, j, a, b = name
+            xi = np.arange(min(grid[i], STRATA))[:, None]
+            xj = np.arange(min(grid[j], STRATA))[None, :]
+            v[np.unique((a * xi + b * xj) % STRATA)] = True
+        out.append(v)
+    return out
+
+
+def program_classes(grid: tuple[int, int, int]) -> set[tuple]:
+    """The classes a sampled run of a ``grid`` launch must have a program in, each (family, value), for every
+    value some program of the grid takes. Families: ("axis", a, m): pid_a mod m (m = STRATA, and COVER on an
+    axis of more than STRATA programs; an axis of at most STRATA programs runs all of them); ("flat",
+    x_fastest): the flattened id mod STRATA, where two or more axes have several programs; ("mix", i, j, a, b):
+    (a pid_i + b pid_j) mod STRATA for every two such axes and (a, b) of MIXES."""
+    fams = _families(grid)
+    return {(name, int(r)) for (name, _m), v in zip(fams, _reachable(grid, fams)) for r in v.nonzero()[0]}
+
+
+def classes_of(p: tuple[int, int, int], grid: tuple[int, int, int]) -> set[tuple]:
+    """The classes (as ``program_classes`` names them) program ``p`` of a ``grid`` launch is in."""
+    import numpy as np
+
+    arr = np.array([p], dtype=np.int64)
+    return {(name, int(_values(name, arr, grid)[0])) for name, _m in _families(grid)}
+
+
+def _program_in(cls: tuple, grid: tuple[int, int, int], rng: Any) -> tuple[int, int, int] | None:
+    """A program of ``grid`` in class ``cls`` (the other coordinates random), or None where none is found."""
+    name, value = cls
+    for _ in range(8):
+        p = [rng.randrange(n) for n in grid]
+        if name[0] == "axis":
+            members = range(value, grid[name[1]], name[2])
+            if not members:
+                return None
+            p[name[1]] = members[rng.randrange(len(members))]
+        elif name[0] == "flat":
+            total = math.prod(grid)
+            members = range(value, total, STRATA)
+            if not members:
+                return None
+            p = list(_unravel(members[rng.randrange(len(members))], grid, name[1]))
+        else:
+            _, i, j, a, b = name
+            want = (value - b * p[j]) % STRATA
+            xs = [x for x in range(min(grid[i], STRATA)) if (a * x) % STRATA == want]
+            if not xs:
+                continue
+            x = rng.choice(xs)
+            p[i] = x + STRATA * rng.randrange((grid[i] - x + STRATA - 1) // STRATA)
+        return (p[0], p[1], p[2])
+    return None
+
+
+def cover_programs(grid: tuple[int, int, int], rng: Any) -> list[tuple[int, int, int]]:
+    """A covering design: programs of ``grid`` chosen greedily, each the one of a pool (``COVER_POOL`` random
+    programs, and one built for each class still open) in the most classes not yet covered, until every
+    class of ``program_classes`` has one. A kernel that skips one residue class of any axis, of either
+    flattening, or of an affine mix of two axes has a program of it in every sample."""
+    import numpy as np
+
+    fams = _families(grid)
+    if not fams:  # one program: the first and the last
+        return []
+    offsets = np.cumsum([0] + [m for _n, m in fams])
+    need = np.concatenate(_reachable(grid, fams) + [np.zeros(0, dtype=bool)])
+    gen = np.random.default_rng(rng.getrandbits(63))  # the pool's draws, from the same secret
+
+    def codes_of(arr: Any) -> Any:
+        return np.stack([offsets[f] + _values(name, arr, grid) for f, (name, _m) in enumerate(fams)], axis=1)
+
+    arr = gen.integers(0, grid, size=(COVER_POOL, 3))
+    codes = codes_of(arr)
+    picks: list[tuple[int, int, int]] = []
+    while need.any():
+        score = need[codes].sum(axis=1) + gen.random(len(arr)) * 0.5
+        best = int(np.argmax(score))
+        if not need[codes[best]].any():  # the pool reaches none of what is left: a program built for each open class
+            open_ = np.flatnonzero(need)
+            built = [_program_in((fams[f][0], int(c - offsets[f])), grid, rng)
+                     for c, f in zip(open_, np.searchsorted(offsets, open_, side="right") - 1)]
+            more = np.array([b for b in built if b is not None], dtype=np.int64).reshape(-1, 3)
+            if not len(more):
+                break  # no program lies in what is left
+            arr, codes = np.concatenate([arr, more]), np.concatenate([codes, codes_of(more)])
+            continue
+        need[codes[best]] = False
+        picks.append(tuple(int(x) for x in arr[best]))
     return picks
 
 
@@ -198,35 +312,20 @@ def several_axes(grid: tuple[int, int, int]) -> bool:
 
 def program_slots(grid: tuple[int, int, int], rng: Any) -> list[list[tuple[int, int, int]]]:
     """The structured picks of a sampled run of a ``grid`` (nx, ny, nz) launch, each a slot: alternative
-    programs in order of preference, all in the same class. The first and the last program; on every axis
-    the coordinates of ``_axis_picks`` (every residue class modulo 16, and modulo 3, 5 and 7 as far as the
-    axis allows), the other coordinates drawn at random; and where two or more axes have several programs,
-    every residue modulo 16 of the flattened program index, both ways round (x fastest, as a launch's linear
-    id; z fastest). A kernel that skips one residue class of any axis or of either flattening (one program
-    in eight or sixteen, every third group) has a program of it in every sample. The alternatives are
-    other members of the class: a program the baseline's run shows idle (past a varlen sequence's end,
-    say) cannot show a skip, so the reference child runs the next one (``choose_programs``)."""
+    programs in order of preference, all in the same classes modulo STRATA. The first and the last program,
+    then the covering design of ``cover_programs``: every residue class modulo 16 of each axis (modulo 3, 5
+    and 7 as far as the axis allows), of the flattened program index both ways round (x fastest, as a
+    launch's linear id; z fastest) and of the affine mixes of two axes (``MIXES``). A kernel that skips one
+    such class (one program in eight or sixteen, every third group, a diagonal of tiles) has a program of it
+    in every sample. The alternatives are the program moved by multiples of 16 along its axes (the same class
+    modulo 16 of every axis, flattening and mix): a program the baseline's run shows idle (past a varlen
+    sequence's end, say) cannot show a skip, so the reference child runs the next one (``choose_programs``)."""
     nx, ny, nz = grid
     slots: list[list[tuple[int, int, int]]] = [[(0, 0, 0)], [(nx - 1, ny - 1, nz - 1)]]
-    for axis, n in enumerate(grid):
-        if n <= 1:
-            continue
-        for v in _axis_picks(n, rng):
-            alts = []
-            for t in range(SLOT_ALTERNATIVES):
-                members = range(v % STRATA, n, STRATA) if n > STRATA else [v]
-                w = v if t == 0 else members[rng.randrange(len(members))]
-                p = [rng.randrange(nx), rng.randrange(ny), rng.randrange(nz)]
-                p[axis] = w
-                alts.append(tuple(p))
-            slots.append(list(dict.fromkeys(alts)))
-    total = nx * ny * nz
-    if several_axes(grid) and total > STRATA:
-        for x_fastest in (True, False):
-            for r in rng.sample(range(STRATA), STRATA):
-                members = range(r, total, STRATA)
-                alts = [_unravel(members[rng.randrange(len(members))], grid, x_fastest) for _ in range(SLOT_ALTERNATIVES)]
-                slots.append(list(dict.fromkeys(alts)))
+    for p in cover_programs(grid, rng):
+        alts = [p] + [tuple(c + STRATA * rng.randrange((n - c + STRATA - 1) // STRATA) if n > STRATA else c
+                            for c, n in zip(p, grid)) for _ in range(SLOT_ALTERNATIVES - 1)]
+        slots.append(list(dict.fromkeys(alts)))
     return slots
 
 
@@ -621,11 +720,126 @@ def tile_size(family: Any) -> int:
 def _odd_near(v: int, avoid: set[int], below: bool, rng: Any = None) -> int:
     """An odd prime (a multiple of no tile) below or above ``v``, not one of ``avoid``: the nearest, or with
     ``rng`` one of the few nearest, so the hidden shapes differ from judgement to judgement."""
-    cands = [p for p in _PRIMES if p > 2 and p not in avoid and ((p < v) if below else (p > v))]
-    if not cands:
+    import bisect
+
+    near: list[int] = []  # the (up to) four nearest, in ascending order
+    if below:
+        for p in reversed(_PRIMES[1:bisect.bisect_left(_PRIMES, v)]):
+            if p not in avoid:
+                near.insert(0, p)
+                if len(near) == 4:
+                    break
+    else:
+        for p in _PRIMES[max(1, bisect.bisect_right(_PRIMES, v)):]:
+            if p not in avoid:
+                near.append(p)
+                if len(near) == 4:
+                    break
+    if not near:
         return 1 if below else v + 1 + (v % 2)
-    near = cands[-4:] if below else cands[:4]
     return rng.choice(near) if rng is not None else (near[-1] if below else near[0])
+
+
+# --- structure past the timed value: what each structure case guarantees ---------------------------------
+
+# A guarantee is a short name a property test checks (tests/test_gate_planner_props.py):
+G_GQA_OTHER = "gqa ratio other than every timed shape's"
+G_CAUSAL_SQ = "causal with s_q = {}"  # .format(1), (2), (">= 3")
+G_LONG_Q = "max query length > 2048 and a sequence of > 1024 queries after a cached prefix"
+G_WINDOW = "window {} edge inside the sequence"  # .format("left"), ("right")
+LONG_Q_KIND = "structure_long_q"
+LONG_Q_MIN = 2049  # queries of the long-query case: past 2048 (a mask skipped past it), past 1024 (a prefix dropped)
+CAUSAL_SQ_MORE = (3, 4, 5)  # s_q of the causal case past the timed 2 (a mask applied only in the last key block)
+CAUSAL_SQ_BATCH = 2  # sequences of a derived causal case: the longest of the family's own (the timed caches)
+
+
+def _window(params: dict) -> tuple[int, int]:
+    """(left, right) of a ``window`` param, -1 unbounded or none (flash-attn's spelling; an int W is (W - 1,
+    W - 1)); with causal the right edge is the diagonal, not a window edge (-1)."""
+    w, causal = params.get("window"), bool(params.get("causal"))
+    if w is None or w is False or (isinstance(w, int) and w == 0):
+        return -1, -1  # no window (a causal mask is not one: its right edge is the diagonal, checked everywhere)
+    left, right = (w - 1, w - 1) if isinstance(w, int) else (int(w[0]), int(w[1]))
+    return left, (-1 if causal else right)
+
+
+def structure_plan(structure: list[tuple], timed: list[dict], params: dict, rng: Any) -> list[tuple]:
+    """The family's structure cases, each with what it guarantees, and the cases derived from them so that the
+    structure reaches past the timed value: (kind, shape, params override, guarantees).
+
+    - another GQA ratio: a case whose h_q / h_kv differs from every timed shape's is marked;
+    - causal with several queries (MLA's ``structure_causal_edge``): s_q = 1, 2 and one of 3..5 (a mask
+      applied only in the last key block is right with 2 queries), the derived ones on the longest
+      ``CAUSAL_SQ_BATCH`` of the family's cache lengths;
+    - long queries (attention's ``structure_long``, a cached prefix): more than 2048 queries after a
+      cached prefix, one head (a causal mask skipped past 2048 queries, a prefix dropped past 1024);
+    - windows (a spec with ``window``): a sequence longer than the window, so both edges fall inside it."""
+    out: list[tuple] = []
+    ratios = {s["h_q"] // max(1, s["h_kv"]) for s in timed if "h_q" in s and "h_kv" in s}
+    for kind, shape, over in structure:
+        promised = []
+        if ratios and "h_kv" in shape and shape["h_q"] // max(1, shape["h_kv"]) not in ratios:
+            promised.append(G_GQA_OTHER)
+        if kind == "structure_causal_edge" and "s_q" in shape and params.get("causal"):
+            promised.append(G_CAUSAL_SQ.format(shape["s_q"] if shape["s_q"] < 3 else ">= 3"))
+        out.append((kind, shape, over, promised))
+        if kind == "structure_causal_edge" and "s_q" in shape and params.get("causal"):
+            lens = over.get("seqlens")
+            few = sorted(lens, reverse=True)[:CAUSAL_SQ_BATCH] if isinstance(lens, list) and lens else None
+            for n in sorted({1, 2, rng.choice(CAUSAL_SQ_MORE)} - {shape["s_q"]}):
+                small = dict(shape, s_q=n, batch=len(few) if few else min(shape.get("batch", 1), CAUSAL_SQ_BATCH))
+                o = dict(over, **({"seqlens": few} if few else {}))
+                out.append((f"structure_causal_sq{n}", small, o, [G_CAUSAL_SQ.format(n if n < 3 else ">= 3")]))
+        if kind == "structure_long" and "prefix" in over and "seqlen" in shape:
+            n_q = LONG_Q_MIN + rng.randrange(0, 192)
+            o = {k: v for k, v in over.items() if k not in ("prefix", "seqlens")}
+            o["prefix"] = [rng.randint(1, 63)]
+            if "seqlens" in over:
+                o["seqlens"] = [n_q]
+            out.append((LONG_Q_KIND, dict(shape, batch=1, seqlen=n_q), o, [G_LONG_Q]))
+            left, right = _window(params)
+            if left >= 0 or right >= 0:
+                n_w = max(left, 0) + max(right, 0) + 2 + rng.randint(1, 32)
+                o = {k: v for k, v in over.items() if k not in ("prefix", "seqlens")}
+                o["prefix"] = [0]
+                if "seqlens" in over:
+                    o["seqlens"] = [n_w]
+                out.append(("structure_window_edges", dict(shape, batch=1, seqlen=n_w), o,
+                            [G_WINDOW.format(e) for e, w in (("left", left), ("right", right)) if w >= 0]))
+    return out
+
+
+def _guarantees_of(group: dict) -> list[str]:
+    """What a generic case group guarantees (the structure cases carry their own: ``structure_plan``)."""
+    kind = group["kind"]
+    fixed = {"correctness": ["a spec correctness shape"], "odd": ["no dimension a multiple of any tile"],
+             "ones": ["dimensions of 1"], "aligned": ["every dimension a multiple of every tile"],
+             "hidden_odd": ["larger than every correctness shape, no multiple of any tile"],
+             "timed": ["the timed shape"],
+             "sampled": ["the timed shape: a program in every residue class mod 16 of each grid axis, both "
+                         "flattenings and the affine mixes of two axes (program_classes)"],
+             "wide": ["every program of the timed launch, the least work each"],
+             "wider": ["grid axes past the timed launches' programs"]}
+    if kind in fixed:
+        return fixed[kind]
+    if kind.startswith("past_"):
+        return [f"{kind[5:]} past every timed and checked value"]
+    if kind.startswith("stretched_"):
+        return [f"{kind[10:]} stretched towards its timed value"]
+    return []
+
+
+def _cost(family: Any, group: dict, params: dict) -> float | None:
+    """The estimated cost of a group: the FLOPs of its first shape (its timed shape's for a wide or wider case,
+    whose own shape the reference child derives; an upper bound), with its params."""
+    shape = (group.get("shapes") or [group.get("wide_of")] + list(group.get("wider_of") or []))[0]
+    if not shape:
+        return None
+    visible = {k: v for k, v in (group.get("params") or {}).items() if not k.startswith(GATE_PARAM_PREFIX)}
+    try:
+        return float(family.flops(shape, {**params, **visible}))
+    except Exception:  # noqa: BLE001 - a family that cannot price it
+        return None
 
 
 def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu: bool, rng: Any,
@@ -689,11 +903,12 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
     except Exception as exc:  # noqa: BLE001 - a family's own hook failing is said, not fatal
         structure = []
         groups.append({"kind": f"structure (not drawn: {type(exc).__name__}: {str(exc)[:80]})", "shapes": []})
-    for kind, shape, over in structure:
+    for kind, shape, over, promised in structure_plan(structure, timed, dict(params or {}), rng):
         if ok(shape):
             over = dict(over)
             as_made = bool(over.pop(INPUTS_AS_MADE, False))  # inputs built for the case: no redrawn distribution
-            groups.append({"kind": kind, "shapes": [shape], "params": over, **({"as_made": True} if as_made else {})})
+            groups.append({"kind": kind, "shapes": [shape], "params": over, "guarantees": promised,
+                           **({"as_made": True} if as_made else {})})
     # past the timed reduction: the least-work checked shape with each reduction (K, cache length) longer than
     # any timed one, so a kernel correct only up to the timed length (a loop capped at it) fails here
     small = min(correctness, key=lambda s: sum(math.log(max(1, s[k])) for k in family.shape_keys))
@@ -751,8 +966,10 @@ def shape_groups(family: Any, correctness: list[dict], timed: list[dict], on_gpu
             d1 = d2 = "normal"
         s1, s2 = i % len(seeds), (i + 1) % len(seeds)
         # on the CPU the largest hidden shapes are called once (their cost is the interpreter's)
-        second = on_gpu or (g["kind"] not in ("aligned", "hidden_odd", "sampled", "wide", "structure_long")
+        second = on_gpu or (g["kind"] not in ("aligned", "hidden_odd", "sampled", "wide", "structure_long", LONG_Q_KIND)
                              and not g["kind"].startswith("stretched"))
+        g.setdefault("guarantees", _guarantees_of(g))
+        g["cost_flops"] = _cost(family, g, params or {})
         out.append({"id": f"g{i}", **g, "seed": seeds[s1], "seed_index": s1, "dist": d1,
                     "second": {"seed": seeds[s2], "dist": d2} if second else None})
     return out
