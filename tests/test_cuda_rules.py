@@ -209,3 +209,28 @@ def test_a_visible_system_file_is_named_not_quoted(tmp_path):
     for line in target.read_text(errors="replace").splitlines():
         if len(line.strip()) >= 8:
             assert line.strip() not in text
+
+
+def test_the_cli_catches_them(tmp_path):
+    """The same rules through the real command: `kregress judge SPEC PATCH...` in a subprocess."""
+    import os
+    import subprocess
+    import sys
+
+    from kregress.core.patch import unified_diff
+
+    old = (REPO / REL).read_text()
+    edits = red_team(old, tmp_path / "none.h")
+    paths = []
+    for k in ("clock64_token_paste", "include_digraph_hostname"):
+        p = tmp_path / f"{k}.patch"
+        p.write_text(unified_diff(REL, old, edits[k]))
+        paths.append(str(p))
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home")}
+    (tmp_path / "home").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "kernel_assets.cli", "judge", str(SPEC), *paths], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert "clock64_token_paste REGRESS rejected" in out and "'clock64'" in out, out[-2000:]
+    assert "include_digraph_hostname REGRESS rejected" in out and "/etc/hostname" in out, out[-2000:]
+    assert "Traceback" not in out
