@@ -24,7 +24,7 @@ KNOWN_SURVIVORS: dict[str, str] = {
         "family's space allows 8 and 16",
     "grouped_gemm_fp8/masked:g15_programs_count_skip_program_ids_L98":
         "a program class (tl.program_id(1) >= 4, the groups past the timed 4, and tl.program_id(0) % 7 == 3) skips "
-        "the K loop: the gate's cases run no program of that class with rows to write",
+        "the K loop: the gate passed it (NEEDS_REVIEW on model evidence) while the check's forced twin differs",
 }
 
 
