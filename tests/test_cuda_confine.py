@@ -182,3 +182,62 @@ def test_gpu_child_with_a_network_judges_nothing(monkeypatch):
     monkeypatch.setattr(gpu_child, "network_interfaces", lambda: ["lo", "eth0"])
     out = gpu_child.run_job({"op": "check", "family": "gemm_fp8_cuda", "cases": []})
     assert out["error"] == "patch_rejected" and "eth0" in out["detail"] and "not judged" in out["detail"]
+
+
+def test_run_on_gpu_sends_every_case_and_maps_the_answers(tmp_path, monkeypatch):
+    """The GPU stage's plumbing with the one thing a CPU host lacks, the GPU child, answered in its place:
+    the job holds every timed shape and the hidden cases, the child gets the patched copy and the cubin cache
+    read-only; a failed case is the row's error naming it; a passed one gets the batch's timings."""
+    from kernels.cuda.gpu_child import GpuCase
+    from kregress.core.bind import load_bound
+    from kregress.core.gate import GateReport
+    from kregress.core.records import Correctness, Measurement, Suggestion, base_row
+    from resources import cuda_judge
+
+    if confine.problem() is not None:
+        pytest.skip("needs bubblewrap")
+    bound = load_bound(SPEC)
+    calls = []
+
+    def fake_child(job, work, ro, env, family_root, timeout):
+        calls.append((job, ro, env))
+        if job["config"]["BLOCK_M"] == 64:
+            bad = Correctness(ok=False, max_abs_err=9.0, max_rel_err=1.0, nan_inf=False, mismatches=1, tolerance=0.01,
+                              shapes_checked=["128x7168x2048"], mismatch_sample="[128x7168x2048] 1 of 917504 off")
+            return {"correctness": bad.model_dump(), "failed": {"kind": "timed", "shape": {"M": 128, "N": 7168, "K": 2048}}}
+        good = Correctness(ok=True, max_abs_err=0.0, max_rel_err=0.0, nan_inf=False, mismatches=0, tolerance=0.01,
+                           shapes_checked=["128x7168x2048"])
+        m = Measurement(shape="128x7168x2048", samples_ms=[1.0], p50_ms=1.0, tflops=1.0, gbps=1.0, evidence="cuda",
+                        device="H100", torch_version="t", triton_version="t").model_dump()
+        return {"correctness": good.model_dump(), "batch": {"baseline": [m], "v": [m]}}
+
+    monkeypatch.setattr(cuda_judge, "run_child", fake_child)
+    monkeypatch.setattr(cuda_judge, "compile_variant", lambda *a, **k: None)  # the baseline's prebuilt cubin
+
+    class Backend:
+        patch_seed, timeout_s, kind = 7, 10, "cuda"
+
+        def cache_root(self):
+            return tmp_path / "cache"
+
+        def env(self, interpret):
+            return {"PATH": "/usr/bin", "OPENAI_API_KEY": "sk-x"}
+
+    rows = []
+    for i, cfg in enumerate((bound.spec.baseline, {**bound.spec.baseline, "BLOCK_M": 128, "TM": 8})):
+        r = base_row(Suggestion(variant_id=f"p{i}", config=cfg, patch_summary="t", source="t", round=1, risk="low"), "cuda")
+        r.gate = GateReport()
+        rows.append(r)
+    dirs = [tmp_path / "p0" / "kernels" / "cuda", tmp_path / "p1" / "kernels" / "cuda"]
+    for d in dirs:
+        d.mkdir(parents=True)
+    cuda_judge.run_on_gpu(Backend(), bound, rows, dirs, log=lambda _m: None)
+    job, ro, env = calls[0]
+    shapes = [c["shape"] for c in job["cases"]]
+    assert all(dict(s) in shapes for s in bound.spec.shape_matrix) and job["seed"] == 7
+    assert {"past_timed", "large", "structure", "hidden_odd"} <= {c["kind"] for c in job["cases"]}
+    assert job["config"][cuda_judge.CUDA_SOURCE_KEY] == str(dirs[0]) and tmp_path / "cache" / "cuda" in ro
+    assert "OPENAI_API_KEY" not in env
+    assert (rows[0].error, rows[0].error_detail.split(":")[0]) == ("numeric_mismatch", "timed shape 128x7168x2048")
+    assert rows[1].error is None and rows[1].evidence == "cuda" and rows[1].measurements
+    assert rows[1].gate.cases == len(job["cases"]) and isinstance(GpuCase("timed", {}), GpuCase)

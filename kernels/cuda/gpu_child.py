@@ -220,7 +220,9 @@ def run_job(job: dict) -> dict:
             return {"correctness": corr.model_dump(), "cases": done, "failed": case}
         if worst is None or corr.max_rel_err > worst.max_rel_err:
             worst = corr
-    out: dict = {"correctness": worst.model_dump() if worst else None, "cases": done}
+    checked = [f"{c['kind']} {family.shape_label(c['shape'])}" for c in job["cases"]]
+    out: dict = {"correctness": worst.model_copy(update={"shapes_checked": checked}).model_dump() if worst else None,
+                 "cases": done}
     m = job.get("measure")
     if m:
         batch = batch_measurements(family, m["baseline"], {"v": job["config"]}, m["shapes"], job["dtype"],
