@@ -225,6 +225,7 @@ def run_job(job: dict) -> dict:
                  "cases": done}
     m = job.get("measure")
     if m:
+        torch.use_deterministic_algorithms(False)  # no NaN fill inside the timed calls (it would time a memset)
         batch = batch_measurements(family, m["baseline"], {"v": job["config"]}, m["shapes"], job["dtype"],
                                    job.get("params", {}), m["warmup_ms"], m["rep_ms"], job.get("seed", 0),
                                    m.get("batch_id", ""), m.get("rounds", 4), "interleaved")
