@@ -564,9 +564,14 @@ class _Judgement:
             blobs: list[bytes] = []
             job = {"id": wide["id"], "payload": _sandbox.pack({"inputs": self.data[wide["id"]]["inputs"]}, blobs),
                    "params": wide.get("params", {}), "sample": self._sample_seed(wide, "reduced"), "programs": progs}
-            with self.ref_lock if proc is self.ref else contextlib.nullcontext():
-                head, _ = proc.call({"job": "run", "cases": [job], "config": config if proc is child else self.spec.baseline,
-                                     "params": self.spec.params, "device": self.device}, blobs, timeout=self.case_timeout)
+            try:
+                with self.ref_lock if proc is self.ref else contextlib.nullcontext():
+                    head, _ = proc.call({"job": "run", "cases": [job], "config": config if proc is child else self.spec.baseline,
+                                         "params": self.spec.params, "device": self.device}, blobs, timeout=self.case_timeout)
+            except _sandbox.ChildFailed as exc:
+                if proc is child:
+                    raise  # the candidate's own child died or ran past its time: its error
+                return SettlingCheck("reduced run", Settlement.NONE, f"the baseline's child failed ({exc.error}: {exc.detail[:200]})")
             res = (head.get("results") or [{}])[0]
             if head.get("error") or res.get("error") or not res.get("sampled"):
                 return SettlingCheck("reduced run", Settlement.NONE if proc is self.ref else Settlement.DIFFERED,
