@@ -186,7 +186,8 @@ def structure_plan(structure: list[tuple], timed: list[dict], params: dict, rng:
     - another GQA ratio: a case whose h_q / h_kv differs from every timed shape's is marked;
     - causal with several queries (MLA's ``structure_causal_edge``): s_q = 1, 2 and one of 3..5 (a mask
       applied only in the last key block is right with 2 queries), the derived ones on the longest
-      ``CAUSAL_SQ_BATCH`` of the family's cache lengths;
+      ``CAUSAL_SQ_BATCH`` of the family's cache lengths, the one past 2 queries on the longest and on one
+      a query or two past a multiple of 256 (its first queries' causal bound in the block before the last);
     - long queries (attention's ``structure_long``, a cached prefix): more than 2048 queries after a
       cached prefix, one head (a causal mask skipped past 2048 queries, a prefix dropped past 1024);
     - windows (a spec with ``window``): a sequence longer than the window, so both edges fall inside it."""
@@ -203,8 +204,12 @@ def structure_plan(structure: list[tuple], timed: list[dict], params: dict, rng:
             lens = over.get("seqlens")
             few = sorted(lens, reverse=True)[:CAUSAL_SQ_BATCH] if isinstance(lens, list) and lens else None
             for n in sorted({1, 2, rng.choice(CAUSAL_SQ_MORE)} - {shape["s_q"]}):
-                small = dict(shape, s_q=n, batch=len(few) if few else min(shape.get("batch", 1), CAUSAL_SQ_BATCH))
-                o = dict(over, **({"seqlens": few} if few else {}))
+                lens_n = few
+                if few and n >= 3:  # a cache one or two past a block of every power-of-two size: the causal bound of
+                    # the first queries then falls in the block before the last (a mask applied in the last block only)
+                    lens_n = [few[0], max(256, few[0] // 256 * 256) + rng.randint(1, n - 2)]
+                small = dict(shape, s_q=n, batch=len(lens_n) if lens_n else min(shape.get("batch", 1), CAUSAL_SQ_BATCH))
+                o = dict(over, **({"seqlens": lens_n} if lens_n else {}))
                 out.append((f"structure_causal_sq{n}", small, o, [G_CAUSAL_SQ.format(n if n < 3 else ">= 3")]))
         if kind == "structure_long" and "prefix" in over and "seqlen" in shape:
             n_q = LONG_Q_MIN + rng.randrange(0, 192)
