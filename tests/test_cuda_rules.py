@@ -203,6 +203,7 @@ def test_a_visible_system_file_is_named_not_quoted(tmp_path):
         found = patch_findings(FAMILY, units, "sm_90", d)
         text = " ".join(m for _r, _f, _n, m in found)
         assert found and found[0][0] == "include" and str(target) in text
+        assert found[0][1] == "gemm_fp8_cuda.cu" and found[0][2] is not None  # the #include line itself
     except CompileError as exc:  # the preprocessor choked on it: the error names the file, withholds its text
         text = exc.detail
         assert str(target) in text and "withheld" in text

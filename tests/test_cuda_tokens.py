@@ -64,7 +64,8 @@ def test_rules_leave_honest_code_alone():
 
 
 def test_includes_outside_are_named():
-    text = _pp("int a;\n") + '# 1 "/etc/hostname" 1\nsecret_host\n'
+    text = _pp("int a;\n") + '# 1 "/etc/hostname" 1\nsecret_host\n# 7 "/src/fam/k.cu" 2\n'
+    assert tokens.include_sites(text)["/etc/hostname"] == (FAM, 6)
     found = tokens.include_findings(tokens.marker_files(text), [tokens.Path("/usr/local/cuda")], [tokens.Path("/src/fam")],
                                     {"/tmp/w/unit.cu"})
     assert len(found) == 1 and "/etc/hostname" in found[0][3] and "secret_host" not in found[0][3]

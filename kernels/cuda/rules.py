@@ -109,8 +109,16 @@ def patch_findings(family: CudaFamily, units: list[CudaUnit], arch: str, source_
                          f"headers (nvcc runs confined and cannot see it)") for f, n, m in dict.fromkeys(missing)]
             raise
         out += tokens.include_findings(tokens.marker_files(pp.text), allowed, [root], {pp.wrapper})
-        if out:
-            return out  # nothing of a file outside is tokenized, let alone quoted
+        if out:  # nothing of a file outside is tokenized, let alone quoted; the #include's own line is named
+            sites = tokens.include_sites(pp.text)
+            u = _Unit(pp, root)
+            placed = []
+            for rule, _f, _n, msg in out:
+                inc = msg.split("'")[1] if "'" in msg else ""
+                by, line = sites.get(inc, ("", 0))
+                lab = u.label(by) if by else None
+                placed.append((rule, lab or "-", line if lab else None, msg))
+            return placed
         u = _Unit(pp, root)
         try:
             new = tokens.tokenize(pp.text, u.wanted)

@@ -273,6 +273,21 @@ def include_findings(toks_files: set[str], allowed_roots: list[Path], family_roo
     return out
 
 
+def include_sites(text: str) -> dict[str, tuple[str, int]]:
+    """{file entered by a line marker: (the file that included it, the line of the #include)}: read off the
+    marker that returns from it (``# 76 "k.cu" 2`` after an include on line 75)."""
+    out: dict[str, tuple[str, int]] = {}
+    stack: list[str] = []
+    for m in _MARKER.finditer(text):
+        name, flags = _unescape_marker(m.group(2)), m.group(3).split()
+        if "1" in flags:
+            stack.append(name)
+        elif "2" in flags and stack:
+            left = stack.pop()
+            out.setdefault(left, (name, int(m.group(1)) - 1))
+    return out
+
+
 def marker_files(text: str) -> set[str]:
     """Every file a line marker of ``text`` names."""
     return {_unescape_marker(m.group(2)) for m in _MARKER.finditer(text)}
