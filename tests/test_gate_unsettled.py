@@ -214,5 +214,7 @@ def test_reduced_run_check_rules():
     assert program_differences(stats([2, 2], ["w0", "wX"]), BASE) == {(0, 0, P1): Evidence.WROTE_ELSEWHERE}
 
 
-def test_unsettled_is_a_review_cause():
-    assert "unsettled" in REVIEW_CAUSES
+def test_unsettled_is_a_review_cause_from_the_enum():
+    from kregress.core.checks import ReviewCause
+
+    assert {c.value for c in ReviewCause} <= set(REVIEW_CAUSES) and ReviewCause.UNSETTLED.value == "unsettled"

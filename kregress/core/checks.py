@@ -34,6 +34,15 @@ class ErrorKind(str, Enum):
     PATCH_FAILED = "patch_failed"  # does not apply to the kernel source it names
 
 
+class ReviewCause(str, Enum):
+    """The causes of a NEEDS_REVIEW the gate gives (``kregress.core.records.REVIEW_CAUSES`` holds these and the
+    evidence rule's ``incomparable``)."""
+
+    UNSETTLED = "unsettled"  # a difference from the baseline no settling check fitting this host settled
+    PRECISION = "precision"  # error several times the baseline's own against the same reference
+    IMPLAUSIBLE = "implausible"  # faster than the speed of light or the spec's factor over the baseline
+
+
 class Stage(str, Enum):
     STATIC = "static"
     LOAD = "load"
@@ -50,7 +59,7 @@ BACKENDS = ("interpreter", "cuda")
 class Check:
     name: str
     stage: Stage
-    error: ErrorKind | str  # an ErrorKind (REGRESS with its cause), or "precision" / "implausible" (NEEDS_REVIEW)
+    error: ErrorKind | ReviewCause  # an ErrorKind (REGRESS with its cause), or a ReviewCause (NEEDS_REVIEW)
     text: str  # what it refuses, in a sentence
     families: tuple[str, ...] = ALL
     backends: tuple[str, ...] = BACKENDS
@@ -63,7 +72,7 @@ class Check:
 CHECKS: dict[str, Check] = {}
 
 
-def register(name: str, stage: Stage, error: ErrorKind | str, text: str, families: tuple[str, ...] = ALL,
+def register(name: str, stage: Stage, error: ErrorKind | ReviewCause, text: str, families: tuple[str, ...] = ALL,
              backends: tuple[str, ...] = BACKENDS) -> Callable:
     """Register a check; as a decorator it also registers the pure function that decides it."""
     if name in CHECKS:
@@ -176,8 +185,8 @@ register("after_timing", Stage.MEASURE, ErrorKind.NUMERIC_MISMATCH,
 
 # --- verdict-stage checks (NEEDS_REVIEW): decided in kregress/core/gate.py --------------------------------
 
-register("precision", Stage.MEASURE, "precision", "error several times the baseline's own against the same reference")
-register("plausibility", Stage.MEASURE, "implausible", "faster than the speed of light or the spec's factor over the baseline")
+register("precision", Stage.MEASURE, ReviewCause.PRECISION, "error several times the baseline's own against the same reference")
+register("plausibility", Stage.MEASURE, ReviewCause.IMPLAUSIBLE, "faster than the speed of light or the spec's factor over the baseline")
 
 
 def run_problems(seen: RunSeen, family: str, backend: str) -> list[str]:

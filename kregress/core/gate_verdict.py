@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from kregress.core.checks import Unsettled
+from kregress.core.checks import ReviewCause, Unsettled
 from kregress.core.gate_report import GateReport, plausibility_findings, precision_finding
 
 
@@ -38,19 +38,19 @@ def gate_verdict(row: Any, report: GateReport | None, per_shape_sol:
 
     if report is None or row.error:
         return None
-    found: list[tuple[str, list[str]]] = []
+    found: list[tuple[ReviewCause, list[str]]] = []
     items = unsettled(report)
     if items:
-        found.append(("unsettled", [u.text() for u in items]))
+        found.append((ReviewCause.UNSETTLED, [u.text() for u in items]))
     if report.precision is not None:
         why = precision_finding(report.precision, report.precision_factor)
         if why:
-            found.append(("precision", [why]))
+            found.append((ReviewCause.PRECISION, [why]))
     if per_shape_sol:
         why_all = plausibility_findings(per_shape_sol, report.plausibility_factor)
         if why_all:
-            found.append(("implausible", why_all))
+            found.append((ReviewCause.IMPLAUSIBLE, why_all))
     if not found:
         return None
-    return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", cause=found[0][0],
+    return Verdict(variant_id=row.variant_id, verdict="NEEDS_REVIEW", cause=found[0][0].value,
                    reasons=[r for _c, rs in found for r in rs], evidence=row.evidence)
