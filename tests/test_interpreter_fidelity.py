@@ -153,8 +153,8 @@ print("@@" + json.dumps(out))
 
 def _run_child(tmp: Path, env_extra: dict | None = None) -> dict:
     (tmp / "probes.py").write_text(PROBES)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
-               PYTHONWARNINGS="ignore")
+    path = [str(REPO), str(REPO / "tests")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(path), PYTHONWARNINGS="ignore")
     env.pop("TRITON_F32_DEFAULT", None)
     env.update(env_extra or {})
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(tmp)], capture_output=True, text=True, cwd=REPO,
