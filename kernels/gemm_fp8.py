@@ -355,6 +355,26 @@ class Fp8FamilyBase(Fp8Checks, TritonFamily):
     helper_files = (TILES_FILE,)  # fp8_gemm_kernel calls tiles.grouped_pid
 
 
+# What both FP8 GEMMs' latency estimate sees and ignores: the report quotes each model_latency_ms docstring.
+_MODEL_NOTES = """Sees: the tile grid over the SMs; the tensor-core efficiency of the tile shape and the fp32
+promotion's FFMAs; pipelining depth (num_stages - 1 K-slabs in flight per resident block, blocks
+from the compile's registers and shared memory); L2 reuse of the A and B bands within a wave in
+GROUP_M order; fp8 operands with their fp32 scales, bf16 output; spills; a 4 us launch.
+
+Ignores: num_warps except through the resident blocks; L2 reuse between waves; L2 and shared-memory
+bandwidth; the scale loads' latency; clocks and power limits."""
+
+
+def _model_doc(summary: str):
+    """A ``model_latency_ms`` docstring: ``summary``, then the FP8 GEMMs' shared notes."""
+
+    def set_doc(fn):
+        fn.__doc__ = f"{summary}\n\n{_MODEL_NOTES}"
+        return fn
+
+    return set_doc
+
+
 class GemmFp8Family(DenseFp8Problem, Fp8FamilyBase):
     launch_wrappers = ("fp8_gemm_nt", "_launch", "_check_operands")  # the entry point run() calls
     interpreter_ignores = ("num_warps", "num_stages")  # passed to the launch only
@@ -366,17 +386,8 @@ class GemmFp8Family(DenseFp8Problem, Fp8FamilyBase):
     def compile_units(self, config, dtype, params):
         return [_unit(config, LAYOUT_DENSE)]
 
+    @_model_doc("The tiled-GEMM estimate at the FP8 peak (``_model_ms``, kernels/latency.py).")
     def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):
-        """The tiled-GEMM estimate at the FP8 peak (``_model_ms``, kernels/latency.py).
-
-        Sees: the tile grid over the SMs; the tensor-core efficiency of the tile shape and the fp32
-        promotion's FFMAs; pipelining depth (num_stages - 1 K-slabs in flight per resident block, blocks
-        from the compile's registers and shared memory); L2 reuse of the A and B bands within a wave in
-        GROUP_M order; fp8 operands with their fp32 scales, bf16 output; spills; a 4 us launch.
-
-        Ignores: num_warps except through the resident blocks; L2 reuse between waves; L2 and shared-memory
-        bandwidth; the scale loads' latency; clocks and power limits.
-        """
         return _model_ms(shape["M"], shape["N"], shape["K"], 1, config, stats, hw, params)
 
 
@@ -552,17 +563,9 @@ class GroupedGemmFp8Family(Fp8FamilyBase):
     def compile_units(self, config, dtype, params):
         return [_unit(config, LAYOUT_MASKED if _layout(params) == "masked" else LAYOUT_CONTIGUOUS)]
 
+    @_model_doc("The tiled-GEMM estimate at the FP8 peak over the groups' padded rows (masked: every group's grid) "
+                "(``_model_ms``, kernels/latency.py).")
     def model_latency_ms(self, shape, config, stats, hw, dtype_bytes, params):
-        """The tiled-GEMM estimate at the FP8 peak over the groups' padded rows (masked: every group's grid) (``_model_ms``, kernels/latency.py).
-
-        Sees: the tile grid over the SMs; the tensor-core efficiency of the tile shape and the fp32
-        promotion's FFMAs; pipelining depth (num_stages - 1 K-slabs in flight per resident block, blocks
-        from the compile's registers and shared memory); L2 reuse of the A and B bands within a wave in
-        GROUP_M order; fp8 operands with their fp32 scales, bf16 output; spills; a 4 us launch.
-
-        Ignores: num_warps except through the resident blocks; L2 reuse between waves; L2 and shared-memory
-        bandwidth; the scale loads' latency; clocks and power limits.
-        """
         sizes = group_sizes(shape, params)
         if _layout(params) == "masked":  # every group's grid column runs; tiles past masked_m exit at once
             return _model_ms(max(max(sizes), 1), shape["N"], shape["K"], shape["groups"], config, stats, hw, params,

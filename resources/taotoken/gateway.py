@@ -28,11 +28,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import openai
 
+from kregress.core import endpoints
 from kregress.core.budget import BudgetScope, budget_scope
 from kregress.core.endpoints import (
-    BASE_URL_ENV,
-    DEFAULT_ROOT,
-    MODEL_ENV,
     ContentError,
     CredentialsError,
     GatewayError,
@@ -199,7 +197,7 @@ class Gateway:
     def _check_model(self, role: str) -> None:
         if not self.model:
             raise RequestError(
-                f"[request] no model id configured. Fix: set {MODEL_ENV} (or TaotokenResource(model_id=...)) to a model served at "
+                f"[request] no model id configured. Fix: set {endpoints.MODEL_ENV} (or TaotokenResource(model_id=...)) to a model served at "
                 f"{self.sdk_base}/models; the gateway never guesses a model.",
                 role=role,
             )
@@ -231,7 +229,7 @@ class Gateway:
             sample = ", ".join(sorted(served)[:12]) + (" ..." if len(served) > 12 else "")
             raise RequestError(
                 f"[request] model id {self.model!r} is not served at {self.sdk_base} ({len(served)} models are: {sample or 'none'}). "
-                f"Fix: set {MODEL_ENV} to one of them; the gateway never guesses a model.",
+                f"Fix: set {endpoints.MODEL_ENV} to one of them; the gateway never guesses a model.",
                 role=role,
             )
 
@@ -260,7 +258,7 @@ class Gateway:
         except openai.APIResponseValidationError as e:
             err = RequestError(
                 self.keys.scrub(f"[request] the server at {self.sdk_base} answered with data that is not a chat completion "
-                                f"(HTTP {e.status_code}). Fix: check {BASE_URL_ENV}; it must be the OpenAI-compatible API root, e.g. {DEFAULT_ROOT}."),
+                                f"(HTTP {e.status_code}). Fix: check {endpoints.BASE_URL_ENV}; it must be the OpenAI-compatible API root, e.g. {endpoints.DEFAULT_ROOT}."),
                 role=role, key_alias=key.alias, status=e.status_code,
             )
             return _Outcome(False, "request", e.status_code, error=err)
@@ -278,7 +276,7 @@ class Gateway:
             err = ContentError(
                 f"[content] POST {self.sdk_base}/chat/completions answered 200 with an empty choices list: model {self.model!r} "
                 f"returned no message (role {role}, key {key.alias}){billed}. Fix: the provider refused or failed this prompt; "
-                f"retry later, or set {MODEL_ENV} to another model served at {self.sdk_base}/models.",
+                f"retry later, or set {endpoints.MODEL_ENV} to another model served at {self.sdk_base}/models.",
                 role=role, key_alias=key.alias, status=200, kind=NO_CHOICES,
             )
             err.billed = (int(pt or 0), int(ct or 0))  # type: ignore[attr-defined]  # what the server reported for it
@@ -288,7 +286,7 @@ class Gateway:
             what = "an HTML/text page" if isinstance(completion, (str, bytes)) else "a JSON object with no choices"
             err = RequestError(
                 f"[request] POST {self.sdk_base}/chat/completions answered with {what}, not a chat completion. "
-                f"Fix: {BASE_URL_ENV} must be the OpenAI-compatible API root, e.g. {DEFAULT_ROOT} (root now: {self.root}).",
+                f"Fix: {endpoints.BASE_URL_ENV} must be the OpenAI-compatible API root, e.g. {endpoints.DEFAULT_ROOT} (root now: {self.root}).",
                 role=role, key_alias=key.alias, status=200,
             )
             return _Outcome(False, "request", 200, error=err)
