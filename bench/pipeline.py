@@ -306,15 +306,22 @@ def _stop_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
 
 def step_breakdown(instance, run_id: str, submitted_at: float | None = None) -> dict:
     """Where a run's seconds went, step by step, from its event log (see the module docstring)."""
+    import dagster as dg
+
+    T = dg.DagsterEventType
+    run_kinds = {T.RUN_ENQUEUED: "RUN_ENQUEUED", T.RUN_STARTING: "RUN_STARTING", T.RUN_START: "RUN_START",
+                 T.RUN_SUCCESS: "RUN_SUCCESS", T.RUN_FAILURE: "RUN_FAILURE", T.RUN_CANCELED: "RUN_CANCELED"}
+    # written when the run is created, long before its step starts: not the step's
+    planned = {T.ASSET_MATERIALIZATION_PLANNED.value, T.ASSET_CHECK_EVALUATION_PLANNED.value}
     by_step: dict[str, list] = {}
     run_events: dict[str, float] = {}
     for rec in instance.all_logs(run_id):
         ev = rec.dagster_event
         kind = ev.event_type_value if ev else "LOG"
-        if rec.step_key:
+        if rec.step_key and kind not in planned:
             by_step.setdefault(rec.step_key, []).append((rec.timestamp, kind))
-        elif kind in ("RUN_ENQUEUED", "RUN_STARTING", "RUN_START", "RUN_SUCCESS", "RUN_FAILURE", "RUN_CANCELED"):
-            run_events.setdefault(kind, rec.timestamp)
+        elif ev is not None and ev.event_type in run_kinds:
+            run_events.setdefault(run_kinds[ev.event_type], rec.timestamp)
     steps: dict[str, dict] = {}
     spans = []
     for key, evs in by_step.items():
@@ -417,18 +424,17 @@ def launched_figures(spec_path: Path, env_name: str, timeout_s: float = 1200.0) 
         raise RuntimeError(f"warm CLI sweep failed (exit {p.returncode}): {p.stderr.strip()[-800:]}")
     from kernel_assets.executors import executor_kind
 
-    out = {"spec": spec_path.name, "cli_s": round(warm, 2), "cli_cold_s": round(cold, 2), "launched_s": round(launched, 2),
+    out = {"dagster_home": str(home), "spec": spec_path.name, "cli_s": round(warm, 2), "cli_cold_s": round(cold, 2), "launched_s": round(launched, 2),
            "ratio": round(launched / warm, 3), "executor": executor_kind(), "run_id": run_id,
            "cpus": os.cpu_count(), "load_average_at_launch": round(load, 2), "load_average_end": round(os.getloadavg()[0], 2),
            **figures}
-    shutil.rmtree(home, ignore_errors=True)
-    return out
+    return out  # the home is kept: its event log is the figures' evidence (dagster_home in the JSON)
 
 
 def launched_lines(fig: dict) -> list[str]:
     run = fig["run"]
     lines = [f"launched vs CLI, {fig['spec']}, executor {fig['executor']}, {fig['cpus']} CPUs, load average "
-             f"{fig['load_average_at_launch']} at launch, {fig['load_average_end']} at the end",
+             f"{fig['load_average_at_launch']} at launch, {fig['load_average_end']} at the end; DAGSTER_HOME {fig['dagster_home']}",
              f"CLI (warm caches, --force) {fig['cli_s']:.1f} s; CLI cold {fig['cli_cold_s']:.1f} s; launched by dagster dev "
              f"{fig['launched_s']:.1f} s; ratio launched/CLI {fig['ratio']:.2f}",
              f"launched run: submit to RUN_START {run['launch_s']} s; first step to last {run['steps_first_to_last_s']} s; "
