@@ -70,10 +70,10 @@ def _combine(a, b):
 
 @triton.jit
 def _row_step(acc, m, x, w):
-    s = tl.dot(x, w)
+    s = tl.dot(x, w, input_precision="ieee")
     m_new = tl.maximum(m, tl.max(s, 1))
     p = tl.exp(s - m_new[:, None])
-    acc = acc * tl.exp(m - m_new)[:, None] + tl.dot(p, w)
+    acc = acc * tl.exp(m - m_new)[:, None] + tl.dot(p, w, input_precision="ieee")
     return acc, m_new, tl.reduce(p, 1, _combine)
 
 @triton.jit
