@@ -138,7 +138,7 @@ def test_cache_key_follows_headers(tmp_path):
 
 def test_sweep_rows_have_facts_and_no_pass(tmp_path):
     """What a sweep on this CPU host does with the built-in family: registers and shared memory from nvcc,
-    infeasible configs REGRESS naming ptxas's message, the rest NEEDS_REVIEW with compile facts only."""
+    configs over the static shared-memory limit REGRESS before nvcc with the declared formula's figure, the rest NEEDS_REVIEW with compile facts only."""
     from kernel_assets.sweep import verdict_for
     from kregress.core.bind import load_bound
     from kregress.core.records import Suggestion
@@ -149,15 +149,15 @@ def test_sweep_rows_have_facts_and_no_pass(tmp_path):
     sugg = [Suggestion(variant_id=f"v{i}", config=c, patch_summary="t", source="t", round=1, risk="low")
             for i, c in enumerate(configs)]
     rows, stats = InterpreterBackend(cache_dir=str(tmp_path), workers=2).evaluate(bound, sugg, log=lambda _m: None)
-    assert stats.compiles == 2 and stats.correctness_runs == 0
+    assert stats.compiles == 1 and stats.correctness_runs == 0  # the 3-stage config is refused before nvcc
     ok, over = rows
     assert ok.compile.regs_per_thread > 0 and ok.compile.smem_bytes == 37376 and ok.error is None
     verdicts = [verdict_for(r, rows[0], bound.spec) for r in rows]
     assert [v.verdict for v in verdicts] == ["NEEDS_REVIEW", "REGRESS"]
     assert verdicts[0].reasons == ["compile facts only: correctness and timing need a GPU"]
-    assert verdicts[1].cause == "infeasible" and "uses too much shared data" in verdicts[1].reasons[0]
+    assert verdicts[1].cause == "infeasible" and "56064 B > 49152 B" in verdicts[1].reasons[0]  # the declared formula
     again, stats2 = InterpreterBackend(cache_dir=str(tmp_path), workers=1).evaluate(bound, sugg, log=lambda _m: None)
-    assert stats2.compile_cache_hits == 2 and again[1].error == "out_of_resources"
+    assert stats2.compile_cache_hits == 1 and again[1].error == "invalid_config"
 
 
 def test_judge_cu_patches(tmp_path, monkeypatch):

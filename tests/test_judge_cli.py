@@ -46,10 +46,12 @@ def test_judge_lines_tables_diffs_and_clean_tree(tmp_path):
     broken = tmp_path / "broken.patch"
     broken.write_text("--- a/kernels/gemm.py\n+++ b/kernels/gemm.py\n@@ -40,2 +40,2 @@\n-nothing like this\n+here\n context\n")
     home = tmp_path / "home"
-    p = run(["specs/gemm_smoke.yaml", f"{legit}:{cfg}", str(REDTEAM / "gemm_cheat_loosen_tolerance.patch"), str(broken)], home)
+    p2 = run(["specs/gemm_smoke.yaml", str(broken)], home, 300)  # an input error: one line, exit 2, nothing judged
+    assert p2.returncode == 2 and p2.stdout == "" and "does not apply to kernels/gemm.py line 40" in p2.stderr, p2.stderr[-3000:]
+    p = run(["specs/gemm_smoke.yaml", f"{legit}:{cfg}", str(REDTEAM / "gemm_cheat_loosen_tolerance.patch")], home)
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.strip().splitlines()
-    assert len(lines) == 3 and all(LINE.match(x) for x in lines), lines
+    assert len(lines) == 2 and all(LINE.match(x) for x in lines), lines
     got = {LINE.match(x).group(1): LINE.match(x).groups()[1:] for x in lines}
     assert got["even_k"][0] == "NEEDS_REVIEW" and got["even_k"][1] == "-"  # correct; latency is a model estimate on a CPU
     assert got["gemm_cheat_loosen_tolerance"][:2] == ("REGRESS", "rejected")
@@ -60,12 +62,11 @@ def test_judge_lines_tables_diffs_and_clean_tree(tmp_path):
     apply_and_check(patch, read_sources(editable_set(get_family("gemm"))))  # the line where the hunk applies today
     where = f"kernels/gemm.py:{patch.files[0].hunks[0].removed_old_lines()[0][0]}"
     assert where in got["gemm_cheat_loosen_tolerance"][2] and "outside_region" in got["gemm_cheat_loosen_tolerance"][2]
-    assert got["broken"][:2] == ("REGRESS", "rejected") and "does not apply" in got["broken"][2]
     (out,) = [d for d in (home / "reports" / "gemm_smoke" / "judge").iterdir() if d.is_dir()]  # its own record
     assert f"report: {out / 'report.md'}" in p.stderr
     df = pd.read_parquet(out / "verdicts.parquet")
     assert {"variant_id", "verdict", "cause", "patch_sha256", "config_label"} <= set(df.columns)
-    assert set(df["variant_id"]) == {"even_k", "gemm_cheat_loosen_tolerance", "broken"}
+    assert set(df["variant_id"]) == {"even_k", "gemm_cheat_loosen_tolerance"}
     even = df[df["variant_id"] == "even_k"].iloc[0]
     assert even["BLOCK_K"] == 16 and even["max_abs_err"] is not None and even["regs_per_thread"] > 0
     md = (out / "report.md").read_text()
