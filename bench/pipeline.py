@@ -49,6 +49,11 @@ wall (32.8 s CPU), 17 compiles in 17.3 job-s (1.0 s each: no SASS disassembly in
 shared-memory limit stops at its LLVM IR instead of taking ptxas's 3-15 s), 2 jobs (the baseline's compile and
 check) run ahead while Dagster imported; ``--vs`` against the revision before those changes, 3 pairs: A 19.1-19.8 s
 vs B 24.7-26.3 s wall, A/B median wall 0.80, CPU 0.86.
+
+``--launched`` figures (2026-12-07, the default spec, 2 cores shared with other sessions): before,
+``KREGRESS_EXECUTOR=multiprocess`` (a process per step), load average 19-20: CLI 95.0 s, launched 774.5 s, ratio 8.16;
+after, the in-process default, load average 13.8: CLI 33.6 s, launched 41.2 s, ratio 1.23 (submit to RUN_START 21.9 s:
+queue, launch, the run worker's imports; 16 steps 16.8 s: IO 8.3 s, events 2.1 s, work 6.4 s, no process starts).
 """
 
 from __future__ import annotations

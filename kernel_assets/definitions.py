@@ -88,7 +88,7 @@ def build_definitions(resources: dict | None = None, loggers: dict | None = None
         sensors=SENSORS,
         resources=resources or build_resources(),
         loggers=loggers,
-        executor=executor_from_env(),  # KREGRESS_EXECUTOR: multiprocess (default), in_process, k8s
+        executor=executor_from_env(),  # KREGRESS_EXECUTOR: in_process (default: as the CLI), multiprocess, k8s
     )
 
 
