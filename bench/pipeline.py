@@ -51,7 +51,8 @@ check) run ahead while Dagster imported; ``--vs`` against the revision before th
 vs B 24.7-26.3 s wall, A/B median wall 0.80, CPU 0.86.
 
 ``--launched`` figures (2026-12-07, the default spec, 2 cores shared with other sessions): before,
-``KREGRESS_EXECUTOR=multiprocess`` (a process per step), load average 19-20: CLI 95.0 s, launched 774.5 s, ratio 8.16;
+``KREGRESS_EXECUTOR=multiprocess`` (a process per step), load average 19-20: CLI 95.0 s, launched 774.5 s, ratio 8.16,
+and again at 18-20: CLI 81.0 s, launched 375.2 s, ratio 4.63 (process start and imports 11.9-30.1 s a step, 290.5 s in all);
 after, the in-process default, load average 13.8: CLI 33.6 s, launched 41.2 s, ratio 1.23 (submit to RUN_START 21.9 s:
 queue, launch, the run worker's imports; 16 steps 16.8 s: IO 8.3 s, events 2.1 s, work 6.4 s, no process starts).
 """
