@@ -24,6 +24,7 @@ from kernels.gate_plan import (  # noqa: F401 - the planner's rules, kept import
     cover_programs,
     program_classes,
     structure_plan,
+    uncovered,
     unravel,
     window_of,
 )

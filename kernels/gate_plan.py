@@ -130,10 +130,10 @@ def cover_programs(grid: tuple[int, int, int], rng: Any) -> list[tuple[int, int,
 
     arr = gen.integers(0, grid, size=(COVER_POOL, 3))
     codes = codes_of(arr)
+    noise = gen.random(len(arr)) * 0.5  # ties broken at random (from the secret)
     picks: list[tuple[int, int, int]] = []
     while need.any():
-        score = need[codes].sum(axis=1) + gen.random(len(arr)) * 0.5
-        best = int(np.argmax(score))
+        best = int(np.argmax(need[codes].sum(axis=1) + noise))
         if not need[codes[best]].any():  # the pool reaches none of what is left: a program built for each open class
             open_ = np.flatnonzero(need)
             built = [_program_in((fams[f][0], int(c - offsets[f])), grid, rng)
@@ -142,10 +142,21 @@ def cover_programs(grid: tuple[int, int, int], rng: Any) -> list[tuple[int, int,
             if not len(more):
                 break  # no program lies in what is left
             arr, codes = np.concatenate([arr, more]), np.concatenate([codes, codes_of(more)])
+            noise = np.concatenate([noise, gen.random(len(more)) * 0.5])
             continue
         need[codes[best]] = False
         picks.append(tuple(int(x) for x in arr[best]))
     return picks
+
+
+def uncovered(grid: tuple[int, int, int], programs: list[tuple[int, int, int]]) -> set[tuple]:
+    """The classes of ``program_classes`` that none of ``programs`` is in (empty: a full cover)."""
+    import numpy as np
+
+    fams = _families(grid)
+    arr = np.array(list(programs), dtype=np.int64).reshape(-1, 3)
+    return {(name, int(r)) for (name, m), reach in zip(fams, _reachable(grid, fams))
+            for r in np.flatnonzero(reach & ~np.isin(np.arange(m), _values(name, arr, grid)))}
 
 
 def unravel(i: int, grid: tuple[int, int, int], x_fastest: bool) -> tuple[int, int, int]:
