@@ -254,7 +254,7 @@ def test_benchmark_asset_carries_pool_and_tags():
 
 
 def test_executor_from_env():
-    assert executor_from_env({}) is multiprocess_executor
+    assert executor_from_env({}) is in_process_executor  # a launched run: one process, as the CLI
     assert executor_from_env({"KREGRESS_EXECUTOR": "multiprocess"}) is multiprocess_executor
     assert executor_from_env({"KREGRESS_EXECUTOR": " in_process "}) is in_process_executor
     with pytest.raises(ValueError, match="allowed: multiprocess, in_process, k8s"):

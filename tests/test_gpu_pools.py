@@ -58,7 +58,7 @@ def test_device_pool_names():
 def test_placement_from_the_environment():
     env = {ENV_DEVICE: "bench-3090", ENV_HOST: "node-7"}
     p = placement(env)
-    assert (p.executor, p.host, p.device, p.pool, p.source) == ("multiprocess", "node-7", "bench-3090",
+    assert (p.executor, p.host, p.device, p.pool, p.source) == ("in_process", "node-7", "bench-3090",
                                                                "gpu/node-7/bench-3090", ENV_DEVICE)
     # a UUID in CUDA_VISIBLE_DEVICES is the device, without asking anything
     p = placement({ENV_HOST: "node-7", "CUDA_VISIBLE_DEVICES": "GPU-0f1e2d3c-aaaa,GPU-bbbb"})
@@ -120,7 +120,7 @@ def test_the_definitions_carry_the_device_pool_of_their_host():
 
 
 def test_steps_per_run_caps_the_executor():
-    ex = executor_from_env({ENV_STEPS_PER_RUN: "3"})
+    ex = executor_from_env({ENV_STEPS_PER_RUN: "3", "KREGRESS_EXECUTOR": "multiprocess"})
     assert ex.name == "multiprocess"
     assert k8s_executor_config({ENV_STEPS_PER_RUN: "5"})["max_concurrent"] == 5
     assert k8s_executor_config({})["max_concurrent"] == 16
