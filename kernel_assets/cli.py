@@ -628,7 +628,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     shown = ", ".join(f"{c} {n}" for c, n in causes.items() if n or c in ("slower", "wrong", "infeasible"))
     regress = f"REGRESS {counts['REGRESS']}" + (f" ({shown})" if counts["REGRESS"] else "")
     ties = [t for t in summary.get("best_ties") or [] if t != summary["best"]]
-    best = f"{summary.get('best_kind', 'best')} {summary['best']}" + (f" (tied with {', '.join(ties)})" if ties else "")
+    best = ("no best (nothing was timed)" if summary.get("best_kind") == "none" else
+            f"{summary.get('best_kind', 'best')} {summary['best']}" + (f" (tied with {', '.join(ties)})" if ties else ""))
     verdicts = (f"verdicts: PASS {counts['PASS']}, {regress}, NEEDS_REVIEW {counts['NEEDS_REVIEW']} "
                 f"({summary['variants']} variants; {best}; stopped: {summary['stopped'] or 'no'})")
     print(f"report: {report}")

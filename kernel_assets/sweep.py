@@ -43,8 +43,9 @@ def constraint_violations(row: VariantResult, spec: TaskSpec) -> list[str]:
 
 
 def failure_line(row: VariantResult) -> str:
-    """One line per failure: what the next prompt and the report show."""
-    detail = " ".join(row.error_detail.split())[:160]
+    """One line per failure, its detail whole: the report's and the verdict's reason (the prompt trims its own,
+    ``profile.failure_lines``)."""
+    detail = " ".join(row.error_detail.split())
     return f"{row.variant_id} [{config_label(row.config)}]: {row.error}: {detail}"
 
 
