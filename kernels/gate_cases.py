@@ -203,9 +203,13 @@ def program_slots(grid: tuple[int, int, int], rng: Any) -> list[list[tuple[int, 
     nx, ny, nz = grid
     slots: list[list[tuple[int, int, int]]] = [[(0, 0, 0)], [(nx - 1, ny - 1, nz - 1)]]
     for p in cover_programs(grid, rng):
-        alts = [p] + [tuple(c + STRATA * rng.randrange((n - c + STRATA - 1) // STRATA) if n > STRATA else c
-                            for c, n in zip(p, grid)) for _ in range(SLOT_ALTERNATIVES - 1)]
-        slots.append(list(dict.fromkeys(alts)))
+        # the same classes mod 16: the program moved by multiples of 16 on its long axes, to the top member of its
+        # class, the bottom one (idle programs lie at one end of an axis: past a varlen sequence's end), at random
+        top = tuple(c + STRATA * ((n - 1 - c) // STRATA) if n > STRATA else c for c, n in zip(p, grid))
+        bottom = tuple(c % STRATA if n > STRATA else c for c, n in zip(p, grid))
+        moved = [tuple(c + STRATA * rng.randrange((n - c + STRATA - 1) // STRATA) if n > STRATA else c
+                       for c, n in zip(p, grid)) for _ in range(SLOT_ALTERNATIVES - 3)]
+        slots.append(list(dict.fromkeys([p, top, bottom] + moved)))
     return slots
 
 

@@ -4,6 +4,7 @@ the cases with them; tests/test_gate_planner_props.py checks them over 200 seeds
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -22,14 +23,19 @@ MIXES = ((1, 1), (1, -1), (1, 2), (2, 1))  # (a, b): the classes of (a * pid_i +
 COVER_POOL = 256  # random programs the greedy cover chooses from (and a program built for each class they miss)
 
 
-def _families(grid: tuple[int, int, int]) -> list[tuple]:
+def _families(grid: tuple[int, int, int]) -> tuple[tuple, ...]:
+    return _families_cached(tuple(int(n) for n in grid))
+
+
+@functools.lru_cache(maxsize=256)
+def _families_cached(grid: tuple[int, int, int]) -> tuple[tuple, ...]:
     """The class families of a ``grid`` launch (see ``program_classes``), each (name, modulus)."""
     multi = [a for a in range(3) if grid[a] > 1]
     fams: list[tuple] = [(("axis", a, m), m) for a in multi for m in (STRATA,) + COVER if m == STRATA or grid[a] > STRATA]
     if len(multi) >= 2 and math.prod(grid) > STRATA:
         fams += [(("flat", True), STRATA), (("flat", False), STRATA)]
     fams += [(("mix", i, j, a, b), STRATA) for ii, i in enumerate(multi) for j in multi[ii + 1:] for a, b in MIXES]
-    return fams
+    return tuple(fams)
 
 
 def _values(name: tuple, progs: Any, grid: tuple[int, int, int]) -> Any:
@@ -45,12 +51,18 @@ def _values(name: tuple, progs: Any, grid: tuple[int, int, int]) -> Any:
     return (a * progs[:, i] + b * progs[:, j]) % STRATA
 
 
-def _reachable(grid: tuple[int, int, int], fams: list[tuple]) -> Any:
-    """Per class family of ``fams``, a boolean vector over its values: the values some program of the grid takes."""
+def _reachable(grid: tuple[int, int, int], fams: tuple[tuple, ...]) -> list:
+    """Per class family of ``fams`` (``_families(grid)``), a read-only boolean vector over its values: the values
+    some program of the grid takes."""
+    return list(_reachable_cached(tuple(int(n) for n in grid)))
+
+
+@functools.lru_cache(maxsize=256)
+def _reachable_cached(grid: tuple[int, int, int]) -> tuple:
     import numpy as np
 
     out = []
-    for name, m in fams:
+    for name, m in _families(grid):
         v = np.zeros(m, dtype=bool)
         if name[0] == "axis":
             v[:min(m, grid[name[1]])] = True
@@ -61,8 +73,9 @@ def _reachable(grid: tuple[int, int, int], fams: list[tuple]) -> Any:
             xi = np.arange(min(grid[i], STRATA))[:, None]
             xj = np.arange(min(grid[j], STRATA))[None, :]
             v[np.unique((a * xi + b * xj) % STRATA)] = True
+        v.flags.writeable = False
         out.append(v)
-    return out
+    return tuple(out)
 
 
 def program_classes(grid: tuple[int, int, int]) -> set[tuple]:
@@ -155,8 +168,12 @@ def uncovered(grid: tuple[int, int, int], programs: list[tuple[int, int, int]]) 
 
     fams = _families(grid)
     arr = np.array(list(programs), dtype=np.int64).reshape(-1, 3)
-    return {(name, int(r)) for (name, m), reach in zip(fams, _reachable(grid, fams))
-            for r in np.flatnonzero(reach & ~np.isin(np.arange(m), _values(name, arr, grid)))}
+    out: set[tuple] = set()
+    for (name, m), reach in zip(fams, _reachable(grid, fams)):
+        hit = np.zeros(m, dtype=bool)
+        hit[_values(name, arr, grid)] = True
+        out |= {(name, int(r)) for r in np.flatnonzero(reach & ~hit)}
+    return out
 
 
 def unravel(i: int, grid: tuple[int, int, int], x_fastest: bool) -> tuple[int, int, int]:
