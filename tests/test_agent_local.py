@@ -708,7 +708,7 @@ def test_an_exploring_proposal_lies_outside_the_neighbourhood_of_every_evaluated
 
     assert FAR_HAMMING >= 2
     for seed in range(2):
-        for unmoved, who in ((0, ("local", "ga")), (6, ("local", "ga")), (6, ("ga",))):
+        for unmoved, who in ((0, ("local", "ga")), (6, ("local", "ga")), (0, ("ga",))):
             history, lat = _stalled_history(unmoved, who=who)
             ctx = _ctx_of(history, lat, 2 + unmoved)
             k_x = explore_slots(ctx)
