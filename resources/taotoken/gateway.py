@@ -100,6 +100,7 @@ class ChatResult:
     usage_estimated: bool = False
 
 
+# Alike in shape only to kregress/core/records.py's measurement fields (typed defaults): nothing to merge.
 @dataclass
 class _Outcome:
     ok: bool
