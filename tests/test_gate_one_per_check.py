@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+# slow (two judgements on the interpreter), but not `judging`: this module is the default tier's share of the gate
+pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 REDTEAM = REPO / "tests" / "redteam"
 SPEC = REPO / "specs" / "gemm_smoke.yaml"
