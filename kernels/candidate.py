@@ -272,6 +272,7 @@ class _Judgement:
                 "watch": [str(root / rel) for rel in self.es.files],
                 "watch_wrappers": {str(root / rel): list(self.es.wrappers.get(rel, ())) for rel in self.es.files},
                 "family": self.family.lookup or self.family.name, "params": self.spec.params, "purge": self.purge,
+                "arch": self.spec.hardware.arch,
                 "limits": self.limits, "exec_allowed": self.tools, "allow_ctypes": self.on_gpu,
                 "isolate_network": self.opts.isolate_network, "sandbox": True}
 

@@ -361,12 +361,15 @@ def _launch_grids(family: Any, shape: dict, config: dict, dtype: Any, params: di
 def _probe_grids(family: Any, shape: dict, config: dict, dtype: Any, params: dict) -> list[tuple]:
     from triton.runtime import interpreter as interp
 
+    from kernels.interpreter import LaunchHandle
+
     grids: list[tuple] = []
     original = interp.InterpretedFunction.run
 
-    def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> None:
+    def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> Any:
         g = grid(dict(zip(self.arg_names, args)) | kwargs) if callable(grid) else grid
         grids.append(tuple(int(x) for x in g))
+        return LaunchHandle(getattr(self.fn, "__name__", "kernel"))  # what a launch returns when it runs
 
     interp.InterpretedFunction.run = run
     try:

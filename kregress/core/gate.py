@@ -62,6 +62,7 @@ from kregress.core.gate_policy import (  # noqa: F401 - the tables, re-exported 
     TORCH_ENVIRONMENT,
     TRITON_ALLOWED,
     TRITON_BANNED,
+    launch_value_uses,
 )
 from kregress.core.gate_report import (  # noqa: F401 - re-exported: the record lives in gate_report
     PRECISION_FLOOR_MAX,
@@ -725,6 +726,8 @@ def static_findings(file: str, old_source: str, new_source: str, added: set[int]
         if jit:
             _check_decorators(file, node, added, out)
         _Walker(file, facts, node, added, jit, all_jit, out, resolver).walk()
+        for line, code in launch_value_uses(node, added):
+            out.append(Finding(rule="launch_value", file=file, line=line, message=f"`{code}`: {RULES['launch_value']}"))
     return out
 
 
