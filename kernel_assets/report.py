@@ -459,6 +459,8 @@ def reading(v: Verdict | None) -> str:
 def verdict_view(verdict_df: pd.DataFrame, verdicts: dict[str, Verdict], kind: str) -> tuple[pd.DataFrame, list[str], dict]:
     """The verdict table as shown (report.md, the UI): (frame, columns, display headers)."""
     view = verdict_df.copy()
+    if "cause" in view.columns:  # unsettled evidence first (stable: otherwise the table's own order)
+        view = view.sort_values("cause", key=lambda c: c != "unsettled", kind="stable")
     view["vs_baseline"] = [reading(verdicts.get(v)) for v in view["variant_id"]]
     generic = "analytic estimate (evidence=model)"
     # a model-evidence NEEDS_REVIEW has one reason, said in full once above the table: its row says it short
@@ -694,7 +696,11 @@ def patch_section(history: list[VariantResult], verdicts: dict[str, Verdict]) ->
            "Each patch went through the gate: static policy (REGRESS rejected), sandboxed compile and correctness on "
            "secret inputs (REGRESS wrong), precision against the baseline's own error (NEEDS_REVIEW precision), "
            "plausibility of its timing (NEEDS_REVIEW implausible), then the usual verdict.", ""]
-    for r in rows:
+    def unsettled_first(r: VariantResult) -> bool:  # what the gate saw and could not settle leads the section
+        v = verdicts.get(r.variant_id)
+        return not (v is not None and v.cause == "unsettled")
+
+    for r in sorted(rows, key=unsettled_first):
         v = verdicts.get(r.variant_id)
         g = r.gate
         out += [f"### {r.variant_id}: {v.verdict if v else '-'} {(v.cause or '') if v else ''}".rstrip(), ""]
@@ -715,6 +721,7 @@ def patch_section(history: list[VariantResult], verdicts: dict[str, Verdict]) ->
                         f"RMS {pm.candidate_rms:.3g} (baseline {pm.baseline_rms:.3g}); NEEDS_REVIEW above {g.precision_factor:g}x"]
             out += [f"- static / region: {f.text()}" for f in g.findings[:20]]
             out += [f"- sandbox: {x}" for x in g.runtime_violations[:10]]
+            out += [f"- unsettled: {u.text()}" for u in g.unsettled]
             out += [f"- note: {n}" for n in g.notes[:10]]
         fence = "````" if "```" in (r.patch or "") else "```"
         out += ["", f"{fence}diff", (r.patch or "").rstrip("\n"), fence, ""]

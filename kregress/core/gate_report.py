@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from kregress.core.checks import Unsettled
 from kregress.core.patch import Finding
 
 # --- the gate's record -----------------------------------------------------------------------------
@@ -44,6 +45,7 @@ class GateReport(BaseModel):
     precision_factor: float = 4.0
     plausibility_factor: float = 2.0
     notes: list[str] = Field(default_factory=list)
+    unsettled: list[Unsettled] = Field(default_factory=list)  # differences seen that no check fitting this host settled
     seconds: float = 0.0
 
 

@@ -5,23 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from kregress.core.checks import ReviewCause, Unsettled
 from kregress.core.gate_report import GateReport, plausibility_findings, precision_finding
 
-
-class JudgedReport(GateReport):
-    """The gate report of a judged patch with the evidence it saw and could not settle (``Unsettled``: a
-    program that wrote less than the baseline's, or elsewhere, another grid, where no settling check fit
-    this host). Kept here until ``GateReport`` carries the field itself; ``unsettled`` reads either."""
-
-    unsettled: list[Unsettled] = Field(default_factory=list)
+JudgedReport = GateReport  # the gate report of a judged patch; it carries ``unsettled`` itself
 
 
 def unsettled(report: GateReport | None) -> list[Unsettled]:
-    """The report's unsettled evidence (empty for a report without the field: a config-only row's)."""
-    return list(getattr(report, "unsettled", None) or [])
+    """The report's unsettled evidence (empty for a config-only row, which has no report)."""
+    return list(report.unsettled) if report is not None else []
 
 
 def gate_verdict(row: Any, report: GateReport | None, per_shape_sol:
