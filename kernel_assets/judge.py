@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from kregress.core import paths
 from kregress.core.gate_verdict import gate_verdict
-from kregress.core.patch import NotAPatch, parse_patch
+from kregress.core.patch import SEARCH_REPLACE_FORMAT, NotAPatch, parse_patch
 from kregress.core.records import Suggestion, VariantResult, Verdict
 
 MAX_PATCH_BYTES = 200_000
@@ -451,13 +451,7 @@ PATCH_SYSTEM_ADDENDUM = """\
 This task also accepts source patches. Exception to "no source code": an element may carry the key
 "patch": SEARCH/REPLACE blocks that edit only the EDITABLE SOURCE shown (the @triton.jit functions and
 the launch wrapper), each block written as
-  PATH
-  <<<<<<< SEARCH
-  exact lines copied from the source
-  =======
-  the lines to put instead
-  >>>>>>> REPLACE
-At most {max_lines} changed lines. Keep every kernel @triton.jit and the wrapper's signature; compute with
+""" + SEARCH_REPLACE_FORMAT + """At most {max_lines} changed lines. Keep every kernel @triton.jit and the wrapper's signature; compute with
 Triton only: no torch compute, no try/except, no imports, no module-level state, no environment, device or
 timer access. A patch is judged on secret inputs and hidden shapes; a cheat is rejected."""
 

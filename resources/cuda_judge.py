@@ -45,7 +45,7 @@ from kernels.cuda.rules import patch_findings
 from kregress.core.cuda_source import local_headers, region_findings
 from kregress.core.family import CUDA_SOURCE_KEY, CudaFamily
 from kregress.core.gate import GateReport
-from kregress.core.patch import Finding, NotAPatch, PatchApplyError, PatchFormatError, apply_and_check, parse_patch
+from kregress.core.patch import SEARCH_REPLACE_FORMAT, Finding, NotAPatch, PatchApplyError, PatchFormatError, apply_and_check, parse_patch
 from kregress.core.records import CompileStats, Correctness, Measurement, VariantResult
 
 COMPILE_FACTS_ONLY = "compile facts only: correctness and timing need a GPU"
@@ -317,13 +317,7 @@ CUDA_PATCH_ADDENDUM = """\
 This task also accepts source patches to the CUDA C++ kernel. An element may carry the key "patch":
 SEARCH/REPLACE blocks that edit only the EDITABLE SOURCE shown (the kernel functions of the .cu file),
 each block written as
-  PATH
-  <<<<<<< SEARCH
-  exact lines copied from the source
-  =======
-  the lines to put instead
-  >>>>>>> REPLACE
-At most {max_lines} changed lines. Keep each kernel's name, template parameters and arguments; no #include,
+""" + SEARCH_REPLACE_FORMAT + """At most {max_lines} changed lines. Keep each kernel's name, template parameters and arguments; no #include,
 no host I/O, processes, sockets, environment reads, system calls or clock reads. Static shared memory
 over 48 KiB does not compile on sm_90. A patch is compiled, then checked on secret inputs on a GPU."""
 

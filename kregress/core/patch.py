@@ -581,6 +581,16 @@ def materialize(es: EditableSet, texts: dict[str, str], dest: Path) -> Path:
 
 # --- SEARCH/REPLACE blocks --------------------------------------------------------------------------
 
+# How a prompt shows a model the block format (the Triton and the CUDA patch prompts alike).
+SEARCH_REPLACE_FORMAT = """\
+  PATH
+  <<<<<<< SEARCH
+  exact lines copied from the source
+  =======
+  the lines to put instead
+  >>>>>>> REPLACE
+"""
+
 _SR_RE = re.compile(
     r"(?:^|\n)(?P<path>[^\n<>=]*?)\s*\n?<<<<<<< SEARCH\n(?P<search>.*?)(?:\n)?=======\n(?P<replace>.*?)(?:\n)?>>>>>>> REPLACE",
     re.DOTALL,
