@@ -113,7 +113,7 @@ EXPLORE_GROWTH = 2  # one more per this many rounds without the best moving
 # At most a quarter of a round: at half, the explorer took 45% of the 400 evaluations on milo convolution MI50 (the
 # development set's lone optimum, 4 changes from the plateau at 1.061), the multi-start climbs that find it got fewer,
 # and 0 of 3 seeds found it (1.061 at 400) against 3 of 5 before the explorer; at a quarter, 5 of 5 (1.000; seeds 0-4,
-# cap 400, docs/search-small-budgets.md).
+# cap 400; 5 of 7 over seeds 0-6, docs/search-small-budgets.md).
 EXPLORE_MAX_SHARE = 0.25  # at most this share of a round
 MOVE_TOL = 0.01  # the best has moved: it gained at least this much (relative) over the best before
 
