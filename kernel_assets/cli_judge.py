@@ -59,15 +59,15 @@ def cmd_judge(args: argparse.Namespace) -> int:
     from kernel_assets.judge import BadArgument, check_inputs, judge, read_patch_args
     from kregress.core import paths
     from kregress.core.bind import load_bound
-    from kregress.core.spec import SpecError, load_spec
+    from kregress.core.spec import SpecError
     from resources.gpu import BenchmarkError
 
     if args.dagster_home:
         os.environ["DAGSTER_HOME"] = str(Path(args.dagster_home).resolve())
     home = paths.home()
     home.mkdir(parents=True, exist_ok=True)
-    try:
-        load_spec(args.spec)
+    try:  # read, checked and bound once: the schema and the family's own checks (no nvcc here: one line)
+        bound = load_bound(args.spec)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGUMENT
@@ -77,12 +77,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGUMENT
     if args.base:
-        return _judge_at_base(args, home)
-    try:
-        bound = load_bound(args.spec)  # the family's own checks (a CUDA family with no nvcc here: one line)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_ARGUMENT
+        return _judge_at_base(args, home, bound.family)
     applied = _already_applied(bound.family, patches)
     if applied:
         print(f"error: {applied}", file=sys.stderr)
@@ -122,16 +117,14 @@ def _already_applied(family, patches: list) -> str:
     return ""
 
 
-def _judge_at_base(args: argparse.Namespace, home: Path) -> int:
+def _judge_at_base(args: argparse.Namespace, home: Path, family) -> int:
     """``--base REF``: the same judgement, run in a child whose imports come from an export of REF (the
     family's checkout at that commit); the working tree and the index are only read."""
     import subprocess
     import tempfile
 
     from kernel_assets.judge import BASE_ENV, BadArgument, export_base
-    from kregress.core.bind import load_bound
 
-    family = load_bound(args.spec).family
     with tempfile.TemporaryDirectory(prefix="kregress-base-") as tmp:
         try:
             import_root, sha = export_base(family, args.base, Path(tmp))

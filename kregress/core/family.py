@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
+from kregress.core.source_tree import parse_source
+
 if TYPE_CHECKING:  # type hints only: kregress.core never imports torch or Triton at run time
     import torch
 
@@ -540,7 +542,7 @@ def is_jit_def(node: ast.AST) -> bool:
 def compiled_parts(source: str) -> str:
     """The part of a Python kernel module that decides what is compiled (see ``Family.source_hash``)."""
     try:
-        tree = ast.parse(source)
+        tree = parse_source(source)
     except SyntaxError:
         return source  # an unparsable file: every byte counts
     parts: list[str] = []

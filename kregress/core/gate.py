@@ -73,6 +73,7 @@ from kregress.core.gate_report import (  # noqa: F401 - re-exported: the record 
     precision_finding,
 )
 from kregress.core.patch import Finding, regions_of
+from kregress.core.source_tree import parse_source
 
 # --- the static policy -----------------------------------------------------------------------------
 
@@ -683,10 +684,10 @@ def static_findings(file: str, old_source: str, new_source: str, added: set[int]
     ``resolver``: the module a dotted name under torch/triton/math really is (None when it is no module)."""
     out: list[Finding] = []
     try:
-        new_tree = ast.parse(new_source)
+        new_tree = parse_source(new_source)
     except SyntaxError as exc:
         return [Finding(rule="syntax", file=file, line=exc.lineno, message=f"does not parse: {exc.msg}")]
-    old_tree = ast.parse(old_source)
+    old_tree = parse_source(old_source)
     facts = file_facts(new_source, wrappers, set(other_jit))
     facts.used_by_region = region_usage(old_source, wrappers)
     all_jit = set(facts.jit) | set(other_jit)

@@ -7,6 +7,7 @@ import ast
 from dataclasses import dataclass, field
 
 from kregress.core.family import is_jit_def
+from kregress.core.source_tree import parse_source
 
 # --- facts about a file ---------------------------------------------------------------------------
 
@@ -26,7 +27,7 @@ class FileFacts:
 
 
 def file_facts(source: str, wrappers: tuple[str, ...], extra_jit: set[str] = frozenset()) -> FileFacts:
-    tree = ast.parse(source)
+    tree = parse_source(source)
     aliases: dict[str, str] = {}
     objects: dict[str, str] = {}
     functions, jit, constants, others = set(), set(extra_jit), set(), set()
@@ -68,7 +69,7 @@ def _is_literal(node: ast.AST) -> bool:
 
 def region_usage(source: str, wrappers: tuple[str, ...]) -> set[str]:
     """Module-level names the editable functions of ``source`` read (what the kernel already uses)."""
-    tree = ast.parse(source)
+    tree = parse_source(source)
     used: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and (is_jit_def(node) or node.name in wrappers):

@@ -30,12 +30,14 @@ import hashlib
 import re
 import shutil
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
 from kregress.core.family import is_jit_def
+from kregress.core.source_tree import parse_source
 
 if TYPE_CHECKING:
     from kregress.core.family import Family
@@ -188,8 +190,10 @@ def _strip_prefix(p: str) -> str | None:
     return p[2:] if p.startswith(("a/", "b/")) else p
 
 
+@lru_cache(maxsize=64)
 def parse_patch(text: str) -> Patch:
-    """A unified diff -> its files and hunks.
+    """A unified diff -> its files and hunks, parsed once per distinct text (every reader of a judged patch
+    shares the one ``Patch``; none changes it).
 
     ``NotAPatch`` when there is no diff in ``text`` (no ``---``/``+++`` file header with a hunk, no
     ``diff --git`` section); ``PatchFormatError`` when a hunk's line counts do not match its header or
@@ -416,7 +420,7 @@ class Region(BaseModel):
 def regions_of(source: str, file: str, wrappers: tuple[str, ...]) -> list[Region]:
     """The editable spans of ``source``: its top-level ``@triton.jit`` functions and the functions named
     in ``wrappers`` (an empty tuple for a helper file). Raises SyntaxError for unparsable text."""
-    tree = ast.parse(source)
+    tree = parse_source(source)
     out = []
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef):
@@ -482,9 +486,10 @@ def read_sources(es: EditableSet) -> dict[str, str]:
 
 def _fixed_skeleton(source: str, wrappers: tuple[str, ...]) -> str:
     """The module with every editable function removed: what must not change."""
-    tree = ast.parse(source)
-    tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and (is_jit_def(n) or n.name in wrappers))]
-    return ast.dump(tree, include_attributes=False)
+    tree = parse_source(source)  # shared: the skeleton is a new module, the tree is not changed
+    fixed = ast.Module(body=[n for n in tree.body if not (isinstance(n, ast.FunctionDef) and (is_jit_def(n) or n.name in wrappers))],
+                       type_ignores=tree.type_ignores)
+    return ast.dump(fixed, include_attributes=False)
 
 
 def _code(line: str) -> bool:
