@@ -21,7 +21,7 @@ def test_ruff_is_clean():
 # Commit subjects: at most 72 characters, the detail in the body (`git log --oneline` stays readable). Checked for
 # the commits made after SUBJECTS_SINCE (older ones predate the rule). A fresh clone has the history; a shallow
 # clone, or a tree that is no git checkout, skips with the reason.
-SUBJECTS_SINCE = "203aee5514f0"
+SUBJECTS_SINCE = "f9f405a"
 MAX_SUBJECT = 72
 
 
