@@ -71,7 +71,16 @@ JUDGING_MODULES = frozenset({
 # interpreter: JUDGING_MODULES, or a module marked `judging`) and the fleet-scale runs (LONG_MODULES). `.ci/run`
 # runs both. One cheat per gate check stays in the default tier (tests/test_gate_one_per_check.py).
 LONG_MODULES = JUDGING_MODULES | frozenset({
-    "test_shared_instance.py",
+    "test_shared_instance.py",  # the fleet: PostgreSQL, the daemon, a 24-spec backfill
+    # The default tier measured 18 minutes on a fresh clone with these in it (10 is its budget): each of these
+    # runs whole processes several times over (sweeps and judgements beside each other, pip installs, pytest
+    # collections of the suite, dagster dev with Chromium, PostgreSQL with bench/scale.py).
+    "test_judge_records.py",  # sweeps and judgements on one spec, in every order: judging
+    "test_replay_collect.py",  # the suite's own collection in fresh-clone layouts
+    "test_plugins.py",  # a scaffolded plugin pip-installed and swept
+    "test_pool.py",  # two processes racing for one device's pool slot, repeated
+    "test_paste_and_interrupt.py",  # Ctrl-C of sweeps and of bench/scale.py with its PostgreSQL
+    "test_ui_screenshots.py",  # dagster dev and headless Chromium
 })
 
 
