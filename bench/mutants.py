@@ -863,6 +863,16 @@ def spread_sample(mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
     return sorted(out, key=lambda m: m.name)
 
 
+def child_env(tmp: str) -> dict[str, str]:
+    """The environment of the children that import and run mutants: the sandbox's allowlist (no keys), the
+    interpreter on, the project importable, HOME and TMPDIR in the run's temp folder."""
+    from kernels.sandbox import ENV_ALLOW
+
+    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO), HOME=tmp, TMPDIR=tmp)
+    return env
+
+
 def import_check(mutants: list[Mutant], timeout_s: float = 600.0) -> dict[str, str | None]:
     """name -> None when the mutant's module (and its forced twin) imports under TRITON_INTERPRET=1 in a child,
     else the error."""
@@ -870,7 +880,7 @@ def import_check(mutants: list[Mutant], timeout_s: float = 600.0) -> dict[str, s
     with tempfile.TemporaryDirectory(prefix="kregress-mutants-import-") as tmp:
         jf = Path(tmp) / "job.json"
         jf.write_text(json.dumps({"dir": tmp, "mutants": job}))
-        env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+        env = child_env(tmp)
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--import-child", str(jf)],
                               capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(REPO))
         out = Path(tmp) / "imports.json"
@@ -946,7 +956,7 @@ def equivalence(target: Target, mutants: list[Mutant], timeout_s: float = 3000.0
                    "mutants": todo, "dir": tmp, "progress": str(log)}
             jf = Path(tmp) / "job.json"
             jf.write_text(json.dumps(job))
-            env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+            env = child_env(tmp)
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--equivalence-child", str(jf)],
                                   capture_output=True, text=True, timeout=max(1.0, deadline - time.monotonic()),
                                   env=env, cwd=str(REPO))
